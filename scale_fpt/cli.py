@@ -1,0 +1,242 @@
+"""The ``scale-fpt`` command line: train, plan, pretrain, report.
+
+Trial flags are generated from the config dataclasses (``--batch-size`` is ``batch_size``),
+so the command line, the sweep param space and the Parquet columns share one set of names.
+Every value is checked by the config layer, which reports all problems at once; bad input
+exits with code 2 and one message, never a traceback, and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from dataclasses import fields
+
+from scale_fpt.config import CONCERNS, ConfigError, TrialConfig, flag
+
+EXIT_BAD_INPUT = 2
+ALIASES = {"max_steps": ["--steps"]}
+SUMMARY_KEYS = (
+    "trial_id",
+    "status",
+    "steps_done",
+    "final_test_accuracy",
+    "best_test_accuracy",
+    "final_test_loss",
+    "steps_to_threshold",
+    "trainable_params",
+    "total_params",
+    "wall_time_s",
+)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so every problem can be reported together."""
+
+    def error(self, message):
+        raise ConfigError([message])
+
+
+def add_trial_flags(parser: argparse.ArgumentParser) -> None:
+    for concern in CONCERNS:
+        group = parser.add_argument_group(concern.__name__)
+        for f in fields(concern):
+            doc = " ".join(field_doc(concern, f.name).split())
+            default = getattr(concern(), f.name)
+            group.add_argument(
+                flag(f.name),
+                *ALIASES.get(f.name, []),
+                dest=f.name,
+                default=None,
+                metavar=type(default).__name__.upper(),
+                help=f"{doc} (default: {default!r})",
+            )
+
+
+def field_doc(concern, name: str) -> str:
+    """The docstring written under a dataclass field in config.py."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(concern))
+    body = tree.body[0].body
+    for node, following in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and getattr(node.target, "id", None) == name
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+        ):
+            return following.value.value
+    return ""
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="scale-fpt", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    train = commands.add_parser("train", help="train one trial and write its Parquet rows")
+    add_trial_flags(train)
+    train.add_argument("--results", default="results", help="results directory (default: results)")
+    train.add_argument("--sweep", default="train", help="sweep name of the rows (default: train)")
+    train.add_argument(
+        "--checkpoint-dir",
+        default="",
+        help="checkpoint here at every evaluation; resume from it when it holds one",
+    )
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    plan = commands.add_parser("plan", help="parameter counts, FLOPs and memory; trains nothing")
+    add_trial_flags(plan)
+
+    pretrain = commands.add_parser("pretrain", help="pretrain a CPU-sized backbone locally")
+    from scale_fpt import pretrain as pretrain_module
+
+    pretrain_module.add_arguments(pretrain)
+
+    report = commands.add_parser("report", help="the study's tables and figures")
+    report.add_argument("results_dir")
+    report.add_argument("--out", default="", help="output directory (default: RESULTS_DIR/report)")
+    return parser
+
+
+def trial_config(args: argparse.Namespace) -> TrialConfig:
+    names = {f.name for c in CONCERNS for f in fields(c)}
+    flat = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    return TrialConfig.from_flat(flat)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
+        problems = [
+            f"unknown argument {u!r} (see scale-fpt {args.command} --help)" for u in unknown
+        ]
+        if args.command in ("train", "plan"):
+            try:
+                config = trial_config(args)
+            except ConfigError as e:
+                problems += e.problems
+        if problems:
+            raise ConfigError(problems)
+        if args.command == "train":
+            return train(args, config)
+        if args.command == "plan":
+            return plan(config)
+        if args.command == "pretrain":
+            from scale_fpt import pretrain as pretrain_module
+
+            return pretrain_module.main(args)
+        from scale_fpt import report as report_module
+
+        return report_module.main(args)
+    except ConfigError as e:
+        print(f"scale-fpt: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def train(args: argparse.Namespace, config: TrialConfig) -> int:
+    from scale_fpt.results import ResultsWriter
+    from scale_fpt.trainer import CheckpointDir
+    from scale_fpt.trial import Trial
+
+    trial = Trial(config, sweep=args.sweep)
+    writer = ResultsWriter(args.results, args.sweep)
+    checkpoints = CheckpointDir(args.checkpoint_dir) if args.checkpoint_dir else None
+    if checkpoints and checkpoints.latest():
+        trial.trainer.restore(checkpoints.latest())
+    bar = progress_bar(config, trial.trainer.state.step, disable=args.no_progress)
+
+    def on_eval(curve_row: dict, trial_row: dict) -> None:
+        writer.write_curve(curve_row["trial_id"], [curve_row])
+        writer.write_trial(trial_row)
+        if checkpoints:
+            checkpoints.save(trial.trainer, curve_row["step"])
+        bar.set_postfix(test_acc=f"{curve_row['test_accuracy']:.3f}")
+
+    def on_step(step: int, loss: float) -> None:
+        bar.update(1)
+        bar.set_postfix_str(f"loss={loss:.4f}", refresh=False)
+
+    try:
+        row = trial.run(on_eval=on_eval, progress=on_step)
+        code = 0
+    except KeyboardInterrupt:
+        row = {**trial.record.trial_row(trial.trainer.state), "status": "stopped"}
+        code = 130
+    except Exception as e:  # recorded as a failed trial, not re-raised: the row is the record
+        row = trial.failed_row(e)
+        print(f"scale-fpt: trial failed: {row['error']}", file=sys.stderr)
+        code = 1
+    finally:
+        bar.close()
+    writer.write_trial(row)
+    trial.close()
+    print(json.dumps({k: row.get(k) for k in SUMMARY_KEYS}))
+    return code
+
+
+def progress_bar(config: TrialConfig, start: int, disable: bool):
+    from tqdm import tqdm
+
+    return tqdm(
+        total=config.train.max_steps,
+        initial=start,
+        desc=f"{config.task.task} {config.model.model} {config.model.init} {config.train.finetune}",
+        disable=disable,
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
+
+
+def plan(config: TrialConfig) -> int:
+    """Counts from the architecture alone: built on the meta device, no weights loaded."""
+    import torch
+
+    from scale_fpt import scaling
+    from scale_fpt.models import build_model
+    from scale_fpt.tasks import task_spec
+    from scale_fpt.trial import step_flops
+
+    spec = task_spec(config.task)
+    architecture = config.replace(init="random")
+    with torch.device("meta"):
+        built = build_model(architecture, spec)
+    train = config.train
+    train_flops, eval_flops = step_flops(built, spec, train.batch_size)
+    memory = scaling.state_bytes(built.total_params, built.trainable_params, train.precision)
+    activations = scaling.activation_bytes(
+        built.n_layer, built.d_model, spec.n_tokens, train.batch_size, train.precision
+    )
+    print(f"{'group':<10}{'trainable':>16}{'frozen':>16}{'total':>16}")
+    for group, count in built.counts.items():
+        frozen = count["total"] - count["trainable"]
+        print(f"{group:<10}{count['trainable']:>16,}{frozen:>16,}{count['total']:>16,}")
+    total, trainable = built.total_params, built.trainable_params
+    print(f"{'all':<10}{trainable:>16,}{total - trainable:>16,}{total:>16,}")
+    print(f"trained groups: {'+'.join(built.trained_groups)} ({100 * trainable / total:.3f}%)")
+    print(f"sequence: {spec.n_tokens} tokens; batch {train.batch_size}")
+    print(
+        f"FLOPs per training step: {train_flops:.3e}; per evaluation batch of the same size: {eval_flops:.3e}"
+    )
+    print(
+        f"memory: weights+grads+Adam {memory / 2**20:,.1f} MiB, activations ~{activations / 2**20:,.1f} MiB"
+    )
+    summary = {
+        "groups": built.counts,
+        "trainable_params": trainable,
+        "total_params": total,
+        "n_tokens": spec.n_tokens,
+        "train_flops_per_step": train_flops,
+        "state_bytes": memory,
+        "activation_bytes": activations,
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""Ray cluster launcher configs (``cluster/*.yaml``): loading and offline validation.
+
+:func:`validate_cluster_config` runs the checks ``ray up`` runs before it talks to a cloud
+provider: Ray's own JSON schema (``ray/autoscaler/ray-schema.json``), then Ray's
+``prepare_config`` (merges the provider's ``defaults.yaml`` shipped with Ray, reads no
+credentials, opens no connection) and ``validate_config`` on the merged result. A few
+mistakes that ``prepare_config`` would otherwise hide or turn into a confusing message are
+reported first. Every problem becomes one line of a :class:`~scale_fpt.config.ConfigError`.
+
+Ray is imported inside the functions: importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from typing import Any
+
+from scale_fpt.config import ConfigError
+
+
+def load_cluster_config(path: str | os.PathLike) -> dict:
+    """Parse a cluster YAML file into a dict.
+
+    Raises ConfigError naming the file (and the line and column of a YAML syntax error) when
+    the file cannot be read, is not valid YAML, or is not a mapping at the top level.
+    """
+    import yaml
+
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError([f"{path}: cannot read cluster config: {e.strerror or e}"]) from None
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
+        what = ": ".join(
+            str(part) for part in (getattr(e, "context", None), getattr(e, "problem", None)) if part
+        )
+        raise ConfigError([f"{where}: YAML syntax error: {what or e}"]) from None
+    if not isinstance(config, dict):
+        kind = "empty" if config is None else f"a {type(config).__name__}"
+        raise ConfigError([f"{path}: a cluster config must be a YAML mapping, got {kind}"])
+    return config
+
+
+def validate_cluster_config(path: str | os.PathLike) -> None:
+    """Validate a Ray cluster launcher YAML offline, as ``ray up`` would before launching.
+
+    Raises ConfigError with one message per problem, each naming the file and the offending
+    key, e.g. ``available_node_types.worker_gpu1.resources.GPU`` (a key that is not a Python
+    identifier is quoted: ``available_node_types["ray.worker.gpu"].resources.GPU``). Needs no
+    network and no cloud credentials.
+    """
+    path = os.fspath(path)
+    config = load_cluster_config(path)
+    problems = [f"{path}: {p}" for p in _precheck(config)]
+    problems += [f"{path}: {p}" for p in _schema_problems(config)]
+    if problems:
+        raise ConfigError(problems)
+
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    # prepare_config() logs an INFO line per filled-in default; keep validation quiet.
+    util_logger = logging.getLogger("ray.autoscaler._private.util")
+    level = util_logger.level
+    util_logger.setLevel(max(level, logging.WARNING))
+    try:
+        validate_config(prepare_config(config))
+    except Exception as e:
+        raise ConfigError([f"{path}: {_describe_ray_error(e)}"]) from None
+    finally:
+        util_logger.setLevel(level)
+
+
+def _precheck(config: dict) -> list[str]:
+    """Mistakes Ray's own preparation would silently paper over or report confusingly."""
+    problems = []
+    provider = config.get("provider")
+    provider_type = provider.get("type") if isinstance(provider, dict) else None
+    if provider_type == "local":
+        # prepare_config() aborts (click exception) on these for on-premise clusters.
+        for key in ("available_node_types", "head_node_type", "head_node", "worker_nodes"):
+            if key in config:
+                problems.append(
+                    f"{key}: not supported for provider type 'local' "
+                    "(Ray detects each machine's resources; list machines in provider.worker_ips)"
+                )
+    elif provider_type is not None:
+        node_types = config.get("available_node_types")
+        if "head_node_type" not in config:
+            # Otherwise the provider defaults' head type (e.g. 'ray.head.default') is filled in.
+            problems.append(
+                "head_node_type: missing; name the entry of available_node_types "
+                "that runs the Ray head"
+            )
+        elif isinstance(node_types, dict) and config["head_node_type"] not in node_types:
+            problems.append(
+                f"head_node_type: {config['head_node_type']!r} is not one of "
+                f"available_node_types ({', '.join(map(str, node_types)) or 'none defined'})"
+            )
+        if node_types is None:
+            problems.append("available_node_types: missing; define the head and worker types")
+    return problems
+
+
+def _schema_problems(config: dict) -> list[str]:
+    """Every violation of Ray's cluster YAML schema, with the path of the offending key."""
+    import jsonschema
+    import ray.autoscaler
+
+    schema_path = os.path.join(os.path.dirname(ray.autoscaler.__file__), "ray-schema.json")
+    with open(schema_path, encoding="utf-8") as f:
+        schema = json.load(f)
+    validator_cls = jsonschema.validators.validator_for(schema)
+    errors = sorted(
+        validator_cls(schema).iter_errors(config), key=lambda e: [str(p) for p in e.path]
+    )
+    problems = []
+    for error in errors:
+        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            problems += [
+                _unknown_key_problem([*error.absolute_path, key])
+                for key in _unknown_keys(error.instance, error.schema)
+            ]
+        else:
+            problems.append(_describe_schema_error(error))
+    return problems
+
+
+def _unknown_keys(instance: dict, schema: dict) -> list[str]:
+    known = schema.get("properties", {})
+    patterns = schema.get("patternProperties", {})
+    return [
+        key
+        for key in instance
+        if key not in known and not any(re.search(p, str(key)) for p in patterns)
+    ]
+
+
+def _unknown_key_problem(parts: list) -> str:
+    where = _key_path(parts)
+    if parts == ["min_workers"]:
+        return (
+            f"{where}: unknown top-level key; Ray's launcher drops a top-level min_workers, "
+            "set min_workers on each entry of available_node_types instead"
+        )
+    scope = "top-level key" if len(parts) == 1 else "key"
+    return f"{where}: unknown {scope} (not in Ray's cluster config schema)"
+
+
+def _key_path(parts) -> str:
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str) and part.isidentifier():
+            out += f".{part}" if out else part
+        else:
+            out += f"[{json.dumps(str(part))}]"
+    return out or "(top level)"
+
+
+def _describe_schema_error(error: Any) -> str:
+    where = _key_path(error.absolute_path)
+    message = error.message
+    parts = list(error.absolute_path)
+    if (
+        error.validator == "type"
+        and len(parts) >= 3
+        and parts[0] == "available_node_types"
+        and parts[-2] == "resources"
+    ):
+        message += " (Ray's launcher accepts only whole-number resources; no fractions)"
+    return f"{where}: {message}"
+
+
+def _describe_ray_error(error: BaseException) -> str:
+    try:
+        import jsonschema
+    except ImportError:  # pragma: no cover - jsonschema ships with ray[default]
+        jsonschema = None
+    if jsonschema is not None and isinstance(error, jsonschema.ValidationError):
+        return _describe_schema_error(error)
+    text = str(error).strip() or type(error).__name__
+    return f"rejected by Ray's cluster launcher: {text}"

@@ -1,0 +1,274 @@
+"""Trial configuration: one dataclass per concern (task, model, training).
+
+Every field name is unique across the three dataclasses, so a trial's configuration is also a
+flat ``{name: value}`` dict. The command-line flags (``--batch-size`` for ``batch_size``), the
+Ray Tune param space and the Parquet columns all use these same names; DeepSpeed's config and
+Ray's resource requests are derived from them (``trainer.deepspeed_config``,
+``sweep.trial_resources``), never restated.
+
+Validation collects every problem and raises one :class:`ConfigError` naming each flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+
+TASKS = ("bit-memory", "bit-xor", "listops", "mnist", "cifar10", "cifar10-lra", "homology")
+INITS = ("pretrained", "random", "stats")
+GROUPS = ("input", "output", "ln", "pos", "ff", "attn")
+FINETUNE_PRESETS = {"fpt": ("input", "output", "ln", "pos"), "full": GROUPS}
+PRECISIONS = ("fp32", "bf16", "fp16")
+ZERO_STAGES = (0, 1, 2, 3)
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """Every problem found in a configuration, reported at once."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a config field: ``batch_size`` -> ``--batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def choice_problem(name: str, value, choices) -> str | None:
+    if value in choices:
+        return None
+    return f"{flag(name)}: unknown value {value!r}; choose from {', '.join(map(str, choices))}"
+
+
+def parse_finetune(spec: str) -> tuple[str, ...]:
+    """``'fpt+ff'`` -> ``('input', 'output', 'ln', 'pos', 'ff')`` (canonical group order).
+
+    Raises ConfigError naming unknown groups and the valid choices.
+    """
+    names: set[str] = set()
+    unknown = []
+    for part in str(spec).split("+"):
+        part = part.strip()
+        if part in FINETUNE_PRESETS:
+            names.update(FINETUNE_PRESETS[part])
+        elif part in GROUPS:
+            names.add(part)
+        else:
+            unknown.append(part)
+    if unknown or not names:
+        valid = ", ".join((*GROUPS, *FINETUNE_PRESETS))
+        raise ConfigError(
+            [
+                f"--finetune: unknown group(s) {unknown or [spec]!r} in {spec!r}; join with '+' from {valid}"
+            ]
+        )
+    return tuple(g for g in GROUPS if g in names)
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """What the model is asked to do, and where its data comes from."""
+
+    task: str = "bit-xor"
+    """One of ``TASKS``."""
+    data_dir: str = ""
+    """Local copy of the data: a ``datasets`` directory / Parquet files (mnist, cifar10,
+    cifar10-lra), the LRA ListOps ``basic_*.tsv`` files, or the TAPE remote-homology files.
+    Empty: the Hugging Face hub id for image tasks, the seeded generator for ListOps."""
+    max_length: int = 0
+    """ListOps and homology: sequences are cut to this many tokens (0 = the paper's 512 for
+    ListOps, 1024 for homology)."""
+    listops_max_depth: int = 10
+    """Generated ListOps: maximum nesting depth of operators (LRA uses 10)."""
+    listops_max_args: int = 10
+    """Generated ListOps: maximum number of arguments of one operator (LRA uses 10)."""
+    listops_train_size: int = 20000
+    """Generated ListOps: number of distinct training expressions (LRA has 96k)."""
+    augment: bool = True
+    """CIFAR-10: random crop (pad 4), horizontal flip and small rotations while training."""
+    test_batches: int = 25
+    """Synthetic tasks (bits, generated ListOps): batches in the fixed test set."""
+    test_limit: int = 0
+    """Real datasets: evaluate on the first N test examples only (0 = the full test split)."""
+    test_seed: int = 12345
+    """Seed of the fixed synthetic test set; shared by all trials so accuracies compare."""
+
+    def problems(self) -> list[str]:
+        out = [choice_problem("task", self.task, TASKS)]
+        for name in ("max_length", "test_limit"):
+            if getattr(self, name) < 0:
+                out.append(f"{flag(name)}: must be >= 0, got {getattr(self, name)}")
+        for name in ("listops_max_depth", "listops_max_args", "listops_train_size", "test_batches"):
+            if getattr(self, name) < 1:
+                out.append(f"{flag(name)}: must be >= 1, got {getattr(self, name)}")
+        return [p for p in out if p]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The network: backbone architecture, where its weights come from, how it is built."""
+
+    model: str = "gpt2-tiny"
+    """A preset (``models.backbones.PRESETS``: gpt2, gpt2-medium, gpt2-large, gpt2-xl,
+    gpt2-tiny, ...), any Hugging Face causal-LM id, a local ``save_pretrained`` directory,
+    or ``lstm``."""
+    init: str = "pretrained"
+    """``pretrained`` (the weights), ``random`` (the architecture's default init, built from
+    the config alone), ``stats`` (random tensors with each pretrained tensor's mean/std)."""
+    weights: str = ""
+    """Where ``pretrained``/``stats`` read weights: a hub id or ``save_pretrained``
+    directory. Empty: the model itself, or for a CPU preset the backbone that
+    ``scale-fpt pretrain`` cached for it (language-pretrained)."""
+    dropout: float = 0.1
+    """Dropout in the backbone (the paper's 0.1)."""
+    lstm_width: int = 768
+    """``lstm`` only: hidden width of the 3-layer LSTM (the paper's 768)."""
+    lstm_layers: int = 3
+    """``lstm`` only: number of LSTM layers (the paper's 3)."""
+
+    def problems(self) -> list[str]:
+        out = [choice_problem("init", self.init, INITS)]
+        if not self.model:
+            out.append("--model: must name a preset, a Hugging Face id or a directory")
+        if not 0.0 <= self.dropout < 1.0:
+            out.append(f"--dropout: must be in [0, 1), got {self.dropout}")
+        if self.lstm_width < 1 or self.lstm_layers < 1:
+            out.append("--lstm-width/--lstm-layers: must be >= 1")
+        if self.model == "lstm" and self.init != "random":
+            out.append("--init: the lstm baseline has no pretrained weights; use --init random")
+        return [p for p in out if p]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How one trial trains: what is trained, optimiser, length, evaluation, numerics."""
+
+    finetune: str = "fpt"
+    """Trained parameter groups joined with '+' (input, output, ln, pos, ff, attn) or a
+    preset: ``fpt`` = input+output+ln+pos, ``full`` = everything."""
+    lr: float = 1e-3
+    """Adam learning rate (paper: 1e-3; 1e-4 for homology)."""
+    batch_size: int = 16
+    """Examples per step (paper: 2..16; the reference code's default is 4)."""
+    max_steps: int = 3000
+    """Gradient steps to train (``--steps``)."""
+    eval_every: int = 500
+    """Evaluate on the fixed test set every this many steps (and after the last)."""
+    eval_batch_size: int = 32
+    """Examples per evaluation batch."""
+    seed: int = 0
+    """Seeds model init, data order, dropout and synthetic data."""
+    precision: str = "fp32"
+    """fp32, bf16 or fp16 (fp16 needs a CUDA GPU)."""
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage."""
+    grad_clip: float = 1.0
+    """Gradient-norm clipping (paper: 1.0; 0 disables)."""
+    accuracy_threshold: float = 0.9
+    """``steps_to_threshold`` is the first evaluated step with test accuracy >= this."""
+    device: str = "auto"
+    """auto (CUDA if present), cpu or cuda."""
+
+    def problems(self) -> list[str]:
+        out = [
+            choice_problem("precision", self.precision, PRECISIONS),
+            choice_problem("zero_stage", self.zero_stage, ZERO_STAGES),
+            choice_problem("device", self.device, DEVICES),
+        ]
+        try:
+            parse_finetune(self.finetune)
+        except ConfigError as e:
+            out.extend(e.problems)
+        if not (isinstance(self.lr, int | float) and math.isfinite(self.lr) and self.lr > 0):
+            out.append(f"--lr: must be a positive number, got {self.lr}")
+        for name in ("batch_size", "max_steps", "eval_every", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                out.append(f"{flag(name)}: must be >= 1, got {getattr(self, name)}")
+        if self.grad_clip < 0:
+            out.append(f"--grad-clip: must be >= 0, got {self.grad_clip}")
+        if not 0.0 <= self.accuracy_threshold <= 1.0:
+            out.append(f"--accuracy-threshold: must be in [0, 1], got {self.accuracy_threshold}")
+        return [p for p in out if p]
+
+
+CONCERNS = (TaskConfig, ModelConfig, TrainConfig)
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """One trial: the three concerns together. ``to_flat``/``from_flat`` give the flat dict."""
+
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_flat(self) -> dict:
+        return {
+            **dataclasses.asdict(self.task),
+            **dataclasses.asdict(self.model),
+            **dataclasses.asdict(self.train),
+        }
+
+    @classmethod
+    def from_flat(cls, flat: dict, *, strict: bool = True) -> TrialConfig:
+        """Build and validate from ``{field: value}``; unknown keys are problems when strict."""
+        problems = []
+        known = {f.name for c in CONCERNS for f in fields(c)}
+        if strict:
+            problems += [
+                f"unknown config key {k!r}; known keys: {', '.join(sorted(known))}"
+                for k in flat
+                if k not in known
+            ]
+        parts = []
+        for concern in CONCERNS:
+            kwargs = {}
+            for f in fields(concern):
+                if f.name not in flat:
+                    continue
+                value, problem = coerce(f.name, flat[f.name], type(getattr(concern(), f.name)))
+                if problem:
+                    problems.append(problem)
+                else:
+                    kwargs[f.name] = value
+            parts.append(concern(**kwargs))
+        config = cls(*parts)
+        problems += config.problems()
+        if problems:
+            raise ConfigError(problems)
+        return config
+
+    def problems(self) -> list[str]:
+        return self.task.problems() + self.model.problems() + self.train.problems()
+
+    def validate(self) -> TrialConfig:
+        problems = self.problems()
+        if problems:
+            raise ConfigError(problems)
+        return self
+
+    def replace(self, **flat) -> TrialConfig:
+        return TrialConfig.from_flat({**self.to_flat(), **flat})
+
+
+def coerce(name: str, value, kind: type):
+    """Coerce a flat value to its field's type; returns (value, problem)."""
+    try:
+        if kind is bool:
+            if isinstance(value, str):
+                if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                    raise ValueError
+                return value.lower() in ("1", "true", "yes"), None
+            return bool(value), None
+        if kind is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value), None
+        if kind is float:
+            return float(value), None
+        return str(value), None
+    except (TypeError, ValueError):
+        return None, f"{flag(name)}: expected {kind.__name__}, got {value!r}"

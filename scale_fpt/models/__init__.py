@@ -1,0 +1,67 @@
+"""Models: backbones (GPT-2 presets, any HF causal LM, LSTM), the FPT wrapper, fine-tuning groups."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from scale_fpt.config import ConfigError, TrialConfig
+from scale_fpt.models.backbones import build_backbone
+from scale_fpt.models.fpt import FPT, LSTMBackbone
+from scale_fpt.models.groups import freeze, group_counts
+from scale_fpt.tasks.base import TaskSpec
+
+
+@dataclass
+class BuiltModel:
+    """A model ready to train, and what the trial records about it."""
+
+    module: FPT
+    trained_groups: tuple[str, ...]
+    counts: dict[str, dict[str, int]]
+    n_layer: int
+    d_model: int
+
+    @property
+    def total_params(self) -> int:
+        return sum(c["total"] for c in self.counts.values())
+
+    @property
+    def trainable_params(self) -> int:
+        return sum(c["trainable"] for c in self.counts.values())
+
+
+def build_model(
+    config: TrialConfig, spec: TaskSpec, attn_implementation: str = "sdpa"
+) -> BuiltModel:
+    """Backbone (by init) + input/output layers for ``spec``, frozen by ``config.train.finetune``.
+
+    Everything random is drawn from ``config.train.seed``.
+    """
+    model_config, seed = config.model, config.train.seed
+    if model_config.model == "lstm":
+        d_model = model_config.lstm_width
+        backbone: nn.Module = LSTMBackbone(d_model, model_config.lstm_layers, model_config.dropout)
+        n_layer, n_positions = model_config.lstm_layers, None
+    else:
+        backbone, d_model, n_positions = build_backbone(model_config, seed, attn_implementation)
+        n_layer = backbone.config.num_hidden_layers
+    if n_positions is not None and spec.n_tokens > n_positions:
+        raise ConfigError(
+            [
+                f"--task {config.task.task}: sequences of {spec.n_tokens} tokens exceed the "
+                f"{n_positions} positions of {model_config.model}; lower --max-length or pick "
+                "a model with more positions"
+            ]
+        )
+    # Seed the heads separately from the backbone so that changing only the backbone
+    # (pretrained vs random) leaves the input/output initialisation identical.
+    torch.manual_seed(seed + 1)
+    module = FPT(spec, backbone, d_model)
+    trained = freeze(module, config.train.finetune)
+    return BuiltModel(module, trained, group_counts(module), n_layer, d_model)
+
+
+__all__ = ["FPT", "BuiltModel", "build_model"]

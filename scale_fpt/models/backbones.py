@@ -1,0 +1,152 @@
+"""Backbones: resolve a model name to an architecture, and build it with an initialisation.
+
+``pretrained`` loads weights with ``from_pretrained`` (hub id or local directory), ``random``
+builds from the architecture's config alone (no network), ``stats`` draws every tensor from a
+normal with the pretrained tensor's mean and std. The word embedding is never used (inputs
+arrive as ``inputs_embeds``), so it is dropped: never held in memory, trained or counted.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from scale_fpt.config import ConfigError, ModelConfig
+from scale_fpt.scaling import GPT2_SIZES, HUB_SIZES, GPT2Size
+
+CPU_PRESETS = tuple(name for name in GPT2_SIZES if name not in HUB_SIZES)
+DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout")
+
+
+def scale_fpt_home() -> Path:
+    """Where scale_fpt caches what it builds (locally pretrained backbones)."""
+    return Path(os.environ.get("SCALE_FPT_HOME", Path.home() / ".cache" / "scale_fpt"))
+
+
+def local_backbone_dir(preset: str, corpus: str = "language") -> Path:
+    """Cache directory of a CPU preset pretrained by ``scale-fpt pretrain``."""
+    return scale_fpt_home() / "backbones" / f"{preset}-{corpus}"
+
+
+def gpt2_config(size: GPT2Size, dropout: float):
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        n_layer=size.n_layer,
+        n_embd=size.n_embd,
+        n_head=size.n_head,
+        n_positions=size.n_positions,
+        vocab_size=size.vocab_size,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
+        bos_token_id=size.vocab_size - 1,
+        eos_token_id=size.vocab_size - 1,
+    )
+
+
+def weights_source(config: ModelConfig) -> str:
+    """The hub id or directory that ``pretrained``/``stats`` read."""
+    if config.weights:
+        return config.weights
+    if config.model in CPU_PRESETS:
+        return str(local_backbone_dir(config.model))
+    return config.model
+
+
+def missing_weights_problem(config: ModelConfig, source: str) -> str:
+    if config.model in CPU_PRESETS and not config.weights:
+        return (
+            f"--init {config.init}: no pretrained weights for {config.model} at {source}; "
+            f"make them with `scale-fpt pretrain --model {config.model}` or pass --weights DIR"
+        )
+    return (
+        f"--init {config.init}: weights {source!r} are not available offline (no such directory, "
+        "not in the Hugging Face cache); download them once with network access (or set HF_HOME "
+        "to a cache that has them), or pass --weights DIR"
+    )
+
+
+def load_architecture(config: ModelConfig, attn_implementation: str = "sdpa"):
+    """The transformers config of the backbone (no weights), with dropout applied."""
+    if config.model in GPT2_SIZES:
+        arch = gpt2_config(GPT2_SIZES[config.model], config.dropout)
+    else:
+        from transformers import AutoConfig
+
+        source = config.model
+        try:
+            arch = AutoConfig.from_pretrained(source)
+        except (OSError, ValueError) as e:
+            raise ConfigError(
+                [
+                    f"--model: {source!r} is not a preset ({', '.join(GPT2_SIZES)}, lstm), a "
+                    f"local save_pretrained directory, or a Hugging Face id available offline "
+                    f"({type(e).__name__})"
+                ]
+            ) from None
+        for key in DROPOUT_KEYS:
+            if hasattr(arch, key):
+                setattr(arch, key, config.dropout)
+    arch._attn_implementation = attn_implementation
+    return arch
+
+
+def build_backbone(
+    config: ModelConfig, seed: int, attn_implementation: str = "sdpa"
+) -> tuple[nn.Module, int, int]:
+    """The backbone module, its width and its maximum number of positions.
+
+    Random tensors come from ``seed``: the same config and seed give the same weights.
+    """
+    from transformers import AutoModel
+
+    arch = load_architecture(config, attn_implementation)
+    torch.manual_seed(seed)
+    if config.init == "random":
+        backbone = AutoModel.from_config(arch)
+    else:
+        pretrained = load_pretrained(config, arch)
+        if config.init == "pretrained":
+            backbone = pretrained
+        else:
+            backbone = AutoModel.from_config(arch)
+            match_statistics(backbone, pretrained, seed)
+    backbone.set_input_embeddings(None)
+    backbone.requires_grad_(False)
+    return backbone, arch.hidden_size, max_positions(arch)
+
+
+def load_pretrained(config: ModelConfig, arch) -> nn.Module:
+    from transformers import AutoModel
+
+    source = weights_source(config)
+    local = Path(source).is_dir()
+    if config.model in CPU_PRESETS and not local:
+        raise ConfigError([missing_weights_problem(config, source)])
+    try:
+        return AutoModel.from_pretrained(source, config=arch, local_files_only=local or None)
+    except OSError:
+        raise ConfigError([missing_weights_problem(config, source)]) from None
+
+
+@torch.no_grad()
+def match_statistics(target: nn.Module, pretrained: nn.Module, seed: int) -> None:
+    """Fill every tensor of ``target`` with N(mean, std) of the same pretrained tensor."""
+    generator = torch.Generator().manual_seed(seed)
+    reference = dict(pretrained.named_parameters())
+    for name, param in target.named_parameters():
+        ref = reference[name].float()
+        std = ref.std().item() if ref.numel() > 1 else 0.0
+        noise = torch.randn(param.shape, generator=generator)
+        param.copy_(noise * std + ref.mean().item())
+
+
+def max_positions(arch) -> int:
+    for key in ("n_positions", "max_position_embeddings"):
+        if getattr(arch, key, None):
+            return int(getattr(arch, key))
+    return 1 << 30  # rotary or relative positions: no fixed table

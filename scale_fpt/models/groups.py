@@ -1,0 +1,91 @@
+"""Fine-tuning groups: which parameter belongs to input, output, ln, pos, ff, attn.
+
+Parameters of the backbone that fit none of these (an LSTM's weights, a model's extra
+projections) form the group ``backbone``, trained only under ``full``. Frozen parameters get
+``requires_grad=False`` and are never handed to the optimiser.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from torch import nn
+
+from scale_fpt.config import FINETUNE_PRESETS, GROUPS, ConfigError, parse_finetune
+
+OTHER = "backbone"
+ATTN_WORDS = ("attn", "attention")
+FF_WORDS = ("mlp", "feed_forward", "ffn")
+POS_WORDS = ("wpe", "position")
+
+
+def module_groups(model: nn.Module) -> dict[str, str]:
+    """Parameter name -> group, for an ``FPT`` (input / backbone / output) model."""
+    norm_modules = {name for name, m in model.named_modules() if "norm" in type(m).__name__.lower()}
+    groups = {}
+    for name, _ in model.named_parameters():
+        top, _, rest = name.partition(".")
+        if top in ("input", "output"):
+            groups[name] = top
+            continue
+        owner = name.rsplit(".", 1)[0]
+        words = rest.lower()
+        if owner in norm_modules:
+            groups[name] = "ln"
+        elif any(w in words for w in POS_WORDS):
+            groups[name] = "pos"
+        elif any(w in words for w in ATTN_WORDS):
+            groups[name] = "attn"
+        elif any(w in words for w in FF_WORDS):
+            groups[name] = "ff"
+        else:
+            groups[name] = OTHER
+    return groups
+
+
+def trained_groups(model: nn.Module, finetune: str) -> tuple[str, ...]:
+    """Resolve a ``--finetune`` spec against the architecture.
+
+    Presets keep the groups this architecture has (``fpt`` on an LSTM trains input and
+    output); a group named explicitly that the architecture lacks is an error.
+    """
+    present = set(module_groups(model).values())
+    requested = parse_finetune(finetune)
+    parts = {p.strip() for p in finetune.split("+")}
+    explicit = {g for g in requested if g in parts}
+    missing = sorted(explicit - present)
+    if missing:
+        raise ConfigError(
+            [
+                f"--finetune: group(s) {', '.join(missing)} do not exist in this architecture "
+                f"(it has: {', '.join(g for g in (*GROUPS, OTHER) if g in present)})"
+            ]
+        )
+    chosen = set(requested) & present
+    if "full" in parts:
+        chosen |= present
+    return tuple(g for g in (*GROUPS, OTHER) if g in chosen)
+
+
+def freeze(model: nn.Module, finetune: str) -> tuple[str, ...]:
+    """Set ``requires_grad`` by group; returns the trained groups."""
+    trained = trained_groups(model, finetune)
+    groups = module_groups(model)
+    for name, param in model.named_parameters():
+        param.requires_grad_(groups[name] in trained)
+    return trained
+
+
+def group_counts(model: nn.Module) -> dict[str, dict[str, int]]:
+    """{group: {"total": n, "trainable": n}} in canonical order."""
+    groups = module_groups(model)
+    total, trainable = Counter(), Counter()
+    for name, param in model.named_parameters():
+        total[groups[name]] += param.numel()
+        if param.requires_grad:
+            trainable[groups[name]] += param.numel()
+    order = [g for g in (*GROUPS, OTHER) if g in total]
+    return {g: {"total": total[g], "trainable": trainable[g]} for g in order}
+
+
+__all__ = ["FINETUNE_PRESETS", "freeze", "group_counts", "module_groups", "trained_groups"]

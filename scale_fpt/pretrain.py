@@ -1,0 +1,221 @@
+"""Pretraining CPU-sized backbones locally, for studies that cannot fetch hub weights.
+
+``language``: a GPT-2 language model over UTF-8 bytes of English text (by default the
+docstrings of the Python standard library, present on every Python installation; or any text
+file / directory of ``.txt``/``.md`` files the user names). ``bit-memory``: the backbone of an
+FPT fully trained on Bit Memory (the paper's pretraining-modality ablation). Either is saved
+with ``save_pretrained`` and used as ``--model DIR --init pretrained`` (or, for the preset's
+default language backbone, simply ``--model gpt2-tiny --init pretrained``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import fcntl
+import json
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from scale_fpt.config import ConfigError, TrialConfig
+from scale_fpt.models.backbones import CPU_PRESETS, gpt2_config, local_backbone_dir
+from scale_fpt.scaling import GPT2_SIZES
+
+CORPORA = ("language", "bit-memory")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", default="gpt2-tiny", help=f"CPU preset: {', '.join(CPU_PRESETS)}"
+    )
+    parser.add_argument(
+        "--corpus",
+        default="language",
+        help="'language' (English text), 'bit-memory', or a text file / directory of text",
+    )
+    parser.add_argument("--steps", type=int, default=1500, help="training steps (default 1500)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=128, help="bytes per language sequence")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="", help="output directory (default: the preset cache)")
+    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
+
+
+def main(args: argparse.Namespace) -> int:
+    problems = []
+    if args.model not in CPU_PRESETS:
+        problems.append(f"--model: pretrain makes CPU presets only ({', '.join(CPU_PRESETS)})")
+    if args.corpus not in CORPORA and not Path(args.corpus).exists():
+        problems.append(f"--corpus: {args.corpus!r} is neither {' nor '.join(CORPORA)} nor a path")
+    for name in ("steps", "batch_size", "seq_len"):
+        if getattr(args, name) < 1:
+            problems.append(f"--{name.replace('_', '-')}: must be >= 1")
+    if problems:
+        raise ConfigError(problems)
+    out = ensure_backbone(
+        args.model,
+        args.corpus,
+        out=args.out or None,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        lr=args.lr,
+        seed=args.seed,
+        force=args.force,
+    )
+    print(json.dumps(json.loads((Path(out) / "pretrain.json").read_text())))
+    return 0
+
+
+def corpus_name(corpus: str) -> str:
+    return corpus if corpus in CORPORA else "text-" + Path(corpus).stem
+
+
+def ensure_backbone(
+    preset: str, corpus: str = "language", out: str | None = None, force=False, **kw
+) -> str:
+    """The directory of a pretrained preset, building it once (under a lock, so concurrent
+    callers wait for one build instead of racing)."""
+    target = Path(out) if out else local_backbone_dir(preset, corpus_name(corpus))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if force or not (target / "pretrain.json").exists():
+            build_backbone_dir(preset, corpus, target, **kw)
+    return str(target)
+
+
+def build_backbone_dir(
+    preset: str,
+    corpus: str,
+    target: Path,
+    steps: int = 1500,
+    batch_size: int = 16,
+    seq_len: int = 128,
+    lr: float = 1e-3,
+    seed: int = 0,
+) -> None:
+    started = time.perf_counter()
+    if corpus == "bit-memory":
+        backbone, final_loss, source = pretrain_on_bit_memory(preset, steps, lr, seed)
+    else:
+        text = load_corpus(corpus)
+        backbone, final_loss = pretrain_language(preset, text, steps, batch_size, seq_len, lr, seed)
+        source = f"{corpus} ({len(text):,} bytes)"
+    tmp = target.with_name(f".{target.name}.tmp")
+    backbone.save_pretrained(tmp)
+    info = {
+        "preset": preset,
+        "corpus": corpus,
+        "source": source,
+        "steps": steps,
+        "final_loss": final_loss,
+        "seconds": round(time.perf_counter() - started, 1),
+        "directory": str(target),
+    }
+    (tmp / "pretrain.json").write_text(json.dumps(info, indent=1))
+    if target.exists():
+        import shutil
+
+        shutil.rmtree(target)
+    tmp.rename(target)
+
+
+def load_corpus(corpus: str, limit: int = 2_000_000) -> bytes:
+    if corpus == "language":
+        return python_docstrings(limit)
+    path = Path(corpus)
+    files = sorted(path.rglob("*.txt")) + sorted(path.rglob("*.md")) if path.is_dir() else [path]
+    data = b"\n\n".join(f.read_bytes() for f in files)[:limit]
+    if len(data) < 10_000:
+        raise ConfigError(
+            [f"--corpus: {corpus} has {len(data)} bytes of text; need at least 10,000"]
+        )
+    return data
+
+
+def python_docstrings(limit: int) -> bytes:
+    """English prose from the standard library's docstrings (sorted files: deterministic)."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    chunks, size = [], 0
+    for path in sorted(stdlib.rglob("*.py")):
+        if "test" in path.parts or "site-packages" in path.parts:
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        nodes = [tree] + [
+            n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef)
+        ]
+        for node in nodes:
+            doc = ast.get_docstring(node)
+            if doc and len(doc) > 80:
+                chunk = doc.encode("utf-8", "ignore")
+                chunks.append(chunk)
+                size += len(chunk) + 2
+        if size >= limit:
+            break
+    return b"\n\n".join(chunks)[:limit]
+
+
+def pretrain_language(preset, text: bytes, steps, batch_size, seq_len, lr, seed):
+    from transformers import GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(gpt2_config(GPT2_SIZES[preset], dropout=0.1))
+    data = torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        starts = torch.randint(0, len(data) - seq_len - 1, (batch_size,), generator=generator)
+        window = torch.stack([data[s : s + seq_len + 1] for s in starts.tolist()])  # (B, L+1)
+        logits = model(input_ids=window[:, :-1]).logits  # (B, L, 256)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    tail = losses[-50:]
+    return model.transformer, sum(tail) / len(tail)
+
+
+def pretrain_on_bit_memory(preset, steps, lr, seed):
+    """Train a whole FPT on Bit Memory through the normal trial path; keep its backbone."""
+    from torch import nn
+
+    from scale_fpt.trial import Trial
+
+    config = TrialConfig.from_flat(
+        {
+            "task": "bit-memory",
+            "model": preset,
+            "init": "random",
+            "finetune": "full",
+            "lr": min(lr, 1e-4),
+            "max_steps": steps,
+            "eval_every": steps,
+            "seed": seed,
+        }
+    )
+    trial = Trial(config, sweep="pretrain")
+    with contextlib.ExitStack() as stack:
+        stack.callback(trial.close)
+        row = trial.run()
+        backbone = trial.trainer.built.module.backbone
+        # The word embedding was dropped (never used); give the saved model an untrained one
+        # so it loads like any save_pretrained GPT-2.
+        backbone.set_input_embeddings(
+            nn.Embedding(backbone.config.vocab_size, backbone.config.n_embd)
+        )
+        source = f"bit-memory FPT, test accuracy {row['final_test_accuracy']:.3f}"
+        return backbone, row["final_test_loss"], source

@@ -1,0 +1,242 @@
+"""Results on disk: typed Parquet tables of trials and learning curves.
+
+Layout (``pandas.read_parquet`` reads each table directory whole)::
+
+    RESULTS_DIR/<sweep>/_schema.json            schema version of this sweep's files
+    RESULTS_DIR/<sweep>/trials/<trial_id>.parquet   one row: the trial's config and outcome
+    RESULTS_DIR/<sweep>/curves/<trial_id>.parquet   one row per evaluation, sorted by step
+
+Every file is keyed by its trial, and every write replaces the whole file atomically (written
+to a hidden temporary file, fsynced, then renamed; readers skip names starting with '.'/'_').
+So a retried, restored or resumed trial overwrites its own rows instead of adding copies, a
+curve keeps one row per step (the last reported wins), and no reader ever sees half a file.
+
+Columns: ``TRIAL_SCHEMA`` and ``CURVE_SCHEMA`` below (every config field of
+``scale_fpt.config`` is a trials column of the same name).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from scale_fpt.config import CONCERNS, ConfigError
+
+SCHEMA_VERSION = 1
+STATUSES = ("completed", "diverged", "failed", "stopped", "running")
+
+ARROW_TYPES = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
+
+
+def config_columns() -> list[pa.Field]:
+    return [
+        pa.field(f.name, ARROW_TYPES[type(getattr(concern(), f.name))])
+        for concern in CONCERNS
+        for f in fields(concern)
+    ]
+
+
+TRIAL_OUTCOME = [
+    ("status", pa.string(), "completed | diverged | failed | stopped (| running mid-trial)"),
+    ("steps_done", pa.int64(), "gradient steps taken"),
+    (
+        "final_test_accuracy",
+        pa.float64(),
+        "test accuracy of the last evaluation (before divergence)",
+    ),
+    ("best_test_accuracy", pa.float64(), "best test accuracy over all evaluations"),
+    ("final_test_loss", pa.float64(), "test loss of the last evaluation"),
+    ("final_train_loss", pa.float64(), "mean train loss since the evaluation before the last"),
+    ("steps_to_threshold", pa.int64(), "first evaluated step with accuracy >= accuracy_threshold"),
+    ("trainable_params", pa.int64(), "parameters the optimiser updates"),
+    (
+        "total_params",
+        pa.int64(),
+        "all parameters of the model (the unused word embedding excluded)",
+    ),
+    ("trained_groups", pa.string(), "'+'-joined groups actually trained"),
+    ("group_params", pa.string(), "JSON {group: {total, trainable}}"),
+    ("n_layer", pa.int64(), "backbone layers"),
+    ("d_model", pa.int64(), "backbone width"),
+    ("n_tokens", pa.int64(), "sequence length"),
+    ("flops_per_step", pa.float64(), "training FLOPs of one step (4N+attention frozen, 6N full)"),
+    ("total_flops", pa.float64(), "flops_per_step x steps_done"),
+    ("samples_seen", pa.int64(), "training examples processed"),
+    ("wall_time_s", pa.float64(), "seconds of training and evaluation, summed over resumes"),
+    ("train_time_s", pa.float64(), "seconds spent in training steps only"),
+    ("device", pa.string(), "cpu, or the CUDA device name"),
+    ("hostname", pa.string(), "node that ran the trial (last attempt)"),
+    ("git_sha", pa.string(), "commit of scale_fpt that ran it ('-dirty' with local changes)"),
+    ("versions", pa.string(), "JSON {package: version} of the stack"),
+    ("error", pa.string(), "error text of a failed trial, else null"),
+    ("finished_at", pa.string(), "UTC time the row was written (ISO 8601)"),
+    ("schema_version", pa.int64(), "version of this schema"),
+]
+
+TRIAL_SCHEMA = pa.schema(
+    [pa.field("sweep", pa.string()), pa.field("trial_id", pa.string())]
+    + config_columns()
+    + [pa.field(name, kind) for name, kind, _ in TRIAL_OUTCOME]
+)
+
+CURVE_ARMS = ("task", "model", "init", "finetune", "lr", "batch_size", "seed")
+CURVE_SCHEMA = pa.schema(
+    [pa.field("sweep", pa.string()), pa.field("trial_id", pa.string())]
+    + [
+        pa.field("step", pa.int64()),
+        pa.field("train_loss", pa.float64()),
+        pa.field("train_accuracy", pa.float64()),
+        pa.field("test_loss", pa.float64()),
+        pa.field("test_accuracy", pa.float64()),
+        pa.field("samples_per_s", pa.float64()),
+        pa.field("wall_time_s", pa.float64()),
+    ]
+    + [f for f in config_columns() if f.name in CURVE_ARMS]
+)
+
+
+class ResultsError(ConfigError):
+    """The results directory cannot be used (unwritable, full, other schema)."""
+
+
+def table(rows: list[dict], schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_pylist([{f.name: r.get(f.name) for f in schema} for r in rows], schema)
+
+
+def write_atomic(table_: pa.Table, path: Path) -> None:
+    """Write ``path`` so that it is either the old file or the complete new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            pq.write_table(table_, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise ResultsError([f"cannot write results file {path}: {e.strerror or e}"]) from None
+
+
+class ResultsWriter:
+    """Writes one sweep's rows; safe to re-create on resume (rows are keyed, not appended)."""
+
+    def __init__(self, results_dir: str | os.PathLike, sweep: str):
+        self.root = Path(results_dir).absolute() / sweep
+        self.sweep = sweep
+        self.curves: dict[str, dict[int, dict]] = {}
+        self.prepare()
+
+    def prepare(self) -> None:
+        """Fail at start-up, not mid-sweep, if the directory is unusable."""
+        marker = self.root / "_schema.json"
+        try:
+            for sub in ("trials", "curves"):
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
+            if marker.exists():
+                version = json.loads(marker.read_text()).get("schema_version")
+                if version != SCHEMA_VERSION:
+                    raise ResultsError(
+                        [
+                            f"--results: {self.root} holds results of schema version {version}, "
+                            f"this scale_fpt writes version {SCHEMA_VERSION}; use a new results "
+                            "directory (or another --sweep name)"
+                        ]
+                    )
+                return
+            probe = self.root / ".write-probe"
+            probe.write_bytes(b"x" * 4096)
+            probe.unlink()
+        except OSError as e:
+            raise ResultsError(
+                [f"--results: cannot write to {self.root}: {e.strerror or e}"]
+            ) from None
+        write_text_atomic(marker, json.dumps({"schema_version": SCHEMA_VERSION}))
+
+    def write_trial(self, row: dict) -> None:
+        path = self.root / "trials" / f"{row['trial_id']}.parquet"
+        write_atomic(table([{**row, "sweep": self.sweep}], TRIAL_SCHEMA), path)
+
+    def write_curve(self, trial_id: str, rows: list[dict]) -> None:
+        """Add evaluation rows to a trial's curve; a step seen before is replaced."""
+        path = self.root / "curves" / f"{trial_id}.parquet"
+        if trial_id not in self.curves:
+            self.curves[trial_id] = (
+                {r["step"]: r for r in pq.read_table(path).to_pylist()} if path.exists() else {}
+            )
+        curve = self.curves[trial_id]
+        for row in rows:
+            curve[row["step"]] = {**row, "sweep": self.sweep, "trial_id": trial_id}
+        write_atomic(table([curve[s] for s in sorted(curve)], CURVE_SCHEMA), path)
+
+    def finished_trials(self) -> set[str]:
+        """Trial ids with a final (not running) row on disk."""
+        trials = self.root / "trials"
+        done = set()
+        for path in trials.glob("*.parquet"):
+            status = pq.read_table(path, columns=["status"]).column("status")[0].as_py()
+            if status != "running":
+                done.add(path.stem)
+        return done
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise ResultsError([f"cannot write {path}: {e.strerror or e}"]) from None
+
+
+@dataclass
+class Results:
+    """A results directory in pandas: ``trials`` (one row per trial), ``curves`` (one row per
+    evaluation). Columns and types: ``TRIAL_SCHEMA`` and ``CURVE_SCHEMA``."""
+
+    trials: object  # pandas.DataFrame
+    curves: object  # pandas.DataFrame
+
+
+def sweep_dirs(results_dir: str | os.PathLike) -> list[Path]:
+    root = Path(results_dir)
+    if (root / "_schema.json").exists():
+        return [root]
+    return sorted(p.parent for p in root.glob("*/_schema.json"))
+
+
+def load_results(results_dir: str | os.PathLike, sweep: str | None = None) -> Results:
+    """Load every sweep under ``results_dir`` (or one ``sweep``, or a sweep directory itself)."""
+
+    dirs = sweep_dirs(results_dir)
+    if sweep is not None:
+        dirs = [d for d in dirs if d.name == sweep]
+    if not dirs:
+        raise ResultsError([f"no scale_fpt results under {results_dir} (no */_schema.json)"])
+    trials, curves = [], []
+    for d in dirs:
+        version = json.loads((d / "_schema.json").read_text()).get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ResultsError(
+                [f"{d}: schema version {version}, this scale_fpt reads {SCHEMA_VERSION}"]
+            )
+        trials.append(read_table_dir(d / "trials", TRIAL_SCHEMA))
+        curves.append(read_table_dir(d / "curves", CURVE_SCHEMA))
+    trial_df = pa.concat_tables(trials).to_pandas()
+    curve_df = pa.concat_tables(curves).to_pandas()
+    curve_df = curve_df.sort_values(["sweep", "trial_id", "step"], ignore_index=True)
+    return Results(
+        trials=trial_df.sort_values(["sweep", "trial_id"], ignore_index=True), curves=curve_df
+    )
+
+
+def read_table_dir(path: Path, schema: pa.Schema) -> pa.Table:
+    files = sorted(path.glob("[!._]*.parquet"))
+    if not files:
+        return schema.empty_table()
+    return pa.concat_tables([pq.read_table(f, schema=schema) for f in files])

@@ -1,0 +1,115 @@
+"""Sizes and scaling rules as small pure functions: parameter counts, FLOPs, memory, resources.
+
+Nothing here builds a model; tests check every formula against the modules ``models`` builds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GPT2Size:
+    """A GPT-2 architecture: enough to count its parameters and FLOPs without building it."""
+
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_positions: int = 1024
+    vocab_size: int = 50257
+
+    @property
+    def n_inner(self) -> int:
+        return 4 * self.n_embd
+
+
+# Hub GPT-2 sizes (Radford et al. 2019) and CPU-sized presets for tests and laptops. The CPU
+# presets keep GPT-2's 1024 positions so every task (CIFAR-10 LRA: 1024 tokens) fits, and a
+# byte-level vocabulary, which is what `scale-fpt pretrain` trains them with.
+GPT2_SIZES = {
+    "gpt2": GPT2Size(12, 768, 12),
+    "gpt2-medium": GPT2Size(24, 1024, 16),
+    "gpt2-large": GPT2Size(36, 1280, 20),
+    "gpt2-xl": GPT2Size(48, 1600, 25),
+    "gpt2-tiny": GPT2Size(2, 128, 4, vocab_size=256),
+    "gpt2-mini": GPT2Size(4, 256, 4, vocab_size=256),
+    "gpt2-small-cpu": GPT2Size(6, 384, 6, vocab_size=256),
+}
+HUB_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+
+
+def gpt2_group_params(size: GPT2Size) -> dict[str, int]:
+    """Backbone parameters per fine-tuning group (the word embedding ``wte`` is never used)."""
+    d, n, inner = size.n_embd, size.n_layer, size.n_inner
+    return {
+        "ln": n * 2 * (2 * d) + 2 * d,  # ln_1 and ln_2 per block (weight + bias), then ln_f
+        "pos": size.n_positions * d,  # wpe
+        "attn": n * ((d * 3 * d + 3 * d) + (d * d + d)),  # c_attn (q, k, v) and c_proj
+        "ff": n * ((d * inner + inner) + (inner * d + d)),  # c_fc and c_proj
+    }
+
+
+def head_params(d_model: int, token_width: int, vocab_size: int, n_outputs: int) -> dict[str, int]:
+    """Input layer (linear from the token width, or an embedding table) and output head."""
+    n_input = vocab_size * d_model if vocab_size else token_width * d_model + d_model
+    return {"input": n_input, "output": d_model * n_outputs + n_outputs}
+
+
+def lstm_params(width: int, n_layers: int) -> int:
+    """nn.LSTM(width, width, n_layers): 4 gates x (input + hidden weights + 2 biases) per layer."""
+    return n_layers * 4 * (2 * width * width + 2 * width)
+
+
+def attention_flops_per_sequence(n_layer: int, d_model: int, n_tokens: int) -> int:
+    """Forward FLOPs of the attention products QK^T and AV (no weights: same frozen or not)."""
+    return n_layer * 2 * 2 * n_tokens * n_tokens * d_model
+
+
+def train_step_flops(
+    matmul_params: int, trained_matmul_params: int, attention_fwd: int, n_tokens: int, batch: int
+) -> int:
+    """FLOPs of one training step (forward + backward) for ``batch`` sequences.
+
+    Forward costs 2 FLOPs per weight per token. Backward needs the activation gradients
+    (2 per weight per token) through every layer above a trained parameter, plus weight
+    gradients (2 more) only for trained weights: 6N per token when everything trains, ~4N
+    when the big matrices are frozen. Attention products cost twice their forward in backward.
+    """
+    per_token = 2 * matmul_params + 2 * matmul_params + 2 * trained_matmul_params
+    return batch * (n_tokens * per_token + 3 * attention_fwd)
+
+
+def eval_step_flops(matmul_params: int, attention_fwd: int, n_tokens: int, batch: int) -> int:
+    return batch * (n_tokens * 2 * matmul_params + attention_fwd)
+
+
+def state_bytes(total_params: int, trainable_params: int, precision: str) -> int:
+    """Weights (in the training precision) plus gradients and Adam state (fp32) of trained ones.
+
+    Mixed precision keeps an fp32 master copy of trained weights: 4 (master) + 4 + 4 (Adam).
+    """
+    weight_bytes = 4 if precision == "fp32" else 2
+    per_trained = 8 if precision == "fp32" else 12
+    grad_bytes = weight_bytes
+    return total_params * weight_bytes + trainable_params * (grad_bytes + per_trained)
+
+
+def activation_bytes(n_layer: int, d_model: int, n_tokens: int, batch: int, precision: str) -> int:
+    """Activations kept for backward, per GPT-2 block ~ 34 values per token-width unit
+    (Korthikanti et al. 2022, without the attention-score term that SDPA does not store)."""
+    width = 4 if precision == "fp32" else 2
+    return n_layer * batch * n_tokens * d_model * 34 * width // 2
+
+
+def gpu_fraction(memory_bytes: int, gpu_memory_bytes: int, max_trials_per_gpu: int = 4) -> float:
+    """Share of one GPU a trial asks Ray for: whole GPUs when the trial needs more than half a
+    device, else the smallest of 1/2, 1/4, ... (at most ``max_trials_per_gpu`` per device) that
+    leaves room for its memory. Fractions that divide 1 let Ray pack trials exactly."""
+    if memory_bytes > gpu_memory_bytes / 2:
+        return 1.0
+    fraction = 0.5
+    while (
+        fraction / 2 >= 1 / max_trials_per_gpu and memory_bytes <= gpu_memory_bytes * fraction / 2
+    ):
+        fraction /= 2
+    return fraction

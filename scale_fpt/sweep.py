@@ -1,0 +1,422 @@
+"""Sweeps: a grid (or an Optuna search per arm) over trial configs, run by Ray Tune.
+
+    SweepConfig --arms()--> flat trial configs --Tuner--> tune_trial (one ``Trial`` each)
+        each evaluation: ray.tune.report(metrics, checkpoint)  ->  ResultsCallback (driver)
+        -> Parquet rows (results.ResultsWriter: keyed, atomic, de-duplicated)
+
+Resources per trial are derived from the trial's model and precision (``trial_resources``).
+A retried or moved trial resumes from its last Tune checkpoint; ``resume=True`` restores an
+interrupted sweep with ``Tuner.restore`` so finished trials are not run again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from scale_fpt import scaling
+from scale_fpt.config import ConfigError, TrialConfig, flag
+from scale_fpt.results import ResultsWriter
+from scale_fpt.trial import Trial, error_text, git_sha, trial_id_for, versions
+
+SEARCH_KINDS = ("loguniform", "uniform", "int", "choice")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """A study: which trials to run, how to search, where results go, how to schedule."""
+
+    name: str
+    """Sweep name: the results subdirectory and the Ray experiment name."""
+    base: dict = field(default_factory=dict)
+    """Flat trial-config values shared by every trial (``TrialConfig`` field names)."""
+    grid: dict = field(default_factory=dict)
+    """Flat field -> list of values; every combination is one arm (x ``seeds``)."""
+    seeds: tuple[int, ...] = (0,)
+    """Seeds per arm (``seed`` in the trial config)."""
+    search: dict = field(default_factory=dict)
+    """Optuna search space per arm, field -> (kind, ...): ("loguniform", lo, hi),
+    ("uniform", lo, hi), ("int", lo, hi) or ("choice", [values]). Empty: a plain grid."""
+    search_trials: int = 8
+    """Optuna trials per arm (and per seed)."""
+    metric: str = "best_test_accuracy"
+    """What searches and ASHA maximise."""
+    results_dir: str = "results"
+    """Parquet results go to ``results_dir/name``."""
+    storage_path: str = ""
+    """Ray Tune's experiment storage (checkpoints, state); shared storage on a cluster.
+    Empty: ``results_dir/_ray``."""
+    optuna_storage: str = ""
+    """Optuna storage URL (an RDB URL on a cluster). Empty: an SQLite file under the sweep's
+    results directory."""
+    max_concurrent: int = 0
+    """At most this many trials at once (0: as many as resources allow)."""
+    max_failures: int = 2
+    """Retries of a crashed trial, each from its last checkpoint."""
+    asha: bool = False
+    """Stop weak trials early with ASHA (on ``metric``, in evaluation steps)."""
+    asha_grace_evals: int = 2
+    """ASHA: evaluations every trial gets before it can be stopped."""
+    cpus_per_trial: int = 1
+    """CPU cores per trial."""
+    gpu_memory_gb: float = 24.0
+    """Memory of one GPU of the cluster, to pack small trials onto one device."""
+    reuse_actors: bool = True
+    """Reuse trial processes (saves the import and start-up of torch and DeepSpeed)."""
+
+    def problems(self) -> list[str]:
+        out = []
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name or ""):
+            out.append(f"sweep name {self.name!r}: use letters, digits, '-', '_', '.'")
+        known = {f.name for f in fields(TrialConfig().task)} | {
+            f.name for c in (TrialConfig().model, TrialConfig().train) for f in fields(c)
+        }
+        for key in (*self.base, *self.grid, *self.search):
+            if key not in known:
+                out.append(
+                    f"sweep field {key!r} is not a trial config field ({', '.join(sorted(known))})"
+                )
+        for key, values in self.grid.items():
+            if not isinstance(values, list | tuple) or not values:
+                out.append(f"grid {key!r}: needs a non-empty list of values")
+        for key, spec in self.search.items():
+            if not spec or spec[0] not in SEARCH_KINDS:
+                out.append(f"search {key!r}: kind must be one of {', '.join(SEARCH_KINDS)}")
+        if not self.seeds:
+            out.append("seeds: at least one seed")
+        for name in ("search_trials", "max_failures", "asha_grace_evals", "cpus_per_trial"):
+            if getattr(self, name) < (0 if name == "max_failures" else 1):
+                out.append(f"{flag(name)}: must be positive, got {getattr(self, name)}")
+        return out
+
+    def arms(self) -> list[dict]:
+        """Flat configs of every grid point and seed (searched fields left at base values)."""
+        keys = list(self.grid)
+        arms = []
+        for values in itertools.product(*(self.grid[k] for k in keys)):
+            for seed in self.seeds:
+                arms.append({**self.base, **dict(zip(keys, values, strict=True)), "seed": seed})
+        return arms
+
+    def validate(self) -> SweepConfig:
+        """Every problem of the sweep and of each of its trial configs, raised once."""
+        problems = self.problems()
+        if not problems:
+            for arm in self.arms():
+                try:
+                    TrialConfig.from_flat(arm)
+                except ConfigError as e:
+                    problems += [f"{arm_label(arm)}: {p}" for p in e.problems]
+        if problems:
+            raise ConfigError(list(dict.fromkeys(problems)))
+        return self
+
+    @property
+    def sweep_dir(self) -> Path:
+        return Path(self.results_dir).absolute() / self.name
+
+    @property
+    def ray_storage(self) -> str:
+        return self.storage_path or str(Path(self.results_dir).absolute() / "_ray")
+
+
+def arm_label(flat: dict) -> str:
+    keys = ("task", "model", "init", "finetune", "seed")
+    return "/".join(str(flat[k]) for k in keys if k in flat)
+
+
+# --------------------------------------------------------------------------- resources
+
+
+def trial_resources(flat: dict, sweep: SweepConfig, gpus: bool) -> dict:
+    """Ray resources of one trial: CPU-only without GPUs; else a share of one GPU sized by
+    the trial's weights, optimiser state and activations (whole GPUs for large models)."""
+    if not gpus:
+        return {"CPU": sweep.cpus_per_trial}
+    config = TrialConfig.from_flat(flat)
+    size = scaling.GPT2_SIZES.get(config.model.model)
+    if size is None:  # unknown architecture: a whole device is the safe default
+        return {"CPU": sweep.cpus_per_trial, "GPU": 1.0}
+    counts = scaling.gpt2_group_params(size)
+    total = sum(counts.values())
+    trained = total if config.train.finetune == "full" else counts["ln"] + counts["pos"]
+    memory = scaling.state_bytes(total, trained, config.train.precision)
+    memory += scaling.activation_bytes(
+        size.n_layer, size.n_embd, 1024, config.train.batch_size, config.train.precision
+    )
+    fraction = scaling.gpu_fraction(memory, int(sweep.gpu_memory_gb * 2**30))
+    return {"CPU": sweep.cpus_per_trial, "GPU": fraction}
+
+
+# --------------------------------------------------------------------------- the trainable
+
+
+def tune_trial(flat: dict) -> None:
+    """Ray Tune function trainable: one trial, resumed from Tune's checkpoint when retried."""
+    from ray import tune
+
+    flat = dict(flat)
+    sweep = flat.pop("sweep")
+    try:
+        config = TrialConfig.from_flat(flat)
+        trial = Trial(config, sweep=sweep)
+    except ConfigError as e:
+        # A bad combination fails the same way on every retry: record it, do not retry.
+        row = config_only_row(sweep, flat, "failed", error_text(e))
+        tune.report({"step": 0, "trial_row": row, "final": True})
+        return
+    try:
+        checkpoint = tune.get_checkpoint()
+        if checkpoint:
+            with checkpoint.as_directory() as directory:
+                trial.trainer.restore(directory)
+
+        def on_eval(curve_row: dict, trial_row: dict) -> None:
+            with tempfile.TemporaryDirectory(prefix="scale_fpt_ckpt_") as directory:
+                trial.trainer.save(directory)
+                tune.report(
+                    {
+                        "step": curve_row["step"],
+                        "test_accuracy": curve_row["test_accuracy"],
+                        "best_test_accuracy": trial_row["best_test_accuracy"],
+                        "curve_row": curve_row,
+                        "trial_row": trial_row,
+                        "final": trial_row["status"] != "running",
+                    },
+                    checkpoint=tune.Checkpoint.from_directory(directory),
+                )
+
+        final_row = trial.run(on_eval=on_eval)
+        if final_row["status"] == "diverged":  # no evaluation reported the end: report it
+            tune.report({"step": final_row["steps_done"], "trial_row": final_row, "final": True})
+    finally:
+        trial.close()
+
+
+def config_only_row(sweep: str, flat: dict, status: str, error: str | None) -> dict:
+    """The row of a trial that never built (bad combination) or never reported."""
+    import datetime
+    import socket
+
+    from scale_fpt.results import SCHEMA_VERSION
+
+    try:
+        trial_id = trial_id_for(sweep, TrialConfig.from_flat(flat).to_flat())
+    except ConfigError:
+        trial_id = trial_id_for(sweep, flat)
+    return {
+        "sweep": sweep,
+        "trial_id": trial_id,
+        **flat,
+        "status": status,
+        "steps_done": 0,
+        "hostname": socket.gethostname(),
+        "git_sha": git_sha(),
+        "versions": versions(),
+        "error": error,
+        "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "schema_version": SCHEMA_VERSION,
+    }
+
+
+# --------------------------------------------------------------------------- driver side
+
+
+def results_callback_class():
+    from ray import tune
+
+    class ResultsCallback(tune.Callback):
+        """Writes each reported evaluation to Parquet on the driver, as it arrives."""
+
+        def __init__(self, results_dir: str, sweep: str):
+            self.results_dir, self.sweep = results_dir, sweep
+            self.last_rows: dict[str, dict] = {}
+            self._writer: ResultsWriter | None = None
+
+        def __getstate__(self):  # Tune pickles callbacks into its experiment state
+            return {"results_dir": self.results_dir, "sweep": self.sweep, "last_rows": {}}
+
+        def __setstate__(self, state):
+            self.__dict__.update(state, _writer=None)
+
+        @property
+        def writer(self) -> ResultsWriter:
+            if self._writer is None:
+                self._writer = ResultsWriter(self.results_dir, self.sweep)
+            return self._writer
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            if "curve_row" in result:
+                row = result["curve_row"]
+                self.writer.write_curve(row["trial_id"], [row])
+            if "trial_row" in result:
+                self.last_rows[trial.trial_id] = result["trial_row"]
+                self.writer.write_trial(result["trial_row"])
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            row = self.last_rows.get(trial.trial_id) or trial.last_result.get("trial_row")
+            if row is None:
+                return
+            if row["status"] == "running":  # ended by the scheduler before its last step
+                self.writer.write_trial({**row, "status": "stopped"})
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            row = self.last_rows.get(trial.trial_id) or trial.last_result.get("trial_row")
+            flat = {k: v for k, v in trial.config.items() if k != "sweep"}
+            error = trial_error_text(trial)
+            if row is None:
+                row = config_only_row(self.sweep, flat, "failed", error)
+            self.writer.write_trial({**row, "status": "failed", "error": error})
+
+    return ResultsCallback
+
+
+def trial_error_text(trial) -> str:
+    path = getattr(trial, "error_file", None)
+    if path and os.path.exists(path):
+        return Path(path).read_text()[-4000:]
+    return str(getattr(trial, "error_msg", None) or "trial failed")
+
+
+def search_algorithm(sweep: SweepConfig, arm: dict, study_name: str):
+    import optuna
+    from ray.tune.search import ConcurrencyLimiter
+    from ray.tune.search.optuna import OptunaSearch
+
+    url = sweep.optuna_storage or f"sqlite:///{sweep.sweep_dir / 'optuna.db'}"
+    storage = optuna.storages.RDBStorage(url)
+    distributions = {}
+    for key, (kind, *args) in sweep.search.items():
+        distributions[key] = {
+            "loguniform": lambda lo, hi: optuna.distributions.FloatDistribution(lo, hi, log=True),
+            "uniform": lambda lo, hi: optuna.distributions.FloatDistribution(lo, hi),
+            "int": lambda lo, hi: optuna.distributions.IntDistribution(lo, hi),
+            "choice": lambda values: optuna.distributions.CategoricalDistribution(values),
+        }[kind](*args)
+    searcher = OptunaSearch(
+        space=distributions,
+        metric=sweep.metric,
+        mode="max",
+        sampler=optuna.samplers.TPESampler(seed=arm["seed"]),
+        study_name=study_name,
+        storage=storage,
+    )
+    return ConcurrencyLimiter(searcher, max_concurrent=max(1, sweep.max_concurrent or 2))
+
+
+def connect_ray(**init_kwargs) -> None:
+    """Attach to the running Ray cluster (``ray submit``, RAY_ADDRESS) or start a local one."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    env = {"SCALE_FPT_GIT_SHA": git_sha(), "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
+    ray.init(runtime_env={"env_vars": env}, **init_kwargs)
+
+
+def prebuild_ops() -> None:
+    """DeepSpeed JIT-builds its CPU communication op on first use; concurrent first builds by
+    several trials can hang, so build it once here before any trial starts."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.ops.op_builder import ShareMemCommBuilder
+
+    ShareMemCommBuilder().load(verbose=False)
+
+
+def run_sweep(sweep: SweepConfig, resume: bool = False) -> list[str]:
+    """Run (or resume) the sweep; returns the Ray experiment names it ran."""
+    sweep.validate()
+    ResultsWriter(sweep.results_dir, sweep.name)  # fail now if results cannot be written
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
+    connect_ray()
+    prebuild_ops()
+    import ray
+
+    gpus = ray.cluster_resources().get("GPU", 0) > 0
+    if sweep.search:
+        plans = [
+            (f"{sweep.name}-{slug(arm_label(arm))}", [arm]) for arm in sweep.arms()
+        ]  # one Optuna study per arm
+    else:
+        plans = [(sweep.name, sweep.arms())]
+    for experiment, arms in plans:
+        run_experiment(sweep, experiment, arms, gpus, resume)
+    return [name for name, _ in plans]
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
+
+
+def run_experiment(sweep: SweepConfig, experiment: str, arms: list[dict], gpus: bool, resume: bool):
+    from ray import tune
+
+    path = os.path.join(sweep.ray_storage, experiment)
+
+    def resources(flat: dict) -> tune.PlacementGroupFactory:
+        request = trial_resources({k: v for k, v in flat.items() if k != "sweep"}, sweep, gpus)
+        return tune.PlacementGroupFactory([request])
+
+    trainable = tune.with_resources(tune_trial, resources)
+    if resume and tune.Tuner.can_restore(path):
+        tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True)
+        return tuner.fit()
+
+    callback = results_callback_class()(sweep.results_dir, sweep.name)
+    if sweep.search:
+        arm = arms[0]
+        param_space = {"sweep": sweep.name, **arm}
+        for key in sweep.search:
+            param_space.pop(key, None)
+        search_alg = search_algorithm(sweep, arm, experiment)
+        num_samples = sweep.search_trials
+    else:
+        # Tune crosses the grid axes and the seeds: exactly the combinations of arms().
+        param_space = {
+            "sweep": sweep.name,
+            **sweep.base,
+            **{key: tune.grid_search(list(values)) for key, values in sweep.grid.items()},
+            "seed": tune.grid_search(list(sweep.seeds)),
+        }
+        search_alg, num_samples = None, 1
+    scheduler = None
+    if sweep.asha:
+        max_evals = max(
+            TrialConfig.from_flat(a).train.max_steps // TrialConfig.from_flat(a).train.eval_every
+            for a in arms
+        )
+        scheduler = tune.schedulers.ASHAScheduler(
+            time_attr="training_iteration",
+            max_t=max(max_evals, sweep.asha_grace_evals),
+            grace_period=sweep.asha_grace_evals,
+        )
+    tuner = tune.Tuner(
+        trainable,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            search_alg=search_alg,
+            scheduler=scheduler,
+            num_samples=num_samples,
+            metric=sweep.metric,
+            mode="max",
+            max_concurrent_trials=sweep.max_concurrent or None,
+            reuse_actors=sweep.reuse_actors,
+        ),
+        run_config=tune.RunConfig(
+            name=experiment,
+            storage_path=sweep.ray_storage,
+            callbacks=[callback],
+            failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            verbose=0,
+        ),
+    )
+    return tuner.fit()

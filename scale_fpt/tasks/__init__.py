@@ -1,0 +1,92 @@
+"""The seven tasks of the paper, built by name: ``build_task(config, seed)``.
+
+Task modules are imported when a task is built, so importing ``scale_fpt.tasks`` stays
+cheap (the image tasks pull in ``datasets`` only when they load data).
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import lru_cache
+
+import torch
+
+from scale_fpt.config import TASKS, ConfigError, TaskConfig, choice_problem
+from scale_fpt.tasks.base import Batch, DataUnavailable, Task, TaskSpec, step_generator
+
+__all__ = [
+    "Batch",
+    "DataUnavailable",
+    "Task",
+    "TaskSpec",
+    "build_task",
+    "epoch_indices",
+    "split_batch",
+    "step_generator",
+    "task_class",
+    "task_spec",
+]
+
+# task name -> (module, class); the module is imported on first use.
+_REGISTRY = {
+    "bit-memory": ("scale_fpt.tasks.bits", "BitMemory"),
+    "bit-xor": ("scale_fpt.tasks.bits", "BitXor"),
+    "listops": ("scale_fpt.tasks.listops", "ListOps"),
+    "mnist": ("scale_fpt.tasks.images", "ImageClassification"),
+    "cifar10": ("scale_fpt.tasks.images", "ImageClassification"),
+    "cifar10-lra": ("scale_fpt.tasks.images", "ImageClassification"),
+    "homology": ("scale_fpt.tasks.homology", "RemoteHomology"),
+}
+assert set(_REGISTRY) == set(TASKS)
+
+# step_generator stream of the per-epoch data order (other streams: see each task module).
+PERMUTATION_STREAM = 1
+
+
+def task_class(name: str) -> type[Task]:
+    """The Task subclass that implements ``name``; ConfigError for an unknown name."""
+    if name not in _REGISTRY:
+        raise ConfigError([choice_problem("task", name, TASKS)])
+    module, cls = _REGISTRY[name]
+    return getattr(importlib.import_module(module), cls)
+
+
+def task_spec(config: TaskConfig) -> TaskSpec:
+    """The shapes of ``config.task`` without loading any data (for planning and model setup)."""
+    return task_class(config.task).spec_for(config)
+
+
+def build_task(config: TaskConfig, seed: int) -> Task:
+    """The task of ``config`` for trial ``seed``; its data is loaded (or generated) now, so a
+    missing dataset fails here with :class:`DataUnavailable` rather than mid-training."""
+    return task_class(config.task)(config, seed)
+
+
+@lru_cache(maxsize=8)
+def _permutation(seed: int, epoch: int, n: int) -> torch.Tensor:
+    return torch.randperm(n, generator=step_generator(seed, epoch, PERMUTATION_STREAM))
+
+
+def epoch_indices(seed: int, step: int, batch_size: int, n: int) -> torch.Tensor:
+    """Dataset indices of training batch ``step``: (batch_size,) long.
+
+    The examples are read in epochs, each a fresh permutation of ``range(n)`` drawn from
+    (seed, epoch). Batch ``step`` takes positions ``step*B .. step*B+B-1`` of that endless
+    stream, so every example is seen exactly once per epoch and a batch that straddles an
+    epoch boundary ends one permutation and starts the next.
+    """
+    positions = step * batch_size + torch.arange(batch_size)
+    epochs, offsets = positions // n, positions % n
+    out = torch.empty(batch_size, dtype=torch.long)
+    for epoch in epochs.unique().tolist():
+        rows = epochs == epoch
+        out[rows] = _permutation(seed, epoch, n)[offsets[rows]]
+    return out
+
+
+def split_batch(batch: Batch, batch_size: int):
+    """Consecutive batches of at most ``batch_size`` examples of ``batch`` (views, in order)."""
+    for start in range(0, len(batch), batch_size):
+        rows = slice(start, start + batch_size)
+        lengths = None if batch.lengths is None else batch.lengths[rows]
+        yield Batch(batch.x[rows], batch.y[rows], lengths)

@@ -1,0 +1,109 @@
+"""The two synthetic bit tasks: Bit Memory and Bit XOR.
+
+As in the paper, every training batch is fresh random data drawn from (seed, step). The test
+set is drawn the same way but from ``config.test_seed``, once: ``test_batches`` chunks of
+``TEST_CHUNK`` examples, the same for every trial and every evaluation batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from scale_fpt.config import TaskConfig
+from scale_fpt.tasks import split_batch
+from scale_fpt.tasks.base import Batch, Task, TaskSpec, step_generator
+
+# step_generator streams (PERMUTATION_STREAM = 1 in scale_fpt.tasks is not used here).
+DATA_STREAM = 0
+TEST_STREAM = 2
+TEST_CHUNK = 32
+"""Examples per test chunk: the test set holds ``config.test_batches * TEST_CHUNK``."""
+
+
+class _FreshRandomTask(Task):
+    """A task whose examples are i.i.d. draws: ``_sample(n, generator)`` makes n of them."""
+
+    def __init__(self, config: TaskConfig, seed: int):
+        super().__init__(config, seed)
+        self.spec = self.spec_for(config)
+        self._test: Batch | None = None
+
+    def _sample(self, n: int, g: torch.Generator) -> Batch:
+        raise NotImplementedError
+
+    def train_batch(self, step: int, batch_size: int) -> Batch:
+        return self._sample(batch_size, step_generator(self.seed, step, DATA_STREAM))
+
+    def test_batches(self, batch_size: int) -> Iterator[Batch]:
+        if self._test is None:
+            chunks = [
+                self._sample(TEST_CHUNK, step_generator(self.config.test_seed, i, TEST_STREAM))
+                for i in range(self.config.test_batches)
+            ]
+            self._test = Batch(torch.cat([c.x for c in chunks]), torch.cat([c.y for c in chunks]))
+        return split_batch(self._test, batch_size)
+
+
+class BitXor(_FreshRandomTask):
+    """Two random 5-bit strings, one bit (0. or 1.) per token; the last 5 tokens each predict
+    one bit of their element-wise XOR. x: (B, 10, 1) float, y: (B, 5, 1) long."""
+
+    name = "bit-xor"
+    n_bits = 5
+
+    @classmethod
+    def spec_for(cls, config: TaskConfig) -> TaskSpec:
+        return TaskSpec(
+            n_tokens=2 * cls.n_bits,
+            token_width=1,
+            vocab_size=0,
+            n_predicting_tokens=cls.n_bits,
+            outputs_per_token=1,
+            n_classes=2,
+        )
+
+    def _sample(self, n: int, g: torch.Generator) -> Batch:
+        a, b = torch.randint(0, 2, (2, n, self.n_bits), generator=g)
+        x = torch.cat([a, b], dim=1).float().unsqueeze(-1)  # (n, 10, 1)
+        y = (a ^ b).unsqueeze(-1)  # (n, 5, 1)
+        return Batch(x, y)
+
+
+class BitMemory(_FreshRandomTask):
+    """Five random ±1 strings of 1000 bits, then a query: one of them, chosen at random, with
+    each bit masked to 0 with probability 0.5. Everything is cut into patches of 50 bits, so
+    the sequence is 6 * 1000 / 50 = 120 tokens of width 50; the last 20 tokens (the query)
+    each predict their 50 bits of the unmasked string (class 1 for +1, 0 for -1).
+    x: (B, 120, 50) float, y: (B, 20, 50) long."""
+
+    name = "bit-memory"
+    n_strings = 5
+    n_bits = 1000
+    patch = 50
+    mask_prob = 0.5
+
+    @classmethod
+    def spec_for(cls, config: TaskConfig) -> TaskSpec:
+        query_tokens = cls.n_bits // cls.patch
+        return TaskSpec(
+            n_tokens=(cls.n_strings + 1) * query_tokens,
+            token_width=cls.patch,
+            vocab_size=0,
+            n_predicting_tokens=query_tokens,
+            outputs_per_token=cls.patch,
+            n_classes=2,
+        )
+
+    def _sample(self, n: int, g: torch.Generator) -> Batch:
+        bits = torch.randint(0, 2, (n, self.n_strings, self.n_bits), generator=g)
+        strings = bits.float() * 2 - 1  # (n, 5, 1000) in {-1, +1}
+        which = torch.randint(0, self.n_strings, (n,), generator=g)
+        target = strings[torch.arange(n), which]  # (n, 1000)
+        keep = torch.rand(n, self.n_bits, generator=g) >= self.mask_prob
+        query = target * keep  # masked bits read 0
+        x = torch.cat([strings.reshape(n, -1), query], dim=1)  # (n, 6000)
+        x = x.view(n, -1, self.patch)  # (n, 120, 50)
+        y = (target > 0).long().view(n, -1, self.patch)  # (n, 20, 50)
+        return Batch(x, y)

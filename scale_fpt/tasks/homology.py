@@ -1,0 +1,161 @@
+"""TAPE remote homology: the fold (one of 1195) of a protein, read one amino acid at a time.
+
+Data from ``config.data_dir`` (or its ``remote_homology/`` subdirectory), per split either
+``remote_homology_{split}.json`` (a JSON list of records) or, when the ``lmdb`` package is
+installed, TAPE's original ``remote_homology_{split}.lmdb`` (keys ``str(i)``, pickled
+records, and ``num_examples``). Each record has ``primary`` (the sequence) and
+``fold_label``. We train on ``train`` and test on ``test_fold_holdout`` (the hardest of
+TAPE's three test sets: whole folds unseen in training; ``valid`` is not read).
+
+Sequences are cut to ``max_length`` (default 1024) and each batch is right-padded to its
+longest sequence: x is (B, T) long with T <= max_length, ``lengths`` the real lengths.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from scale_fpt.config import TaskConfig
+from scale_fpt.tasks import epoch_indices
+from scale_fpt.tasks.base import Batch, DataUnavailable, Task, TaskSpec
+
+DEFAULT_MAX_LENGTH = 1024
+N_FOLDS = 1195
+AMINO_ACIDS = "ABCDEFGHIKLMNOPQRSTUVWXYZ"
+"""The 25 IUPAC letters of TAPE's vocabulary (20 standard amino acids, B/Z/X ambiguity
+codes, U selenocysteine, O pyrrolysine)."""
+VOCAB = ("<pad>", "<unk>", *AMINO_ACIDS)
+"""27 tokens: pad=0, unk=1, then the letters (ids 2-26)."""
+PAD, UNK = 0, 1
+TRAIN_SPLIT, TEST_SPLIT = "train", "test_fold_holdout"
+
+# bytes -> token id for all 256 byte values: encoding a sequence is one numpy lookup.
+_ENCODE = np.full(256, UNK, dtype=np.uint8)
+for _i, _letter in enumerate(AMINO_ACIDS):
+    _ENCODE[ord(_letter)] = _ENCODE[ord(_letter.lower())] = _i + 2
+
+# (path, max_length) -> (x (N, L) uint8, lengths (N,) long, y (N,) long)
+_LOADED: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def encode(sequence: str, max_length: int) -> np.ndarray:
+    """Token ids (uint8) of an amino-acid string, cut to ``max_length``; unknown -> UNK."""
+    return _ENCODE[np.frombuffer(sequence[:max_length].encode("latin-1", "replace"), np.uint8)]
+
+
+def _read_lmdb(path: Path) -> list[dict]:
+    import lmdb  # optional: only TAPE's original format needs it
+
+    env = lmdb.open(str(path), max_readers=1, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            n = pickle.loads(txn.get(b"num_examples"))
+            return [pickle.loads(txn.get(str(i).encode())) for i in range(n)]
+    finally:
+        env.close()
+
+
+def find_split(data_dir: str, split: str) -> Path:
+    """The file (or lmdb directory) holding ``split``; DataUnavailable naming what is missing."""
+    expected = f"remote_homology_{split}.json or .lmdb, here or in remote_homology/"
+    remedy = "download TAPE's remote_homology data and pass --data-dir DIR"
+    if not data_dir:
+        raise DataUnavailable(f"homology: no --data-dir given (expected {expected}); {remedy}")
+    for folder in (Path(data_dir), Path(data_dir) / "remote_homology"):
+        path = folder / f"remote_homology_{split}.json"
+        if path.is_file():
+            return path
+        path = path.with_suffix(".lmdb")
+        if path.exists():
+            try:
+                import lmdb  # noqa: F401
+            except ImportError:
+                raise DataUnavailable(
+                    f"homology: reading {path} needs the lmdb package; pip install lmdb"
+                ) from None
+            return path
+    raise DataUnavailable(
+        f"homology: TAPE remote-homology files not found in {data_dir} (expected {expected}); "
+        f"{remedy}"
+    )
+
+
+def load_split(path: Path, max_length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x (N, L) uint8 ids padded to the longest kept length L, lengths (N,), folds (N,)),
+    cached per process."""
+    key = (str(path.resolve()), max_length)
+    if key in _LOADED:
+        return _LOADED[key]
+    try:
+        if path.suffix == ".lmdb":
+            records = _read_lmdb(path)
+        else:
+            with open(path, encoding="utf-8") as f:
+                records = json.load(f)
+        sequences = [encode(r["primary"], max_length) for r in records]
+        folds = torch.tensor([int(r["fold_label"]) for r in records], dtype=torch.long)
+    except (OSError, ValueError, KeyError, TypeError, pickle.UnpicklingError) as e:
+        raise DataUnavailable(
+            f"homology: cannot read {path} as TAPE remote-homology records "
+            f"('primary', 'fold_label'): {type(e).__name__}: {e}"
+        ) from e
+    if not sequences or min(map(len, sequences)) == 0:
+        raise DataUnavailable(f"homology: {path} holds no records or an empty sequence")
+    if not 0 <= int(folds.min()) <= int(folds.max()) < N_FOLDS:
+        raise DataUnavailable(f"homology: fold labels in {path} must be in 0..{N_FOLDS - 1}")
+    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
+    x = np.full((len(sequences), int(lengths.max())), PAD, dtype=np.uint8)
+    for i, ids in enumerate(sequences):
+        x[i, : len(ids)] = ids
+    _LOADED[key] = (torch.from_numpy(x), lengths, folds)
+    return _LOADED[key]
+
+
+def _batch(x: torch.Tensor, lengths: torch.Tensor, y: torch.Tensor) -> Batch:
+    """Rows of one batch, cut to the batch's longest sequence."""
+    return Batch(x[:, : int(lengths.max())].long(), y.view(-1, 1, 1), lengths)
+
+
+class RemoteHomology(Task):
+    """TAPE remote homology (see module doc). x: (B, T) long, y: (B, 1, 1) fold."""
+
+    name = "homology"
+
+    @classmethod
+    def spec_for(cls, config: TaskConfig) -> TaskSpec:
+        return TaskSpec(
+            n_tokens=config.max_length or DEFAULT_MAX_LENGTH,
+            token_width=0,
+            vocab_size=len(VOCAB),
+            n_predicting_tokens=1,
+            outputs_per_token=1,
+            n_classes=N_FOLDS,
+        )
+
+    def __init__(self, config: TaskConfig, seed: int):
+        super().__init__(config, seed)
+        self.spec = self.spec_for(config)
+        max_length = self.spec.n_tokens
+        # Find both before reading either, so a missing file fails fast.
+        train_path, test_path = (find_split(config.data_dir, s) for s in (TRAIN_SPLIT, TEST_SPLIT))
+        self._train = load_split(train_path, max_length)
+        x, lengths, y = load_split(test_path, max_length)
+        n = config.test_limit or len(x)
+        self._test = (x[:n], lengths[:n], y[:n])
+
+    def train_batch(self, step: int, batch_size: int) -> Batch:
+        x, lengths, y = self._train
+        indices = epoch_indices(self.seed, step, batch_size, len(x))
+        return _batch(x[indices], lengths[indices], y[indices])
+
+    def test_batches(self, batch_size: int) -> Iterator[Batch]:
+        x, lengths, y = self._test
+        for start in range(0, len(x), batch_size):
+            rows = slice(start, start + batch_size)
+            yield _batch(x[rows], lengths[rows], y[rows])

@@ -1,0 +1,272 @@
+"""Image classification as a sequence of patches: MNIST, CIFAR-10 and CIFAR-10 LRA.
+
+| task | stored | fed as | tokens x width |
+|---|---|---|---|
+| mnist | 28x28 grey | zero-padded by 2 to 32x32, 4x4 patches | 64 x 16 |
+| cifar10 | 32x32 RGB | 4x4 patches | 64 x 48 |
+| cifar10-lra | 32x32 RGB | greyscale, 1x1 patches (pixels) | 1024 x 1 |
+
+Patches are read in raster order (left to right, top to bottom); each patch is flattened
+row by row, pixel by pixel, with the channels innermost: feature ``(i * p + j) * C + c`` of a
+token is channel c of pixel (i, j) inside its p x p patch. Pixels are scaled to [0, 1]
+(no mean/std normalisation: the trained input layer absorbs any affine rescaling).
+
+Data comes from ``datasets``: the hub ids ``ylecun/mnist`` / ``uoft-cs/cifar10`` when
+``config.data_dir`` is empty, else a local copy in ``data_dir``: a ``save_to_disk``
+DatasetDict (train, test) or Parquet files whose name starts with, or whose folder is,
+``train`` / ``test`` (HF's own ``plain_text/train-00000-of-00001.parquet`` layout included).
+Images are decoded once per process into a uint8 tensor (N, H, W, C) per split.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from scale_fpt.config import TaskConfig
+from scale_fpt.tasks import epoch_indices
+from scale_fpt.tasks.base import Batch, DataUnavailable, Task, TaskSpec, step_generator
+
+HUB_IDS = {"mnist": "ylecun/mnist", "cifar10": "uoft-cs/cifar10", "cifar10-lra": "uoft-cs/cifar10"}
+STORED_SIZE = {"mnist": 28, "cifar10": 32, "cifar10-lra": 32}
+PIL_MODE = {"mnist": "L", "cifar10": "RGB", "cifar10-lra": "RGB"}
+PATCH = {"mnist": 4, "cifar10": 4, "cifar10-lra": 1}
+SIZE = 32
+"""Side of the image the model sees (MNIST is padded up to it, as the paper's 64 tokens imply)."""
+IMAGE_COLUMNS = ("image", "img")
+LABEL_COLUMN = "label"
+SPLITS = ("train", "test")
+LUMA = (0.299, 0.587, 0.114)
+"""ITU-R 601 luma weights (PIL's ``convert('L')``) for CIFAR-10 LRA's greyscale."""
+CROP_PADDING = 4
+ROTATION_DEGREES = 10.0
+AUGMENT_STREAM = 3
+"""step_generator stream of the augmentation randomness (1 is the epoch permutation)."""
+
+# (source, split, PIL mode) -> (images (N, H, W, C) uint8, labels (N,) long)
+_DECODED: dict[tuple[str, str, str], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _one_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def _parquet_files(folder: Path) -> dict[str, list[str]]:
+    """Parquet files under ``folder`` by split: a file belongs to a split when its name starts
+    with the split's name or one of its folders (below ``folder``) is named after it."""
+    files: dict[str, list[str]] = {split: [] for split in SPLITS}
+    for path in sorted(folder.rglob("*.parquet")):
+        parts = path.relative_to(folder).parts
+        for split in SPLITS:
+            if path.name.startswith(split) or split in parts[:-1]:
+                files[split].append(str(path))
+                break
+    return files
+
+
+def _open_splits(task: str, data_dir: str):
+    """The train and test ``datasets.Dataset`` of ``task``; DataUnavailable if not there."""
+    import datasets  # heavy: imported only when image data is needed
+
+    remedy = "pass --data-dir with a saved copy (datasets save_to_disk directory or Parquet files)"
+    if not data_dir:
+        hub_id = HUB_IDS[task]
+        try:
+            dataset = datasets.load_dataset(hub_id)
+        except Exception as e:  # network, auth or hub errors all have the same remedy
+            raise DataUnavailable(
+                f"{task}: could not load {hub_id!r} from the Hugging Face hub (offline?); {remedy}"
+            ) from e
+        source = hub_id
+    else:
+        folder = Path(data_dir)
+        if not folder.is_dir():
+            raise DataUnavailable(f"{task}: --data-dir {data_dir} is not a directory; {remedy}")
+        try:
+            if (folder / "dataset_dict.json").is_file():
+                dataset = datasets.load_from_disk(str(folder))
+            else:
+                files = _parquet_files(folder)
+                if not all(files.values()):
+                    raise DataUnavailable(
+                        f"{task}: no {HUB_IDS[task]} data found in {data_dir} (expected a "
+                        "datasets save_to_disk directory, or Parquet files named train-*.parquet "
+                        "and test-*.parquet or inside train/ and test/ folders); download "
+                        f"{HUB_IDS[task]} and pass --data-dir DIR"
+                    )
+                dataset = datasets.load_dataset("parquet", data_files=files)
+        except DataUnavailable:
+            raise
+        except Exception as e:
+            raise DataUnavailable(
+                f"{task}: could not read the dataset in {data_dir}: {_one_line(e)}"
+            ) from e
+        source = str(folder.resolve())
+    missing = [split for split in SPLITS if split not in dataset]
+    if missing:
+        raise DataUnavailable(
+            f"{task}: the dataset from {source} has no {' or '.join(missing)} split "
+            f"(found: {', '.join(dataset)}); {remedy}"
+        )
+    return source, {split: dataset[split] for split in SPLITS}
+
+
+def _decode(task: str, source: str, split: str, dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode the images of one split: (images (N, H, W, C) uint8, labels (N,) long)."""
+    columns = dataset.column_names
+    image_column = next((c for c in IMAGE_COLUMNS if c in columns), None)
+    if image_column is None or LABEL_COLUMN not in columns:
+        raise DataUnavailable(
+            f"{task}: the {split} split of {source} needs an image column "
+            f"({' or '.join(IMAGE_COLUMNS)}) and a {LABEL_COLUMN!r} column; "
+            f"found {', '.join(columns)}"
+        )
+    # Arrow view: an HF Image column is a struct {bytes, path}; decoding it ourselves avoids
+    # a round trip through datasets' per-row PIL objects.
+    table = dataset.with_format("arrow")[:]
+    records = table.column(image_column)
+    if not pa.types.is_struct(records.type) or records.type.get_field_index("bytes") < 0:
+        raise DataUnavailable(
+            f"{task}: column {image_column!r} of {source} ({split}) holds {records.type}, "
+            "not encoded images (a datasets Image feature)"
+        )
+    if len(records) == 0:
+        raise DataUnavailable(f"{task}: the {split} split of {source} is empty")
+    mode, size = PIL_MODE[task], STORED_SIZE[task]
+    images = []
+    for record in records.to_pylist():
+        data, path = record["bytes"], record.get("path")
+        try:
+            with Image.open(io.BytesIO(data) if data is not None else path) as image:
+                pixels = np.asarray(image.convert(mode))
+        except (OSError, ValueError) as e:
+            raise DataUnavailable(
+                f"{task}: cannot decode an image of {source} ({split}): {e}"
+            ) from e
+        if pixels.shape[:2] != (size, size):
+            raise DataUnavailable(
+                f"{task}: the {split} split of {source} holds a "
+                f"{pixels.shape[1]}x{pixels.shape[0]} image; expected {size}x{size}"
+            )
+        images.append(pixels.reshape(size, size, -1))
+    labels = torch.tensor(table.column(LABEL_COLUMN).to_pylist(), dtype=torch.long)
+    if not 0 <= int(labels.min()) <= int(labels.max()) <= 9:
+        raise DataUnavailable(f"{task}: labels of {source} ({split}) must be in 0..9")
+    return torch.from_numpy(np.stack(images)), labels
+
+
+def load_images(task: str, data_dir: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``{split: (images (N, H, W, C) uint8, labels (N,) long)}`` for train and test,
+    decoded once per process (cifar10 and cifar10-lra share one decode)."""
+    source = HUB_IDS[task] if not data_dir else str(Path(data_dir).resolve())
+    keys = {split: (source, split, PIL_MODE[task]) for split in SPLITS}
+    if not all(key in _DECODED for key in keys.values()):
+        source, datasets_by_split = _open_splits(task, data_dir)
+        for split, dataset in datasets_by_split.items():
+            _DECODED[keys[split]] = _decode(task, source, split, dataset)
+    return {split: _DECODED[key] for split, key in keys.items()}
+
+
+def patchify(x: torch.Tensor, patch: int) -> torch.Tensor:
+    """(B, C, H, W) -> (B, (H/p)(W/p), p*p*C): raster-ordered patches, channels innermost."""
+    B, C, H, W = x.shape
+    x = x.view(B, C, H // patch, patch, W // patch, patch)
+    x = x.permute(0, 2, 4, 3, 5, 1)  # (B, H/p, W/p, p, p, C)
+    return x.reshape(B, (H // patch) * (W // patch), patch * patch * C)
+
+
+def greyscale(x: torch.Tensor) -> torch.Tensor:
+    """(B, 3, H, W) RGB -> (B, 1, H, W) luma."""
+    weights = torch.tensor(LUMA, dtype=x.dtype).view(1, 3, 1, 1)
+    return (x * weights).sum(dim=1, keepdim=True)
+
+
+def augment(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """Random crop (zero padding ``CROP_PADDING``), horizontal flip (p=0.5) and rotation
+    (uniform within ±``ROTATION_DEGREES``) of (B, C, H, W) images, per example.
+
+    The three are one affine map, so the image is resampled (bilinearly, zeros outside)
+    once. A crop of the padded image is a whole-pixel shift, which with
+    ``align_corners=False`` lands exactly on pixel centres."""
+    B, _, H, W = x.shape
+    shift = torch.randint(-CROP_PADDING, CROP_PADDING + 1, (B, 2), generator=g).float()
+    flip = torch.where(torch.rand(B, generator=g) < 0.5, -1.0, 1.0)
+    angle = (torch.rand(B, generator=g) * 2 - 1) * math.radians(ROTATION_DEGREES)
+    cos, sin = angle.cos(), angle.sin()
+    # The output pixel at normalised position o samples the input at R(angle) @ F @ o + t.
+    theta = torch.stack(
+        [
+            torch.stack([cos * flip, -sin, 2 * shift[:, 0] / W], dim=1),
+            torch.stack([sin * flip, cos, 2 * shift[:, 1] / H], dim=1),
+        ],
+        dim=1,
+    )  # (B, 2, 3)
+    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
+class ImageClassification(Task):
+    """mnist, cifar10 or cifar10-lra (``config.task``). x: (B, T, W) float in [0, 1],
+    y: (B, 1, 1) class.
+
+    Training reads a per-epoch permutation of the train split (``epoch_indices``); CIFAR
+    training images are augmented (``augment``) when ``config.augment``, with randomness
+    from (seed, step). The test set is the test split in order (its first
+    ``config.test_limit`` images when set), never augmented.
+    """
+
+    @classmethod
+    def spec_for(cls, config: TaskConfig) -> TaskSpec:
+        patch = PATCH[config.task]
+        channels = 1 if config.task in ("mnist", "cifar10-lra") else 3
+        return TaskSpec(
+            n_tokens=(SIZE // patch) ** 2,
+            token_width=patch * patch * channels,
+            vocab_size=0,
+            n_predicting_tokens=1,
+            outputs_per_token=1,
+            n_classes=10,
+        )
+
+    def __init__(self, config: TaskConfig, seed: int):
+        super().__init__(config, seed)
+        self.name = config.task
+        self.spec = self.spec_for(config)
+        self.augment = config.augment and config.task != "mnist"
+        splits = load_images(config.task, config.data_dir)
+        self.train_images, self.train_labels = splits["train"]
+        test_images, test_labels = splits["test"]
+        n_test = config.test_limit or len(test_images)
+        self.test_images, self.test_labels = test_images[:n_test], test_labels[:n_test]
+
+    def tokens(self, images: torch.Tensor, g: torch.Generator | None = None) -> torch.Tensor:
+        """(B, H, W, C) uint8 images -> (B, T, W) float tokens; augmented when ``g`` is given."""
+        x = images.permute(0, 3, 1, 2).float() / 255  # (B, C, H, W)
+        pad = (SIZE - x.shape[-1]) // 2
+        if pad:
+            x = F.pad(x, (pad, pad, pad, pad))
+        if self.name == "cifar10-lra":
+            x = greyscale(x)  # commutes with the (spatial, linear) augmentation: do it first
+        if g is not None:
+            x = augment(x, g)
+        return patchify(x, PATCH[self.name])
+
+    def train_batch(self, step: int, batch_size: int) -> Batch:
+        indices = epoch_indices(self.seed, step, batch_size, len(self.train_images))
+        g = step_generator(self.seed, step, AUGMENT_STREAM) if self.augment else None
+        x = self.tokens(self.train_images[indices], g)
+        return Batch(x, self.train_labels[indices].view(-1, 1, 1))
+
+    def test_batches(self, batch_size: int) -> Iterator[Batch]:
+        for start in range(0, len(self.test_images), batch_size):
+            rows = slice(start, start + batch_size)
+            yield Batch(self.tokens(self.test_images[rows]), self.test_labels[rows].view(-1, 1, 1))

@@ -1,0 +1,292 @@
+"""ListOps (Long Range Arena): the value, 0-9, of a nested list expression such as
+``[MAX 2 9 [MIN 4 7 ] 0 ]`` (= 9), read one token at a time.
+
+Two sources:
+
+* ``config.data_dir`` holding the LRA files ``basic_train.tsv`` and ``basic_val.tsv`` (also
+  found in a ``listops-1000/`` subdirectory). We train on ``basic_train`` and, like the
+  paper's reference code, report the *validation* split ``basic_val`` as "test";
+  ``basic_test.tsv`` is not read.
+* otherwise a seeded generator with LRA's grammar (see :func:`sample_expression`).
+
+Sequences are right-padded (``PAD``) or cut to ``max_length`` tokens (default 512); x is
+(B, max_length) long, ``lengths`` the real lengths, y (B, 1, 1) the value.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from scale_fpt.config import ConfigError, TaskConfig
+from scale_fpt.tasks import epoch_indices, split_batch
+from scale_fpt.tasks.base import Batch, DataUnavailable, Task, TaskSpec
+
+DEFAULT_MAX_LENGTH = 512
+OPERATORS = ("[MAX", "[MIN", "[MED", "[SM")
+CLOSE = "]"
+VOCAB = ("<pad>", "<unk>", *map(str, range(10)), *OPERATORS, CLOSE)
+"""The fixed vocabulary (17 tokens): pad=0, unk=1, the digits 0-9 (ids 2-11), the four
+operators (ids 12-15) and the closing bracket (id 16)."""
+TOKEN_ID = {token: i for i, token in enumerate(VOCAB)}
+PAD, UNK = TOKEN_ID["<pad>"], TOKEN_ID["<unk>"]
+DIGIT0 = TOKEN_ID["0"]
+OP0 = TOKEN_ID[OPERATORS[0]]
+CLOSE_ID = TOKEN_ID[CLOSE]
+BRANCH_PROB = 0.25
+"""LRA: an argument is itself an operator with probability 0.25 (below the depth limit)."""
+MIN_LENGTH_DIVISOR = 4
+"""Generated expressions aim for at least max_length // 4 tokens (LRA keeps 500..2000)."""
+ATTEMPTS = 64
+"""Draws per generated expression before settling for the longest one that fit."""
+TRAIN_POOL_SEED = 0
+"""The generated training set is the same for every trial, like a real dataset."""
+TEST_CHUNK = 32
+"""Generated test set: ``config.test_batches * TEST_CHUNK`` expressions."""
+
+
+def tokenize(source: str, max_length: int) -> list[int]:
+    """Token ids of an LRA ``Source`` string, cut to ``max_length``. LRA writes the binary
+    parse tree's parentheses as tokens, ``( ( [MAX 2 ) 9 ) ] )``; like the LRA pipeline we
+    drop them. Unknown tokens map to ``UNK``."""
+    tokens = [t for t in source.split() if t not in ("(", ")")]
+    return [TOKEN_ID.get(t, UNK) for t in tokens[:max_length]]
+
+
+def apply_operator(op: int, values: list[int]) -> int:
+    """Value of operator ``op`` (index into OPERATORS) on digit arguments.
+
+    MED is LRA's ``int(np.median(values))``: for an even count, the floor of the mean of the
+    two middle values."""
+    if op == 0:
+        return max(values)
+    if op == 1:
+        return min(values)
+    if op == 2:
+        s = sorted(values)
+        mid = len(s) // 2
+        return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) // 2
+    return sum(values) % 10
+
+
+def evaluate(ids: list[int]) -> int:
+    """Value of a complete expression given as token ids (no parentheses, no padding)."""
+    stack: list[tuple[int, list[int]]] = []
+    for t in ids:
+        if t == CLOSE_ID:
+            op, values = stack.pop()
+            value = apply_operator(op, values)
+            if not stack:
+                return value
+            stack[-1][1].append(value)
+        elif t >= OP0:
+            stack.append((t - OP0, []))
+        elif stack:
+            stack[-1][1].append(t - DIGIT0)
+        else:
+            return t - DIGIT0  # a bare digit
+    raise ValueError("incomplete ListOps expression")
+
+
+def sample_expression(
+    rng: random.Random, max_depth: int, max_args: int, max_tokens: int
+) -> list[int] | None:
+    """One expression drawn with LRA's grammar, as token ids; None if it would exceed
+    ``max_tokens``.
+
+    The root is an operator (at depth 1). Each operator takes uniformly 2..max_args
+    arguments (at least 2); each argument is an operator with probability ``BRANCH_PROB``
+    while its depth stays below ``max_depth``, else a uniform digit. LRA's grammar grows
+    most trees past any useful length, so the draw stops as soon as the tokens already
+    committed (each pending argument needs at least one, each open operator its ``]``)
+    exceed ``max_tokens``: a rejected tree costs at most ``max_tokens`` steps.
+    """
+    rand = rng.random
+    span = max(max_args, 2) - 1
+    n_args = 2 + int(rand() * span)
+    ids = [OP0 + int(rand() * 4)]
+    remaining = [n_args]  # arguments still to draw, per open operator (innermost last)
+    committed = 1 + n_args + 1
+    while remaining:
+        if remaining[-1] == 0:
+            ids.append(CLOSE_ID)
+            remaining.pop()
+            continue
+        remaining[-1] -= 1
+        # One uniform draw decides operator vs digit and, conditioned on that, which one.
+        r = rand()
+        if r < BRANCH_PROB and len(remaining) + 1 < max_depth:
+            n_args = 2 + int(rand() * span)
+            committed += n_args + 1  # replaces a one-token argument with op, args and ]
+            if committed > max_tokens:
+                return None
+            ids.append(OP0 + int(r / BRANCH_PROB * 4))
+            remaining.append(n_args)
+        elif r < BRANCH_PROB:
+            ids.append(DIGIT0 + int(r / BRANCH_PROB * 10))
+        else:
+            # min(): float rounding can carry r just below 1 up to exactly 10.
+            ids.append(DIGIT0 + min(int((r - BRANCH_PROB) / (1 - BRANCH_PROB) * 10), 9))
+    return ids
+
+
+def generate_expression(
+    rng: random.Random, max_depth: int, max_args: int, max_tokens: int
+) -> list[int]:
+    """The first draw of :func:`sample_expression` with at least ``max_tokens //
+    MIN_LENGTH_DIVISOR`` tokens (short expressions are easy and repeat); after ``ATTEMPTS``
+    draws, the longest that fit, so a grammar that rarely grows long still terminates."""
+    min_tokens = max_tokens // MIN_LENGTH_DIVISOR
+    best: list[int] | None = None
+    attempt = 0
+    while True:
+        ids = sample_expression(rng, max_depth, max_args, max_tokens)
+        if ids is not None:
+            if len(ids) >= min_tokens:
+                return ids
+            if best is None or len(ids) > len(best):
+                best = ids
+        attempt += 1
+        if attempt >= ATTEMPTS and best is not None:
+            return best
+
+
+# (split, seed, max_depth, max_args, max_length) -> {index: (ids (L,) uint8, value)}:
+# generated expressions, shared by every task object in the process.
+_GENERATED: dict[tuple, dict[int, tuple[torch.Tensor, int]]] = {}
+
+
+def generated_expression(
+    split: str, seed: int, index: int, max_depth: int, max_args: int, max_length: int
+) -> tuple[torch.Tensor, int]:
+    """Expression ``index`` of the generated ``split`` ('train' or 'test') drawn from
+    ``seed``: (token ids (L,) uint8, value). Each expression has its own random stream, so
+    any one is made on demand, in any order, and training generates only what it reads."""
+    cache = _GENERATED.setdefault((split, seed, max_depth, max_args, max_length), {})
+    if index not in cache:
+        rng = random.Random(f"listops-{split}-{seed}-{index}")
+        ids = generate_expression(rng, max_depth, max_args, max_length)
+        cache[index] = (torch.tensor(ids, dtype=torch.uint8), evaluate(ids))
+    return cache[index]
+
+
+# (path, max_length) -> (x (N, max_length) uint8, lengths (N,), y (N,)): parsed LRA files.
+_LRA: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def load_lra_split(path: Path, max_length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An LRA ``basic_*.tsv`` file (header ``Source<TAB>Target``) as
+    (x (N, max_length) uint8 padded ids, lengths (N,) long, y (N,) long); cached per process."""
+    key = (str(path.resolve()), max_length)
+    if key in _LRA:
+        return _LRA[key]
+    rows, targets = [], []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            fields = line.rstrip("\r\n").split("\t")
+            if line_no == 1 and fields[0] == "Source":
+                continue
+            if not line.strip():
+                continue
+            ids = tokenize(fields[0], max_length) if len(fields) == 2 else []
+            if not ids or not fields[1].strip().isdigit() or int(fields[1]) > 9:
+                raise DataUnavailable(
+                    f"listops: {path}:{line_no} is not an LRA row "
+                    "'Source<TAB>Target' with a non-empty expression and a target 0-9"
+                )
+            rows.append(ids)
+            targets.append(int(fields[1]))
+    x = np.full((len(rows), max_length), PAD, dtype=np.uint8)
+    for i, ids in enumerate(rows):
+        x[i, : len(ids)] = ids
+    lengths = torch.tensor([len(ids) for ids in rows], dtype=torch.long)
+    _LRA[key] = (torch.from_numpy(x), lengths, torch.tensor(targets, dtype=torch.long))
+    return _LRA[key]
+
+
+def find_lra_files(data_dir: str) -> tuple[Path, Path]:
+    """(basic_train.tsv, basic_val.tsv) in ``data_dir`` or its ``listops-1000/``."""
+    for folder in (Path(data_dir), Path(data_dir) / "listops-1000"):
+        train, val = folder / "basic_train.tsv", folder / "basic_val.tsv"
+        if train.is_file() and val.is_file():
+            return train, val
+    raise DataUnavailable(
+        f"listops: LRA ListOps files not found in {data_dir} (expected basic_train.tsv and "
+        "basic_val.tsv, or listops-1000/ with them); download LRA's lra_release listops-1000 "
+        "data and pass --data-dir DIR, or pass no --data-dir to use the generator"
+    )
+
+
+class ListOps(Task):
+    """ListOps from the LRA files in ``config.data_dir``, or generated (see module doc).
+
+    Generated data: a fixed training set of ``listops_train_size`` expressions drawn from
+    ``TRAIN_POOL_SEED`` (the same for every trial), read in a per-epoch permutation of the
+    trial seed; a test set of ``test_batches * TEST_CHUNK`` expressions drawn from
+    ``test_seed``. With expressions of at least max_length // 4 tokens the two sets share
+    no expression except with negligible probability.
+    """
+
+    name = "listops"
+
+    @classmethod
+    def spec_for(cls, config: TaskConfig) -> TaskSpec:
+        return TaskSpec(
+            n_tokens=config.max_length or DEFAULT_MAX_LENGTH,
+            token_width=0,
+            vocab_size=len(VOCAB),
+            n_predicting_tokens=1,
+            outputs_per_token=1,
+            n_classes=10,
+        )
+
+    def __init__(self, config: TaskConfig, seed: int):
+        super().__init__(config, seed)
+        self.spec = self.spec_for(config)
+        self.max_length = self.spec.n_tokens
+        self._test: Batch | None = None
+        if config.data_dir:
+            train_file, self._test_file = find_lra_files(config.data_dir)
+            self._train = load_lra_split(train_file, self.max_length)
+            self.n_train = len(self._train[0])
+        else:
+            if self.max_length < 4:
+                raise ConfigError(
+                    ["--max-length: generated ListOps needs at least 4 tokens ([OP d d ])"]
+                )
+            self.n_train = config.listops_train_size
+
+    def _generated_batch(self, split: str, seed: int, indices: list[int]) -> Batch:
+        c = self.config
+        x = torch.full((len(indices), self.max_length), PAD, dtype=torch.long)
+        lengths = torch.empty(len(indices), dtype=torch.long)
+        y = torch.empty(len(indices), dtype=torch.long)
+        for row, index in enumerate(indices):
+            ids, value = generated_expression(
+                split, seed, index, c.listops_max_depth, c.listops_max_args, self.max_length
+            )
+            x[row, : len(ids)] = ids
+            lengths[row], y[row] = len(ids), value
+        return Batch(x, y.view(-1, 1, 1), lengths)
+
+    def train_batch(self, step: int, batch_size: int) -> Batch:
+        indices = epoch_indices(self.seed, step, batch_size, self.n_train)
+        if not self.config.data_dir:
+            return self._generated_batch("train", TRAIN_POOL_SEED, indices.tolist())
+        x, lengths, y = self._train
+        return Batch(x[indices].long(), y[indices].view(-1, 1, 1), lengths[indices])
+
+    def test_batches(self, batch_size: int) -> Iterator[Batch]:
+        if self._test is None:
+            if self.config.data_dir:
+                x, lengths, y = load_lra_split(self._test_file, self.max_length)
+                n = self.config.test_limit or len(x)
+                self._test = Batch(x[:n].long(), y[:n].view(-1, 1, 1), lengths[:n])
+            else:
+                n = self.config.test_batches * TEST_CHUNK
+                self._test = self._generated_batch("test", self.config.test_seed, list(range(n)))
+        return split_batch(self._test, batch_size)
