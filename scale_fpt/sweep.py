@@ -167,7 +167,7 @@ def tune_trial(flat: dict) -> None:
     except ConfigError as e:
         # A bad combination fails the same way on every retry: record it, do not retry.
         row = config_only_row(sweep, flat, "failed", error_text(e))
-        tune.report({"step": 0, "trial_row": row, "final": True})
+        tune.report({"step": 0, "trial_rows": [row], "final": True})
         return
     try:
         checkpoint = tune.get_checkpoint()
@@ -183,8 +183,8 @@ def tune_trial(flat: dict) -> None:
                         "step": curve_row["step"],
                         "test_accuracy": curve_row["test_accuracy"],
                         "best_test_accuracy": trial_row["best_test_accuracy"],
-                        "curve_row": curve_row,
-                        "trial_row": trial_row,
+                        "curve_rows": [curve_row],
+                        "trial_rows": [trial_row],
                         "final": trial_row["status"] != "running",
                     },
                     checkpoint=tune.Checkpoint.from_directory(directory),
@@ -192,7 +192,7 @@ def tune_trial(flat: dict) -> None:
 
         final_row = trial.run(on_eval=on_eval)
         if final_row["status"] == "diverged":  # no evaluation reported the end: report it
-            tune.report({"step": final_row["steps_done"], "trial_row": final_row, "final": True})
+            tune.report({"step": final_row["steps_done"], "trial_rows": [final_row], "final": True})
     finally:
         trial.close()
 
@@ -250,27 +250,32 @@ def results_callback_class():
             return self._writer
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            if "curve_row" in result:
-                row = result["curve_row"]
+            # A Tune trial reports lists of rows: one trial's, or a packed cohort's.
+            for row in result.get("curve_rows", []):
                 self.writer.write_curve(row["trial_id"], [row])
-            if "trial_row" in result:
-                self.last_rows[trial.trial_id] = result["trial_row"]
-                self.writer.write_trial(result["trial_row"])
+            rows = result.get("trial_rows", [])
+            for row in rows:
+                self.writer.write_trial(row)
+            if rows:
+                self.last_rows[trial.trial_id] = rows
+
+        def reported_rows(self, trial) -> list[dict]:
+            return self.last_rows.get(trial.trial_id) or trial.last_result.get("trial_rows", [])
 
         def on_trial_complete(self, iteration, trials, trial, **info):
-            row = self.last_rows.get(trial.trial_id) or trial.last_result.get("trial_row")
-            if row is None:
-                return
-            if row["status"] == "running":  # ended by the scheduler before its last step
-                self.writer.write_trial({**row, "status": "stopped"})
+            for row in self.reported_rows(trial):
+                if row["status"] == "running":  # ended by the scheduler before its last step
+                    self.writer.write_trial({**row, "status": "stopped"})
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            row = self.last_rows.get(trial.trial_id) or trial.last_result.get("trial_row")
-            flat = {k: v for k, v in trial.config.items() if k != "sweep"}
             error = trial_error_text(trial)
-            if row is None:
-                row = config_only_row(self.sweep, flat, "failed", error)
-            self.writer.write_trial({**row, "status": "failed", "error": error})
+            rows = self.reported_rows(trial)
+            if not rows:
+                flat = {k: v for k, v in trial.config.items() if k != "sweep"}
+                rows = [config_only_row(self.sweep, flat, "failed", error)]
+            for row in rows:
+                if row["status"] in ("running", "failed"):
+                    self.writer.write_trial({**row, "status": "failed", "error": error})
 
     return ResultsCallback
 
