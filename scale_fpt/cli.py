@@ -173,6 +173,8 @@ def train(args: argparse.Namespace, config: TrialConfig) -> int:
         code = 1
     finally:
         bar.close()
+    if checkpoints and checkpoints.latest():
+        row["checkpoint"] = checkpoints.latest()
     writer.write_trial(row)
     trial.close()
     print(json.dumps({k: row.get(k) for k in SUMMARY_KEYS}))

@@ -74,6 +74,7 @@ TRIAL_OUTCOME = [
     ("git_sha", pa.string(), "commit of scale_fpt that ran it ('-dirty' with local changes)"),
     ("versions", pa.string(), "JSON {package: version} of the stack"),
     ("error", pa.string(), "error text of a failed trial, else null"),
+    ("checkpoint", pa.string(), "directory of the trial's last checkpoint (trainable weights)"),
     ("finished_at", pa.string(), "UTC time the row was written (ISO 8601)"),
     ("schema_version", pa.int64(), "version of this schema"),
 ]

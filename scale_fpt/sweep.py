@@ -263,9 +263,11 @@ def results_callback_class():
             return self.last_rows.get(trial.trial_id) or trial.last_result.get("trial_rows", [])
 
         def on_trial_complete(self, iteration, trials, trial, **info):
+            checkpoint = trial.checkpoint.path if trial.checkpoint else None
             for row in self.reported_rows(trial):
-                if row["status"] == "running":  # ended by the scheduler before its last step
-                    self.writer.write_trial({**row, "status": "stopped"})
+                # "running" at the end: stopped by the scheduler before its last step.
+                status = "stopped" if row["status"] == "running" else row["status"]
+                self.writer.write_trial({**row, "status": status, "checkpoint": checkpoint})
 
         def on_trial_error(self, iteration, trials, trial, **info):
             error = trial_error_text(trial)
