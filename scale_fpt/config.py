@@ -21,7 +21,7 @@ GROUPS = ("input", "output", "ln", "pos", "ff", "attn")
 FINETUNE_PRESETS = {"fpt": ("input", "output", "ln", "pos"), "full": GROUPS}
 PRECISIONS = ("fp32", "bf16", "fp16")
 ZERO_STAGES = (0, 1, 2, 3)
-DEVICES = ("auto", "cpu", "cuda")
+ACCELERATORS = ("auto", "cpu", "cuda")
 
 
 class ConfigError(ValueError):
@@ -120,8 +120,8 @@ class ModelConfig:
     the config alone), ``stats`` (random tensors with each pretrained tensor's mean/std)."""
     weights: str = ""
     """Where ``pretrained``/``stats`` read weights: a hub id or ``save_pretrained``
-    directory. Empty: the model itself, or for a CPU preset the backbone that
-    ``scale-fpt pretrain`` cached for it (language-pretrained)."""
+    directory. Empty: the model itself. For a CPU preset: the backbone that
+    ``scale-fpt pretrain`` cached for it, ``language`` (the default) or ``bit-memory``."""
     dropout: float = 0.1
     """Dropout in the backbone (the paper's 0.1)."""
     lstm_width: int = 768
@@ -169,14 +169,15 @@ class TrainConfig:
     """Gradient-norm clipping (paper: 1.0; 0 disables)."""
     accuracy_threshold: float = 0.9
     """``steps_to_threshold`` is the first evaluated step with test accuracy >= this."""
-    device: str = "auto"
-    """auto (CUDA if present), cpu or cuda."""
+    accelerator: str = "auto"
+    """Where the trial runs: auto (CUDA if present), cpu or cuda. (The trials column
+    ``device`` records the device that actually ran it.)"""
 
     def problems(self) -> list[str]:
         out = [
             choice_problem("precision", self.precision, PRECISIONS),
             choice_problem("zero_stage", self.zero_stage, ZERO_STAGES),
-            choice_problem("device", self.device, DEVICES),
+            choice_problem("accelerator", self.accelerator, ACCELERATORS),
         ]
         try:
             parse_finetune(self.finetune)

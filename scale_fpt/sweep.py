@@ -38,6 +38,9 @@ class SweepConfig:
     """Flat field -> list of values; every combination is one arm (x ``seeds``)."""
     seeds: tuple[int, ...] = (0,)
     """Seeds per arm (``seed`` in the trial config)."""
+    overrides: tuple = ()
+    """``((match, values), ...)``: arms whose fields equal ``match`` also get ``values``
+    (e.g. ``(({"task": "homology"}, {"lr": 1e-4}),)``: the paper's per-task settings)."""
     search: dict = field(default_factory=dict)
     """Optuna search space per arm, field -> (kind, ...): ("loguniform", lo, hi),
     ("uniform", lo, hi), ("int", lo, hi) or ("choice", [values]). Empty: a plain grid."""
@@ -75,7 +78,8 @@ class SweepConfig:
         known = {f.name for f in fields(TrialConfig().task)} | {
             f.name for c in (TrialConfig().model, TrialConfig().train) for f in fields(c)
         }
-        for key in (*self.base, *self.grid, *self.search):
+        override_keys = [k for match, values in self.overrides for k in (*match, *values)]
+        for key in (*self.base, *self.grid, *self.search, *override_keys):
             if key not in known:
                 out.append(
                     f"sweep field {key!r} is not a trial config field ({', '.join(sorted(known))})"
@@ -99,7 +103,11 @@ class SweepConfig:
         arms = []
         for values in itertools.product(*(self.grid[k] for k in keys)):
             for seed in self.seeds:
-                arms.append({**self.base, **dict(zip(keys, values, strict=True)), "seed": seed})
+                arm = {**self.base, **dict(zip(keys, values, strict=True)), "seed": seed}
+                for match, extra in self.overrides:
+                    if all(arm.get(k) == v for k, v in match.items()):
+                        arm.update(extra)
+                arms.append(arm)
         return arms
 
     def validate(self) -> SweepConfig:
@@ -161,6 +169,7 @@ def tune_trial(flat: dict) -> None:
 
     flat = dict(flat)
     sweep = flat.pop("sweep")
+    flat.update(flat.pop("arm", {}))
     try:
         config = TrialConfig.from_flat(flat)
         trial = Trial(config, sweep=sweep)
@@ -273,13 +282,19 @@ def results_callback_class():
             error = trial_error_text(trial)
             rows = self.reported_rows(trial)
             if not rows:
-                flat = {k: v for k, v in trial.config.items() if k != "sweep"}
-                rows = [config_only_row(self.sweep, flat, "failed", error)]
+                rows = [config_only_row(self.sweep, trial_flat(trial.config), "failed", error)]
             for row in rows:
                 if row["status"] in ("running", "failed"):
                     self.writer.write_trial({**row, "status": "failed", "error": error})
 
     return ResultsCallback
+
+
+def trial_flat(tune_config: dict) -> dict:
+    """The flat trial config inside a Tune trial's config (``sweep`` and ``arm`` unwrapped)."""
+    flat = {k: v for k, v in tune_config.items() if k not in ("sweep", "arm")}
+    flat.update(tune_config.get("arm", {}))
+    return flat
 
 
 def trial_error_text(trial) -> str:
@@ -315,14 +330,20 @@ def search_algorithm(sweep: SweepConfig, arm: dict, study_name: str):
     return ConcurrencyLimiter(searcher, max_concurrent=max(1, sweep.max_concurrent or 2))
 
 
-def connect_ray(**init_kwargs) -> None:
-    """Attach to the running Ray cluster (``ray submit``, RAY_ADDRESS) or start a local one."""
+def connect_ray(runtime_env: dict | None = None, **init_kwargs) -> None:
+    """Attach to the running Ray cluster (``ray submit``, RAY_ADDRESS) or start a local one.
+
+    Workers get the driver's git SHA (nodes may lack .git) and SCALE_FPT_HOME (where the
+    driver built local backbones; shared storage on a cluster)."""
     import ray
 
     if ray.is_initialized():
         return
-    env = {"SCALE_FPT_GIT_SHA": git_sha(), "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
-    ray.init(runtime_env={"env_vars": env}, **init_kwargs)
+    env = {"SCALE_FPT_GIT_SHA": git_sha(), **(runtime_env or {}).get("env_vars", {})}
+    # Tune snapshots its state at every checkpoint of a short trial; that is intended here.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    init_kwargs.setdefault("log_to_driver", os.environ.get("SCALE_FPT_WORKER_LOGS") == "1")
+    ray.init(runtime_env={**(runtime_env or {}), "env_vars": env}, **init_kwargs)
 
 
 def prebuild_ops() -> None:
@@ -338,12 +359,28 @@ def prebuild_ops() -> None:
     ShareMemCommBuilder().load(verbose=False)
 
 
-def run_sweep(sweep: SweepConfig, resume: bool = False) -> list[str]:
-    """Run (or resume) the sweep; returns the Ray experiment names it ran."""
+@dataclass
+class SweepOutcome:
+    experiments: list[str]
+    """Ray Tune experiment names (one per arm for searches)."""
+    trials: int
+    """Tune trials run or restored."""
+    unfinished: int
+    """Trials neither finished nor errored (the sweep was interrupted: resume it)."""
+
+    @property
+    def finished(self) -> bool:
+        return self.unfinished == 0
+
+
+def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
+    """Run (or resume) the sweep. An interrupted run (Ctrl-C) returns with ``unfinished``
+    trials instead of raising: its rows so far are on disk, ``resume=True`` continues it."""
     sweep.validate()
     ResultsWriter(sweep.results_dir, sweep.name)  # fail now if results cannot be written
-    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
-    connect_ray()
+    from scale_fpt.models.backbones import scale_fpt_home
+
+    connect_ray(runtime_env={"env_vars": {"SCALE_FPT_HOME": str(scale_fpt_home())}})
     prebuild_ops()
     import ray
 
@@ -354,9 +391,14 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> list[str]:
         ]  # one Optuna study per arm
     else:
         plans = [(sweep.name, sweep.arms())]
+    trials = unfinished = 0
     for experiment, arms in plans:
-        run_experiment(sweep, experiment, arms, gpus, resume)
-    return [name for name, _ in plans]
+        grid = run_experiment(sweep, experiment, arms, gpus, resume)
+        trials += len(grid)
+        unfinished += len(grid) - grid.num_terminated - grid.num_errors
+        if unfinished:
+            break  # interrupted: later arms wait for --resume
+    return SweepOutcome([name for name, _ in plans], trials, unfinished)
 
 
 def slug(text: str) -> str:
@@ -369,7 +411,7 @@ def run_experiment(sweep: SweepConfig, experiment: str, arms: list[dict], gpus: 
     path = os.path.join(sweep.ray_storage, experiment)
 
     def resources(flat: dict) -> tune.PlacementGroupFactory:
-        request = trial_resources({k: v for k, v in flat.items() if k != "sweep"}, sweep, gpus)
+        request = trial_resources(trial_flat(flat), sweep, gpus)
         return tune.PlacementGroupFactory([request])
 
     trainable = tune.with_resources(tune_trial, resources)
@@ -386,13 +428,8 @@ def run_experiment(sweep: SweepConfig, experiment: str, arms: list[dict], gpus: 
         search_alg = search_algorithm(sweep, arm, experiment)
         num_samples = sweep.search_trials
     else:
-        # Tune crosses the grid axes and the seeds: exactly the combinations of arms().
-        param_space = {
-            "sweep": sweep.name,
-            **sweep.base,
-            **{key: tune.grid_search(list(values)) for key, values in sweep.grid.items()},
-            "seed": tune.grid_search(list(sweep.seeds)),
-        }
+        # One grid axis over whole arm configs: exactly arms(), overrides included.
+        param_space = {"sweep": sweep.name, "arm": tune.grid_search(arms)}
         search_alg, num_samples = None, 1
     scheduler = None
     if sweep.asha:

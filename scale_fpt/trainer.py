@@ -8,6 +8,7 @@ evaluation history, so a resumed trial reports exactly what an uninterrupted one
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -68,11 +69,11 @@ def free_port() -> int:
 
 
 def resolve_device(train: TrainConfig) -> str:
-    if train.device == "auto":
+    if train.accelerator == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if train.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(["--device cuda: no CUDA GPU is visible; use --device cpu or auto"])
-    return train.device
+    if train.accelerator == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(["--accelerator cuda: no CUDA GPU is visible; use cpu or auto"])
+    return train.accelerator
 
 
 def precision_problems(train: TrainConfig, device: str) -> list[str]:
@@ -91,6 +92,7 @@ def init_distributed(device: str) -> None:
     import deepspeed
     import torch.distributed as dist
 
+    deepspeed.utils.logger.setLevel(logging.WARNING)  # one line per checkpoint otherwise
     if dist.is_initialized():
         return
     defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}

@@ -48,20 +48,25 @@ def gpt2_config(size: GPT2Size, dropout: float):
     )
 
 
+LOCAL_CORPORA = ("language", "bit-memory")
+
+
 def weights_source(config: ModelConfig) -> str:
-    """The hub id or directory that ``pretrained``/``stats`` read."""
-    if config.weights:
-        return config.weights
-    if config.model in CPU_PRESETS:
-        return str(local_backbone_dir(config.model))
-    return config.model
+    """The hub id or directory that ``pretrained``/``stats`` read. For a CPU preset,
+    ``weights`` may also name the corpus of a locally pretrained backbone (``language``,
+    the default, or ``bit-memory``)."""
+    if config.model in CPU_PRESETS and config.weights in ("", *LOCAL_CORPORA):
+        return str(local_backbone_dir(config.model, config.weights or "language"))
+    return config.weights or config.model
 
 
 def missing_weights_problem(config: ModelConfig, source: str) -> str:
-    if config.model in CPU_PRESETS and not config.weights:
+    if config.model in CPU_PRESETS and config.weights in ("", *LOCAL_CORPORA):
+        corpus = config.weights or "language"
         return (
             f"--init {config.init}: no pretrained weights for {config.model} at {source}; "
-            f"make them with `scale-fpt pretrain --model {config.model}` or pass --weights DIR"
+            f"make them with `scale-fpt pretrain --model {config.model} --corpus {corpus}` "
+            "or pass --weights DIR"
         )
     return (
         f"--init {config.init}: weights {source!r} are not available offline (no such directory, "

@@ -1,0 +1,184 @@
+"""What every study script in ``sweeps/`` shares: presets, narrowing flags, run, summary.
+
+A script declares its presets (functions returning a ``SweepConfig``) and calls
+``study_main``; everything else (flags, local backbones, Ray, resume, the summary table) is
+here, so the scripts stay declarations. The library never imports the scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Callable
+
+from scale_fpt.config import ConfigError
+
+# Gradient steps per task for the paper presets: the order of the paper's steps to
+# convergence (Table 4); the paper trained until convergence rather than a fixed budget.
+PAPER_STEPS = {
+    "bit-memory": 20_000,
+    "bit-xor": 5_000,
+    "listops": 20_000,
+    "mnist": 20_000,
+    "cifar10": 100_000,
+    "cifar10-lra": 100_000,
+    "homology": 100_000,
+}
+
+
+def paper_overrides() -> tuple:
+    """Per-task settings of the paper: step budgets, and lr 1e-4 for homology."""
+    steps = tuple(({"task": task}, {"max_steps": n}) for task, n in PAPER_STEPS.items())
+    return (*steps, ({"task": "homology"}, {"lr": 1e-4}))
+
+
+LIST_FLAGS = {
+    "tasks": "task",
+    "models": "model",
+    "inits": "init",
+    "finetunes": "finetune",
+    "lrs": "lr",
+    "batch_sizes": "batch_size",
+}
+
+
+def parser(description: str, presets: dict) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--preset", choices=sorted(presets), default="local", help="default: local")
+    for name, field in LIST_FLAGS.items():
+        p.add_argument(
+            f"--{name.replace('_', '-')}", default="", help=f"comma list: only these {field} values"
+        )
+    p.add_argument("--seeds", default="", help="comma list of seeds (default: the preset's)")
+    p.add_argument("--steps", type=int, default=0, help="max_steps of every trial")
+    p.add_argument("--name", default="", help="sweep name (default: the preset's)")
+    p.add_argument(
+        "--results", default="results", help="Parquet results directory (default: results)"
+    )
+    p.add_argument(
+        "--storage", default="", help="Ray Tune storage (shared on a cluster; default RESULTS/_ray)"
+    )
+    p.add_argument(
+        "--optuna-storage", default="", help="Optuna RDB URL (default: SQLite in the results)"
+    )
+    p.add_argument(
+        "--max-concurrent", type=int, default=-1, help="trials at once (default: the preset's)"
+    )
+    p.add_argument("--max-failures", type=int, default=-1, help="retries per crashed trial")
+    p.add_argument("--search-trials", type=int, default=0, help="Optuna trials per arm")
+    p.add_argument("--asha", action="store_true", help="stop weak trials early (ASHA)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
+    return p
+
+
+def split(text: str, kind=str) -> list:
+    return [kind(v) for v in text.split(",") if v.strip()]
+
+
+def narrow(sweep, args: argparse.Namespace):
+    """Apply the command-line narrowing flags to a preset's SweepConfig."""
+    from scale_fpt.sweep import SweepConfig
+
+    grid, base = dict(sweep.grid), dict(sweep.base)
+    kinds = {"lr": float, "batch_size": int}
+    for flag_name, field in LIST_FLAGS.items():
+        values = split(getattr(args, flag_name), kinds.get(field, str))
+        if not values:
+            continue
+        if field in grid:
+            grid[field] = values
+        elif len(values) == 1:
+            base[field] = values[0]
+        else:
+            grid[field] = values
+    changes = {"grid": grid, "base": base, "results_dir": args.results}
+    if args.seeds:
+        changes["seeds"] = tuple(split(args.seeds, int))
+    if args.steps:
+        # Last override wins over the preset's per-task step counts.
+        changes["overrides"] = (*sweep.overrides, ({}, {"max_steps": args.steps}))
+    optional = {
+        "name": args.name,
+        "storage_path": args.storage,
+        "optuna_storage": args.optuna_storage,
+        "search_trials": args.search_trials,
+    }
+    changes.update({k: v for k, v in optional.items() if v})
+    if args.max_concurrent >= 0:
+        changes["max_concurrent"] = args.max_concurrent
+    if args.max_failures >= 0:
+        changes["max_failures"] = args.max_failures
+    if args.asha:
+        changes["asha"] = True
+    sweep = dataclasses.replace(sweep, **changes)
+    assert isinstance(sweep, SweepConfig)
+    return sweep
+
+
+def local_backbones(sweep) -> list[tuple[str, str]]:
+    """(CPU preset, corpus) pairs that arms of this sweep load as pretrained weights."""
+    from scale_fpt.config import TrialConfig
+    from scale_fpt.models.backbones import CPU_PRESETS, LOCAL_CORPORA
+
+    needed = set()
+    for arm in sweep.arms():
+        model = TrialConfig.from_flat(arm).model
+        local = model.model in CPU_PRESETS and model.weights in ("", *LOCAL_CORPORA)
+        if local and model.init != "random":
+            needed.add((model.model, model.weights or "language"))
+    return sorted(needed)
+
+
+def study_main(
+    description: str, presets: dict[str, Callable], argv: list[str] | None = None
+) -> int:
+    """Parse flags, build the preset, pretrain local backbones, run (or resume), summarise."""
+    args = parser(description, presets).parse_args(argv)
+    try:
+        sweep = narrow(presets[args.preset](), args).validate()
+        from scale_fpt.pretrain import ensure_backbone
+        from scale_fpt.sweep import run_sweep
+
+        for preset, corpus in local_backbones(sweep):
+            print(
+                f"[scale-fpt] local {corpus} backbone for {preset}: {ensure_backbone(preset, corpus)}"
+            )
+        outcome = run_sweep(sweep, resume=args.resume)
+    except ConfigError as e:
+        print(f"{sys.argv[0]}: error: {e}", file=sys.stderr)
+        return 2
+    print(summary_table(sweep))
+    if not outcome.finished:
+        print(
+            f"[scale-fpt] sweep interrupted: {outcome.unfinished} trial(s) unfinished; "
+            "rerun with --resume to continue",
+            file=sys.stderr,
+        )
+        return 130
+    return 0
+
+
+def summary_table(sweep) -> str:
+    """Best test accuracy, mean ± std over seeds, per task (rows) and arm (columns)."""
+    from scale_fpt.results import load_results
+
+    trials = load_results(sweep.results_dir, sweep.name).trials
+    if trials.empty:
+        return "(no trials)"
+    trials = trials.assign(arm=trials["model"] + " " + trials["init"] + " " + trials["finetune"])
+    stats = trials.groupby(["task", "arm"])["best_test_accuracy"].agg(["mean", "std", "count"])
+    cells = stats.apply(
+        lambda r: (
+            f"{r['mean']:.3f} ± {0 if r['count'] < 2 else r['std']:.3f} (n={int(r['count'])})"
+        ),
+        axis=1,
+    )
+    table = cells.unstack("arm").fillna("")
+    status = trials["status"].value_counts().to_dict()
+    return (
+        f"\n{sweep.name}: best test accuracy, mean ± std over seeds "
+        f"(results in {sweep.sweep_dir}; statuses {status})\n{table.to_string()}\n"
+    )

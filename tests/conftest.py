@@ -1,0 +1,37 @@
+"""Shared fixtures: a tiny local GPT-2 and an isolated scale_fpt cache directory."""
+
+from __future__ import annotations
+
+import pytest
+
+TINY_GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 1024, "vocab_size": 256}
+
+
+def save_tiny_gpt2(directory, seed: int = 0, **overrides) -> str:
+    """A small GPT-2 in ``save_pretrained`` format; every tensor (layer norms and biases too)
+    is perturbed from the default init so that loaded weights are told apart from fresh ones."""
+    import torch
+    from transformers import GPT2Config, GPT2Model
+
+    torch.manual_seed(seed)
+    model = GPT2Model(GPT2Config(**{**TINY_GPT2, **overrides}))
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    model.save_pretrained(directory)
+    return str(directory)
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_dir(tmp_path_factory) -> str:
+    """A local ``save_pretrained`` GPT-2 (2 layers, width 32, 1024 positions, 256 tokens)."""
+    return save_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"))
+
+
+@pytest.fixture
+def scale_fpt_home(tmp_path, monkeypatch):
+    """An empty SCALE_FPT_HOME (no locally pretrained backbones), also for subprocesses."""
+    home = tmp_path / "scale_fpt_home"
+    home.mkdir()
+    monkeypatch.setenv("SCALE_FPT_HOME", str(home))
+    return home
