@@ -13,6 +13,7 @@ import itertools
 import json
 import sys
 from dataclasses import fields
+from pathlib import Path
 
 from scale_fpt.config import CONCERNS, ConfigError, TrialConfig, flag
 
@@ -84,7 +85,8 @@ def build_parser() -> Parser:
     train.add_argument(
         "--checkpoint-dir",
         default="",
-        help="checkpoint here at every evaluation; resume from it when it holds one",
+        help="checkpoint at every evaluation, in DIR/<trial_id>/; a rerun of the same trial "
+        "resumes from it",
     )
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -99,6 +101,22 @@ def build_parser() -> Parser:
     report = commands.add_parser("report", help="the study's tables and figures")
     report.add_argument("results_dir")
     report.add_argument("--out", default="", help="output directory (default: RESULTS_DIR/report)")
+    report.add_argument(
+        "--metric",
+        default="final_test_accuracy",
+        choices=["final_test_accuracy", "best_test_accuracy"],
+        help="accuracy of a trial in the tables (default: final_test_accuracy)",
+    )
+    report.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        help="steps-to-threshold accuracy: X for every task or TASK=X (repeatable; default: "
+        "90%% of the paper's FPT accuracy per task)",
+    )
+    report.add_argument(
+        "--no-attention", action="store_true", help="skip the attention maps of checkpoints"
+    )
     return parser
 
 
@@ -145,7 +163,13 @@ def train(args: argparse.Namespace, config: TrialConfig) -> int:
 
     trial = Trial(config, sweep=args.sweep)
     writer = ResultsWriter(args.results, args.sweep)
-    checkpoints = CheckpointDir(args.checkpoint_dir) if args.checkpoint_dir else None
+    # One subdirectory per trial: a directory reused with other flags never resumes (and
+    # reports) a different trial.
+    checkpoints = (
+        CheckpointDir(str(Path(args.checkpoint_dir) / trial.record.trial_id))
+        if args.checkpoint_dir
+        else None
+    )
     if checkpoints and checkpoints.latest():
         trial.trainer.restore(checkpoints.latest())
     bar = progress_bar(config, trial.trainer.state.step, disable=args.no_progress)

@@ -38,9 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="language",
         help="'language' (English text), 'bit-memory', or a text file / directory of text",
     )
-    parser.add_argument("--steps", type=int, default=1500, help="training steps (default 1500)")
+    parser.add_argument("--steps", type=int, default=800, help="training steps (default 800)")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=128, help="bytes per language sequence")
+    parser.add_argument("--seq-len", type=int, default=64, help="bytes per language sequence")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="", help="output directory (default: the preset cache)")
@@ -95,9 +95,9 @@ def build_backbone_dir(
     preset: str,
     corpus: str,
     target: Path,
-    steps: int = 1500,
+    steps: int = 800,
     batch_size: int = 16,
-    seq_len: int = 128,
+    seq_len: int = 64,
     lr: float = 1e-3,
     seed: int = 0,
 ) -> None:

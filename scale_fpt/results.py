@@ -118,9 +118,12 @@ def write_atomic(table_: pa.Table, path: Path) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:
+        # Whatever stopped the write (a full disk, an interrupt), leave no temporary behind.
         tmp.unlink(missing_ok=True)
-        raise ResultsError([f"cannot write results file {path}: {e.strerror or e}"]) from None
+        if isinstance(e, OSError):
+            raise ResultsError([f"cannot write results file {path}: {e.strerror or e}"]) from None
+        raise
 
 
 class ResultsWriter:
@@ -138,7 +141,8 @@ class ResultsWriter:
         try:
             for sub in ("trials", "curves"):
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
-            if marker.exists():
+            existing = marker.exists()
+            if existing:
                 version = json.loads(marker.read_text()).get("schema_version")
                 if version != SCHEMA_VERSION:
                     raise ResultsError(
@@ -148,15 +152,17 @@ class ResultsWriter:
                             "directory (or another --sweep name)"
                         ]
                     )
-                return
-            probe = self.root / ".write-probe"
+            # Probe even an existing sweep (a resumed one may now be read-only or full); the
+            # name is per process, so writers starting side by side never remove each other's.
+            probe = self.root / f".write-probe.{os.getpid()}"
             probe.write_bytes(b"x" * 4096)
             probe.unlink()
         except OSError as e:
             raise ResultsError(
                 [f"--results: cannot write to {self.root}: {e.strerror or e}"]
             ) from None
-        write_text_atomic(marker, json.dumps({"schema_version": SCHEMA_VERSION}))
+        if not existing:
+            write_text_atomic(marker, json.dumps({"schema_version": SCHEMA_VERSION}))
 
     def write_trial(self, row: dict) -> None:
         path = self.root / "trials" / f"{row['trial_id']}.parquet"

@@ -92,6 +92,11 @@ class SweepConfig:
                 out.append(f"search {key!r}: kind must be one of {', '.join(SEARCH_KINDS)}")
         if not self.seeds:
             out.append("seeds: at least one seed")
+        if self.asha and self.search:
+            out.append(
+                "asha with search: Ray records early-stopped trials in Optuna as complete with "
+                "their truncated value, which misleads the sampler; use one or the other"
+            )
         for name in ("search_trials", "max_failures", "asha_grace_evals", "cpus_per_trial"):
             if getattr(self, name) < (0 if name == "max_failures" else 1):
                 out.append(f"{flag(name)}: must be positive, got {getattr(self, name)}")
@@ -311,6 +316,10 @@ def search_algorithm(sweep: SweepConfig, arm: dict, study_name: str):
 
     url = sweep.optuna_storage or f"sqlite:///{sweep.sweep_dir / 'optuna.db'}"
     storage = optuna.storages.RDBStorage(url)
+    # A continued study must not replay the suggestions of its earlier runs (a seeded sampler
+    # starts its random draws over): offset the seed by the trials the study already has.
+    existing = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(storage)}
+    sampler_seed = arm["seed"] * 100_003 + existing.get(study_name, 0)
     distributions = {}
     for key, (kind, *args) in sweep.search.items():
         distributions[key] = {
@@ -323,7 +332,7 @@ def search_algorithm(sweep: SweepConfig, arm: dict, study_name: str):
         space=distributions,
         metric=sweep.metric,
         mode="max",
-        sampler=optuna.samplers.TPESampler(seed=arm["seed"]),
+        sampler=optuna.samplers.TPESampler(seed=sampler_seed),
         study_name=study_name,
         storage=storage,
     )

@@ -215,6 +215,11 @@ class Trainer:
                 train_seconds = time.perf_counter() - train_start
                 state.train_seconds += train_seconds
                 test_loss, test_accuracy = self.evaluate()
+                if not math.isfinite(test_loss):
+                    # The last update left the model with non-finite outputs: this evaluation
+                    # means nothing, so the curve (and final_test_accuracy) end at the one before.
+                    state.status = "diverged"
+                    break
                 now = time.perf_counter()
                 state.wall_seconds += now - segment_start
                 segment_start = now
@@ -250,6 +255,9 @@ class Trainer:
         )
 
     def restore(self, directory: str) -> None:
+        # DeepSpeed fails on a missing tag with a bare AssertionError (no file list): say what.
+        if not any((Path(directory) / CHECKPOINT_TAG).glob("*.pt")):
+            raise RuntimeError(f"no trial checkpoint in {directory}")
         path, client_state = self.engine.load_checkpoint(
             directory, tag=CHECKPOINT_TAG, load_module_strict=False
         )

@@ -154,6 +154,7 @@ class TrialRecord:
             "git_sha": git_sha(),
             "versions": versions(),
             "error": error,
+            "checkpoint": None,  # set by the caller that keeps checkpoints (CLI, sweep)
             "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds"
             ),

@@ -35,3 +35,19 @@ def scale_fpt_home(tmp_path, monkeypatch):
     home.mkdir()
     monkeypatch.setenv("SCALE_FPT_HOME", str(home))
     return home
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Refuse (and record) every attempt to open a network connection in this process."""
+    import socket
+
+    attempts = []
+
+    def refuse(sock, address, *args, **kwargs):
+        attempts.append(address)
+        raise OSError("network disabled by the test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    return attempts

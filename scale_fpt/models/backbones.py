@@ -9,6 +9,7 @@ arrive as ``inputs_embeds``), so it is dropped: never held in memory, trained or
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import torch
@@ -84,7 +85,7 @@ def load_architecture(config: ModelConfig, attn_implementation: str = "sdpa"):
 
         source = config.model
         try:
-            arch = AutoConfig.from_pretrained(source)
+            arch = from_disk_or_hub(lambda **kw: AutoConfig.from_pretrained(source, **kw), source)
         except (OSError, ValueError) as e:
             raise ConfigError(
                 [
@@ -126,6 +127,8 @@ def build_backbone(
 
 
 def load_pretrained(config: ModelConfig, arch) -> nn.Module:
+    """The pretrained backbone; ConfigError when the weights are unavailable or do not fit
+    ``arch`` (transformers would otherwise re-initialise missing tensors at random)."""
     from transformers import AutoModel
 
     source = weights_source(config)
@@ -133,9 +136,64 @@ def load_pretrained(config: ModelConfig, arch) -> nn.Module:
     if config.model in CPU_PRESETS and not local:
         raise ConfigError([missing_weights_problem(config, source)])
     try:
-        return AutoModel.from_pretrained(source, config=arch, local_files_only=local or None)
+        model, info = from_disk_or_hub(
+            lambda **kw: AutoModel.from_pretrained(
+                source, config=arch, output_loading_info=True, ignore_mismatched_sizes=True, **kw
+            ),
+            source,
+        )
     except OSError:
         raise ConfigError([missing_weights_problem(config, source)]) from None
+    embedding = model.get_input_embeddings()
+    unused = {
+        n for n, p in model.named_parameters() if embedding is not None and p is embedding.weight
+    }
+    missing = sorted(set(info["missing_keys"]) - unused)
+    mismatched = sorted(k[0] for k in info["mismatched_keys"] if k[0] not in unused)
+    if missing or mismatched:
+        raise ConfigError(
+            [
+                f"--init {config.init}: the weights at {source} do not fit the architecture of "
+                f"--model {config.model}: {len(missing)} tensor(s) missing, {len(mismatched)} of "
+                f"another shape (e.g. {(missing + mismatched)[0]}); pass weights saved from the "
+                "same architecture"
+            ]
+        )
+    return model
+
+
+def hub_reachable() -> bool:
+    """Whether the Hugging Face hub may be asked for files: not in offline mode, and its host
+    answers (or a proxy is set, which we cannot probe). Without network, ``from_pretrained``
+    retries for over a minute before failing; this answers in seconds."""
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    flags = (os.environ.get(k, "").lower() for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    if constants.HF_HUB_OFFLINE or any(f in ("1", "true", "yes", "on") for f in flags):
+        return False
+    proxies = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+    if any(os.environ.get(k) for k in proxies):
+        return True
+    url = urlsplit(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=5).close()
+    except OSError:
+        return False
+    return True
+
+
+def from_disk_or_hub(load, source: str):
+    """``load(local_files_only=...)`` from a directory or the local Hugging Face cache first;
+    from the hub only when that fails and the hub is reachable."""
+    try:
+        return load(local_files_only=True)
+    except OSError:
+        if Path(source).is_dir() or not hub_reachable():
+            raise
+    return load(local_files_only=False)
 
 
 @torch.no_grad()

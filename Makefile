@@ -1,0 +1,19 @@
+# The two set-up commands of the README: `make local` (the main job) and `make test`.
+# Each installs what it needs; torch is pinned and installed first so that pip never pulls
+# a CUDA build as a dependency of something else.
+PYTHON ?= python
+
+.PHONY: install local test lint
+
+install:
+	$(PYTHON) -m pip install -q torch==2.13.0
+	$(PYTHON) -m pip install -q -e ".[test]"
+
+local: install
+	$(PYTHON) sweeps/scale.py --preset local
+
+test: install
+	$(PYTHON) -m pytest -q
+
+lint:
+	ruff check . && ruff format --check .

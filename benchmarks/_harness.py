@@ -1,0 +1,283 @@
+"""What every benchmark shares: the machine, its matmul peak, synthetic task data, peak
+memory, timing, FLOP counts (``scale_fpt.scaling`` via ``trial.step_flops``) and tables.
+
+Benchmarks never need the real datasets: a ``SyntheticTask`` has the task's exact shapes
+(``scale_fpt.tasks.task_spec``) filled with random tensors, generated once on the device.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+
+from scale_fpt.config import TaskConfig, TrialConfig
+from scale_fpt.tasks import task_spec
+from scale_fpt.tasks.base import Batch, Task, TaskSpec
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+PRECISION = "bf16" if CUDA else "fp32"
+"""Training precision of benchmarked trials: bf16 on a GPU, fp32 on a CPU."""
+
+
+# --------------------------------------------------------------------------- machine
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    """One line naming the hardware and the stack a figure was measured on."""
+    parts = [
+        f"{cpu_name()}, {os.cpu_count()} logical cores, torch threads {torch.get_num_threads()}"
+    ]
+    if CUDA:
+        props = torch.cuda.get_device_properties(0)
+        parts.append(f"GPU {props.name} ({props.total_memory / 2**30:.0f} GiB)")
+    try:
+        import psutil
+
+        parts.append(f"RAM {psutil.virtual_memory().total / 2**30:.0f} GiB")
+        load = os.getloadavg()[0]
+        parts.append(f"load avg {load:.1f}")
+    except (ImportError, OSError):
+        pass
+    parts.append(f"torch {torch.__version__}")
+    return "; ".join(parts)
+
+
+def sync() -> None:
+    if CUDA:
+        torch.cuda.synchronize()
+
+
+def matmul_peak(seconds: float = 2.0, n: int | None = None) -> tuple[float, str]:
+    """The machine's own matrix-multiply rate (FLOP/s), measured now: the best of several
+    timed rounds of square matmuls (fp32 on CPU, bf16 on GPU), in the same process and
+    thread setting as the model steps it is compared with."""
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    n = n or (8192 if CUDA else 2048)
+    a = torch.randn(n, n, device=DEVICE, dtype=dtype)
+    b = torch.randn(n, n, device=DEVICE, dtype=dtype)
+    out = torch.empty(n, n, device=DEVICE, dtype=dtype)
+    for _ in range(3):
+        torch.matmul(a, b, out=out)
+    sync()
+    flops = 2 * n**3
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or best == 0.0:
+        reps = 10 if CUDA else 2
+        start = time.perf_counter()
+        for _ in range(reps):
+            torch.matmul(a, b, out=out)
+        sync()
+        best = max(best, reps * flops / (time.perf_counter() - start))
+    dtype_name = str(dtype).removeprefix("torch.")
+    return best, f"torch.matmul {n}x{n} {dtype_name} on {DEVICE}"
+
+
+# --------------------------------------------------------------------------- memory
+
+
+class PeakMemory:
+    """Peak memory of a block: on a GPU ``torch.cuda.max_memory_allocated``; on a CPU the
+    peak resident set size (psutil, sampled every ``interval`` s by a thread) minus the RSS
+    when the block began. Use as ``with PeakMemory() as mem: ...; mem.peak_bytes``."""
+
+    def __init__(self, interval: float = 0.002):
+        self.interval = interval
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+
+    def __enter__(self) -> PeakMemory:
+        if CUDA:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self._base = torch.cuda.memory_allocated()
+            return self
+        import psutil
+
+        release_freed_memory()
+        self._process = psutil.Process()
+        self._base = self._process.memory_info().rss
+        self._max = self._base
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self._max = max(self._max, self._process.memory_info().rss)
+            self._stop.wait(self.interval)
+
+    def __exit__(self, *exc) -> None:
+        if CUDA:
+            torch.cuda.synchronize()
+            self.peak_bytes = torch.cuda.max_memory_allocated() - self._base
+            return
+        self._stop.set()
+        self._thread.join()
+        self._max = max(self._max, self._process.memory_info().rss)
+        self.peak_bytes = self._max - self._base
+
+
+def release_freed_memory() -> None:
+    """Return memory freed by earlier rows to the OS (glibc keeps it otherwise), so that an
+    RSS delta measures this row alone."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def memory_kind() -> str:
+    return "CUDA max_memory_allocated" if CUDA else "peak RSS (psutil, sampled) minus RSS before"
+
+
+# --------------------------------------------------------------------------- data
+
+
+class SyntheticTask(Task):
+    """Random tensors with the shapes of ``task``'s spec, made once on the device.
+
+    Training steps cycle through ``pool`` batches (no host work per step); the test set is
+    ``test_batches`` batches of the same kind. Values: uniform [0, 1) tokens (continuous
+    tasks) or uniform token ids (discrete), uniform labels."""
+
+    def __init__(self, config: TaskConfig, seed: int, pool: int = 8, test_batches: int = 2):
+        super().__init__(config, seed)
+        self.name = config.task
+        self.spec = task_spec(config)
+        self.pool_size, self.n_test = pool, test_batches
+        self._pools: dict[int, list[Batch]] = {}
+
+    def _make(self, n: int, g: torch.Generator) -> Batch:
+        s: TaskSpec = self.spec
+        if s.discrete:
+            x = torch.randint(0, s.vocab_size, (n, s.n_tokens), generator=g)
+        else:
+            x = torch.rand(n, s.n_tokens, s.token_width, generator=g)
+        y = torch.randint(
+            0, s.n_classes, (n, s.n_predicting_tokens, s.outputs_per_token), generator=g
+        )
+        return Batch(x, y).to(DEVICE)
+
+    def _pool(self, batch_size: int) -> list[Batch]:
+        if batch_size not in self._pools:
+            g = torch.Generator().manual_seed(self.seed)
+            self._pools[batch_size] = [self._make(batch_size, g) for _ in range(self.pool_size)]
+        return self._pools[batch_size]
+
+    def train_batch(self, step: int, batch_size: int) -> Batch:
+        pool = self._pool(batch_size)
+        return pool[step % len(pool)]
+
+    def test_batches(self, batch_size: int) -> Iterator[Batch]:
+        g = torch.Generator().manual_seed(12345)
+        for _ in range(self.n_test):
+            yield self._make(batch_size, g)
+
+
+def data_note() -> str:
+    return (
+        "data: synthetic random tensors with each task's exact shapes "
+        "(scale_fpt.tasks.task_spec), generated once on the device"
+    )
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+
+def trial_config(model: str, task: str, finetune: str, batch_size: int, **extra) -> TrialConfig:
+    return TrialConfig.from_flat(
+        {
+            "task": task,
+            "model": model,
+            "init": "random",
+            "finetune": finetune,
+            "batch_size": batch_size,
+            "precision": PRECISION,
+            "accelerator": DEVICE,
+            **extra,
+        }
+    )
+
+
+def flops_per_step(config: TrialConfig) -> int:
+    """Training FLOPs of one step of ``config`` (4N + attention frozen, 6N full), counted by
+    ``scale_fpt.trial.step_flops`` on the model built on the meta device."""
+    from scale_fpt.packing import counting_model
+    from scale_fpt.trial import step_flops
+
+    spec = task_spec(config.task)
+    return step_flops(counting_model(config, spec), spec, config.train.batch_size)[0]
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def time_steps(step: Callable[[int], object], steps: int, warmup: int) -> float:
+    """Seconds per step: ``warmup`` untimed calls, then the median of ``steps`` timed ones
+    (the median resists other processes briefly taking the cores)."""
+    for i in range(warmup):
+        step(i)
+    sync()
+    times = []
+    for i in range(warmup, warmup + steps):
+        start = time.perf_counter()
+        step(i)
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+# --------------------------------------------------------------------------- output
+
+
+def si(value: float, unit: str = "") -> str:
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}".rstrip()
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    """A plain fixed-width table (Markdown-compatible), columns in order."""
+    text = [[str(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(t[i]) for t in text)) for i, c in enumerate(columns)]
+    print("| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for t in text:
+        print("| " + " | ".join(v.ljust(w) for v, w in zip(t, widths, strict=True)) + " |")
+
+
+def quiet() -> None:
+    """Keep library chatter (DeepSpeed, transformers) out of the printed tables."""
+    import logging
+    import warnings
+
+    os.environ.setdefault("DS_ACCELERATOR", DEVICE)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore")
+    for name in ("DeepSpeed", "deepspeed", "transformers", "torch.distributed"):
+        logging.getLogger(name).setLevel(logging.ERROR)

@@ -1,0 +1,156 @@
+"""Training-step throughput at the hardware limit: tokens/s, FLOP/s and model FLOP
+utilisation (MFU) of one training step, side by side, against this machine's own matmul
+peak measured in the same run.
+
+    python benchmarks/step_throughput.py                      # the README's table
+    python benchmarks/step_throughput.py --quick              # a short smoke run
+
+Rows: GPT-2 presets (random init) x tasks (bit-xor 10 tokens, cifar10 64, cifar10-lra 1024)
+x fine-tuning (fpt: frozen body, 4N + attention FLOPs; full: 6N + attention) x path:
+``trial`` is what an unpacked sweep trial runs (``scale_fpt.trainer.Trainer``, one DeepSpeed
+engine), ``packed`` is the packed-cohort path (``scale_fpt.packing.Cohort``) with one member.
+On a GPU: bf16, SDPA attention, data made on the device, ``torch.compile`` for the packed
+path; on a CPU: fp32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+
+import _harness as h
+
+h.quiet()
+
+import torch  # noqa: E402
+
+from scale_fpt.config import TaskConfig  # noqa: E402
+
+TARGET_MFU = 0.8
+
+
+def run_trial_path(config, task, steps: int, warmup: int) -> tuple[float, int]:
+    from scale_fpt.models import build_model
+    from scale_fpt.trainer import Trainer
+
+    with h.PeakMemory() as mem:
+        built = build_model(config, task.spec)
+        trainer = Trainer(config.train, task, built)
+        try:
+            seconds = h.time_steps(trainer.train_step, steps, warmup)
+        finally:
+            trainer.close()
+    del trainer, built
+    return seconds, mem.peak_bytes
+
+
+def run_packed_path(config, task, steps: int, warmup: int, compile_model: bool):
+    from scale_fpt.packing import Cohort
+
+    with h.PeakMemory() as mem:
+        cohort = Cohort([config], task=task, compile=compile_model)
+        try:
+            seconds = h.time_steps(cohort.train_step, steps, warmup)
+        finally:
+            cohort.close()
+    del cohort
+    return seconds, mem.peak_bytes
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="gpt2-tiny,gpt2")
+    parser.add_argument("--tasks", default="bit-xor,cifar10,cifar10-lra")
+    parser.add_argument("--finetune", default="fpt,full")
+    parser.add_argument("--paths", default="trial,packed", help="trial, packed (fpt only)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument(
+        "--lra-batch-size", type=int, default=0, help="batch for cifar10-lra (0: --batch-size)"
+    )
+    parser.add_argument("--steps", type=int, default=10, help="timed steps (median reported)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--peak-seconds", type=float, default=3.0)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument(
+        "--no-compile", action="store_true", help="GPU: skip torch.compile on the packed path"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: batch 4 (2 on cifar10-lra), 2+1 steps"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batch_size, args.lra_batch_size, args.steps, args.warmup = 4, 2, 2, 1
+        args.peak_seconds = min(args.peak_seconds, 1.0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    print(f"machine: {h.machine()}")
+    peak, how = h.matmul_peak(args.peak_seconds)
+    print(f"matmul peak: {h.si(peak, 'FLOP/s')} ({how}, best of rounds over {args.peak_seconds} s)")
+    print(h.data_note())
+    print(
+        f"precision {h.PRECISION}; memory: {h.memory_kind()}; step time: median of {args.steps} after {args.warmup} warm-up"
+    )
+    print()
+    rows = []
+    for model in args.models.split(","):
+        for task_name in args.tasks.split(","):
+            batch = (
+                args.lra_batch_size
+                if task_name == "cifar10-lra" and args.lra_batch_size
+                else args.batch_size
+            )
+            task = h.SyntheticTask(TaskConfig(task=task_name), seed=0)
+            for finetune in args.finetune.split(","):
+                for path in args.paths.split(","):
+                    if path == "packed" and finetune != "fpt":
+                        continue
+                    config = h.trial_config(model, task_name, finetune, batch)
+                    if path == "trial":
+                        seconds, memory = run_trial_path(config, task, args.steps, args.warmup)
+                    else:
+                        seconds, memory = run_packed_path(
+                            config, task, args.steps, args.warmup, h.CUDA and not args.no_compile
+                        )
+                    gc.collect()
+                    flops = h.flops_per_step(config)
+                    tokens = batch * task.spec.n_tokens
+                    rows.append(
+                        {
+                            "model": model,
+                            "task": task_name,
+                            "tokens": task.spec.n_tokens,
+                            "finetune": finetune,
+                            "path": path,
+                            "batch": batch,
+                            "ms/step": f"{seconds * 1e3:.1f}",
+                            "tokens/s": h.si(tokens / seconds),
+                            "FLOP/step": h.si(flops),
+                            "FLOP/s": h.si(flops / seconds),
+                            "MFU": f"{flops / seconds / peak:.1%}",
+                            "peak mem": h.si(memory, "B"),
+                        }
+                    )
+                    print(
+                        f"  done {model} {task_name} {finetune} {path}: {rows[-1]['MFU']}",
+                        file=sys.stderr,
+                    )
+    h.print_table(rows, list(rows[0]))
+    print()
+    print("MFU = (training FLOPs of the step / step time) / matmul peak; FLOPs from")
+    print("scale_fpt.scaling (4N + attention with the body frozen, 6N + attention full).")
+    frozen = [
+        r for r in rows if r["model"] == "gpt2" and r["tokens"] == 64 and r["finetune"] == "fpt"
+    ]
+    for r in frozen:
+        mfu = float(r["MFU"].rstrip("%")) / 100
+        verdict = "meets" if mfu >= TARGET_MFU else "misses"
+        print(
+            f"target: frozen gpt2, 64 tokens, {r['path']} path: MFU {r['MFU']} {verdict} >= {TARGET_MFU:.0%}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

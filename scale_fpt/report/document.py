@@ -1,0 +1,463 @@
+"""The report document: every table and figure of a results directory in one Markdown file
+(``report.md``) and a self-contained HTML copy (``report.html``, images embedded), with the
+figures (PNG + CSV of the data drawn) under ``figures/`` and each table's long form (one row
+per cell: statistics, trial ids, compute, published number) under ``tables/``.
+
+    report.md
+      Trials             status per sweep, every trial not used and why
+      Conventions        metric, spread, learning rates, like-for-like rule, thresholds
+      Table 1..8, LR     per table: which trials it used; the table in the paper's shape;
+                         the published numbers beside it; compute per cell
+      Figures            scaling curve, learning curves, accuracy vs lr, steps to threshold
+      Attention maps     per bit-task checkpoint: maps and the share on the relevant inputs
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from scale_fpt.config import ConfigError
+from scale_fpt.report import attention, figures, tables
+from scale_fpt.report.published import TASK_TITLES
+from scale_fpt.results import load_results
+
+MAX_LISTED_IDS = 30
+
+
+@dataclass
+class Document:
+    """Blocks rendered to Markdown and HTML alike: (kind, payload)."""
+
+    root: Path
+    blocks: list = field(default_factory=list)
+
+    def heading(self, level: int, text: str) -> None:
+        self.blocks.append(("heading", (level, text)))
+
+    def para(self, text: str) -> None:
+        self.blocks.append(("para", text))
+
+    def bullets(self, items: list[str]) -> None:
+        if items:
+            self.blocks.append(("bullets", items))
+
+    def table(self, frame: pd.DataFrame) -> None:
+        self.blocks.append(("table", frame))
+
+    def image(self, relative: str, caption: str) -> None:
+        self.blocks.append(("image", (relative, caption)))
+
+    def markdown(self) -> str:
+        out = []
+        for kind, payload in self.blocks:
+            if kind == "heading":
+                out.append("#" * payload[0] + " " + payload[1])
+            elif kind == "para":
+                out.append(payload)
+            elif kind == "bullets":
+                out.append("\n".join(f"- {item}" for item in payload))
+            elif kind == "table":
+                out.append(markdown_table(payload))
+            elif kind == "image":
+                relative, caption = payload
+                csv = Path(relative).with_suffix(".csv")
+                data = f" ([data]({csv}))" if (self.root / csv).exists() else ""
+                out.append(f"![{caption}]({relative})\n\n*{caption}*{data}")
+        return "\n\n".join(out) + "\n"
+
+    def html(self) -> str:
+        out = [
+            "<!doctype html><html><head><meta charset='utf-8'><title>scale_fpt report</title>",
+            "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
+            "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;"
+            "padding:3px 6px}img{max-width:100%}</style></head><body>",
+        ]
+        for kind, payload in self.blocks:
+            if kind == "heading":
+                out.append(f"<h{payload[0]}>{html.escape(payload[1])}</h{payload[0]}>")
+            elif kind == "para":
+                out.append(f"<p>{html.escape(payload)}</p>")
+            elif kind == "bullets":
+                items = "".join(f"<li>{html.escape(i)}</li>" for i in payload)
+                out.append(f"<ul>{items}</ul>")
+            elif kind == "table":
+                out.append(html_table(payload))
+            elif kind == "image":
+                relative, caption = payload
+                data = base64.b64encode((self.root / relative).read_bytes()).decode()
+                out.append(
+                    f"<figure><img src='data:image/png;base64,{data}' alt='{html.escape(caption)}'>"
+                    f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+                )
+        return "\n".join(out) + "</body></html>\n"
+
+
+def rows_of(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    show_index = frame.index.name is not None or not isinstance(frame.index, pd.RangeIndex)
+    names = [str(n or "") for n in frame.index.names] if show_index else []
+    header = names + [str(c) for c in frame.columns]
+    body = []
+    for index, row in zip(frame.index, frame.itertuples(index=False), strict=True):
+        keys = (list(index) if isinstance(index, tuple) else [index]) if show_index else []
+        body.append([display(v) for v in (*keys, *row)])
+    return header, body
+
+
+def display(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float | np.floating):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    if frame.empty:
+        return "*(empty)*"
+    header, body = rows_of(frame)
+
+    def line(cells):
+        return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+
+    return "\n".join([line(header), line(["---"] * len(header)), *map(line, body)])
+
+
+def html_table(frame: pd.DataFrame) -> str:
+    if frame.empty:
+        return "<p><em>(empty)</em></p>"
+    header, body = rows_of(frame)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def trials_section(doc: Document, trials: pd.DataFrame, metric: str) -> None:
+    doc.heading(2, "Trials")
+    if trials.empty:
+        doc.para("No trials in these results.")
+        return
+    counts = pd.crosstab(trials["sweep"], trials["status"]).rename_axis(index="sweep", columns=None)
+    sums = trials.groupby("sweep")[["wall_time_s", "samples_seen", "total_flops"]].sum()
+    counts["wall time (h)"] = (sums["wall_time_s"] / 3600).map(lambda v: f"{v:.3g}")
+    counts["samples"] = sums["samples_seen"].map(lambda v: f"{v:.3g}")
+    counts["FLOPs"] = sums["total_flops"].map(lambda v: f"{v:.3g}")
+    doc.table(counts)
+    prepared = tables.prepare(trials, metric)
+    excluded = prepared[~prepared["used"]]
+    doc.para(
+        f"{int(prepared['used'].sum())} of {len(prepared)} trials can be used (status completed "
+        f"or diverged, with at least one evaluation). Not used: {len(excluded)}."
+    )
+    if len(excluded):
+        listed = excluded.head(MAX_LISTED_IDS)
+        doc.table(
+            pd.DataFrame(
+                {
+                    "sweep": listed["sweep"],
+                    "trial": listed["trial_id"],
+                    "setting": listed["task"]
+                    + " · "
+                    + listed["model_label"]
+                    + " · "
+                    + listed["init_label"]
+                    + " · "
+                    + listed["finetune_label"]
+                    + " · seed "
+                    + listed["seed"].astype(str),
+                    "why not used": listed["reason"],
+                    "error": listed["error"].fillna("").map(first_line),
+                }
+            ).reset_index(drop=True)
+        )
+        if len(excluded) > MAX_LISTED_IDS:
+            doc.para(f"... and {len(excluded) - MAX_LISTED_IDS} more.")
+
+
+def first_line(text: str, limit: int = 120) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line[:limit]
+
+
+def conventions(doc: Document, metric: str, thresholds: dict) -> None:
+    doc.heading(2, "Conventions")
+    doc.bullets(
+        [
+            f"Accuracy: `{metric}` in percent; a diverged trial counts with its value before "
+            "divergence and its cell is marked † (as in the paper).",
+            "Each cell: mean ± sample std over seeds (n-1), n, and the 95% Student-t interval "
+            "half-width (CI ±, t(0.975, n-1)·std/√n); n=1 shows no spread.",
+            "An arm (cell) is one setting: task, model, weights, init, finetune, LSTM size, lr, "
+            "batch size, steps; trials of the same setting in different sweeps are pooled.",
+            "Paper tables use one learning rate per arm: where an arm was run at several (an "
+            "LR search), only the paper's rate (1e-3; 1e-4 homology) is used there; the "
+            "LR-fair table compares every searched arm at its own best rate.",
+            "Published numbers (Lu et al. 2021) stand beside a cell with a difference Δ "
+            "(study - paper) only like-for-like: same model (gpt2 small unless the paper's "
+            "cell says otherwise), same learning rate and, for LSTMs, 3 x 768. Otherwise they "
+            "are reference only (ref.), with the reason listed. Training length and batch size "
+            "are never matched: the paper trained to convergence.",
+            "Steps to threshold: the first evaluated step whose test accuracy reaches the "
+            "threshold ("
+            + ", ".join(f"{t} {v:.3g}" for t, v in thresholds.items())
+            + "; default: 90% of the paper's FPT accuracy). A seed that never reaches it gives "
+            "'>bound' (mean with unreached seeds at their last evaluated step), never a number.",
+            "Empty cells say why: no trials, all failed, no usable trial, not reached.",
+        ]
+    )
+
+
+def used_line(table: pd.DataFrame) -> str:
+    a = table.attrs
+    used_cells = table[table["n"].fillna(0) > 0] if len(table) and "n" in table else table
+    diverged = int(used_cells["n_diverged"].fillna(0).sum()) if "n_diverged" in table else 0
+    parts = [
+        f"Selection: {a.get('selection', '')}",
+        f"trials used: {a.get('used', 0)} of {a.get('matched', 0)} matching ({diverged} of "
+        "them diverged)",
+        f"sweeps: {', '.join(a.get('sweeps', [])) or 'none'}",
+    ]
+    if a.get("not_used"):
+        parts.append("not used: " + ", ".join(f"{n} {r}" for r, n in a["not_used"].items()))
+    if a.get("other_lr"):
+        parts.append(
+            f"{a['other_lr']} trials at other learning rates of an LR search left out "
+            "(see the LR-fair table)"
+        )
+    ids = a.get("trial_ids", [])
+    if ids and len(ids) <= MAX_LISTED_IDS:
+        parts.append("trial ids: " + ", ".join(ids))
+    elif ids:
+        parts.append("trial ids: the trial_ids column of the CSV")
+    return "; ".join(parts) + "."
+
+
+def compute_line(table: pd.DataFrame) -> str:
+    cells = table[table["n"].fillna(0) > 0]
+    n = int(cells["n_search_trials" if "n_search_trials" in cells else "n"].sum())
+    wall, samples, flops = (cells[c].sum() for c in ("wall_time_s", "samples_seen", "total_flops"))
+    per = f" (per trial: {wall / n / 3600:.3g} h, {flops / n:.3g} FLOP)" if n else ""
+    scope = table.attrs.get("compute_scope", "its seeds")
+    return (
+        f"Compute of the trials used: {wall / 3600:.3g} h wall time, {samples:.3g} samples, "
+        f"{flops:.3g} FLOPs in all{per}. Per cell (sums over {scope}):"
+    )
+
+
+def table_section(doc: Document, key: str, table: pd.DataFrame, out: Path, wide_fn, text_fn):
+    doc.heading(2, table.attrs["title"])
+    doc.para(used_line(table))
+    doc.table(wide_fn(table, text_fn))
+    if "published" in table and table["published"].notna().any():
+        doc.para(
+            "Published (Lu et al. 2021) beside each cell: value (Δ study - paper) where "
+            "like-for-like, (ref.) where the setting differs:"
+        )
+        doc.table(wide_fn(table, tables.published_text))
+        doc.bullets(tables.reference_notes(table))
+    doc.para(compute_line(table))
+    doc.table(wide_fn(table, tables.compute_text))
+    path = out / "tables" / f"{key}.csv"
+    table.to_csv(path, index=False)
+    doc.para(f"Cells in long form: [tables/{key}.csv](tables/{key}.csv).")
+
+
+def save_figure(doc: Document, out: Path, name: str, fig, data: pd.DataFrame, caption: str):
+    fig.savefig(out / "figures" / f"{name}.png", dpi=100)
+    data.to_csv(out / "figures" / f"{name}.csv", index=False)
+    doc.image(f"figures/{name}.png", caption)
+
+
+def figures_section(doc, out, trials, curves, t4, metric) -> None:
+    doc.heading(2, "Figures")
+    fig, data = figures.scaling_figure(trials, metric)
+    if len(data):
+        save_figure(
+            doc, out, "scaling", fig, data, "Accuracy vs total parameters (frozen, fpt), per init"
+        )
+    used = tables.prepare(trials, metric)
+    for task in figures.task_order(used.loc[used["used"], "task"]):
+        fig, data = figures.learning_curves_figure(trials, curves, task)
+        if len(data):
+            save_figure(
+                doc,
+                out,
+                f"curves_{task}",
+                fig,
+                data,
+                f"Learning curves on {TASK_TITLES.get(task, task)}: mean ± std over seeds",
+            )
+    fig, data = figures.lr_figure(trials, metric)
+    if len(data):
+        save_figure(doc, out, "lr", fig, data, "Best test accuracy vs learning rate (LR searches)")
+    if len(t4):
+        fig, data = figures.steps_figure(t4)
+        if len(data):
+            save_figure(doc, out, "steps", fig, data, "Steps to the threshold accuracy")
+
+
+def attention_section(doc, out, trials, results_dir, metric, examples: int) -> None:
+    doc.heading(2, "Attention maps (bit tasks)")
+    chosen = attention.attention_trials(trials, metric)
+    if chosen.empty:
+        doc.para(
+            "No bit-xor / bit-memory transformer trial with a saved checkpoint in these results."
+        )
+        return
+    doc.para(
+        "Attention of the trained model on the first "
+        f"{examples} examples of the fixed test set, averaged over heads and examples. Share = "
+        "attention mass an output token puts on the inputs its answer depends on (bit-xor: "
+        "output 5+i on inputs i and 5+i; bit-memory: query 100+j on j, 20+j, 40+j, 60+j, 80+j); "
+        "uniform = the share uniform attention over the causal prefix would give. One trial "
+        "per arm (its best seed)."
+    )
+    for row in chosen.to_dict("records"):
+        name = (
+            f"{row['task']} · {tables.model_label(row['model'])} · {row['init']} · "
+            f"{row['finetune']} · lr {row['lr']:g} · seed {row['seed']}"
+        )
+        doc.heading(3, f"{name} (trial {row['trial_id']})")
+        try:
+            result = attention.trial_attention(row, results_dir, examples)
+        except (OSError, ValueError, KeyError, RuntimeError, ConfigError) as e:
+            doc.para(f"Not analysed: {first_line(str(e), 300)}")
+            continue
+        shares = result["shares"]
+        doc.para(
+            f"Mean share on the relevant inputs over the {len(shares)} output tokens: last "
+            f"layer {shares['share_last_layer'].mean():.3f}, mean over layers "
+            f"{shares['share_mean_layers'].mean():.3f} (uniform attention: "
+            f"{shares['uniform_share'].mean():.3f})."
+        )
+        fig, data = figures.attention_figure(result["maps"], result["relevant"], row["task"])
+        key = f"attention_{row['sweep']}_{row['trial_id']}"
+        save_figure(doc, out, key, fig, data, f"Attention maps, {name}")
+        shares.to_csv(out / "figures" / f"{key}_shares.csv", index=False)
+        columns = [
+            "output_position",
+            "relevant_positions",
+            "share_last_layer",
+            "share_mean_layers",
+            "uniform_share",
+        ]
+        doc.table(shares[columns].round(3))
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def all_tables(results, metric: str = "final_test_accuracy", thresholds=None) -> dict:
+    """{key: long DataFrame} of every table, computed from ``results`` (``load_results``)."""
+    trials, curves = results.trials, results.curves
+    return {
+        "T1": tables.table1_full(trials, metric),
+        "T2": tables.table2_init(trials, metric),
+        "T3": tables.table3_lstm(trials, metric),
+        "T4": tables.table4_steps(trials, curves, thresholds),
+        "T6": tables.table6_size(trials, metric),
+        "T8": tables.table8_finetune(trials, metric),
+        "LR": tables.lr_fair(trials, metric),
+    }
+
+
+MISSING = {
+    "T1": "no FPT, fully trained transformer or fully trained LSTM trials",
+    "T2": "no frozen (finetune fpt) transformer trials",
+    "T3": "no random frozen transformer or frozen LSTM trials",
+    "T4": "no frozen transformer trials",
+    "T6": "no frozen transformer trials",
+    "T8": "no language-pretrained transformer trials",
+    "LR": "no arm was run at two or more learning rates",
+}
+
+
+def build_report(
+    results_dir: str | Path,
+    out: str | Path | None = None,
+    *,
+    metric: str = "final_test_accuracy",
+    thresholds=None,
+    attention_maps: bool = True,
+    attention_examples: int = 32,
+) -> Path:
+    """Write report.md, report.html, figures/ and tables/ to ``out`` (default
+    RESULTS_DIR/report); returns the path of report.md."""
+    results = load_results(results_dir)
+    out = Path(out) if out else Path(results_dir) / "report"
+    for sub in ("figures", "tables"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    trials, curves = results.trials, results.curves
+    doc = Document(out)
+    doc.heading(1, "Frozen Pretrained Transformers: study report")
+    shas = sorted(set(trials["git_sha"].dropna())) if len(trials) else []
+    doc.para(
+        f"Results: {Path(results_dir).absolute()} · generated "
+        f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} · "
+        f"code: {', '.join(shas) or 'unknown'}. Published numbers: Lu et al. 2021, "
+        "'Pretrained Transformers as Universal Computation Engines'."
+    )
+    trials_section(doc, trials, metric)
+    limits = tables.thresholds_for(sorted(set(trials["task"])), thresholds)
+    conventions(doc, metric, limits)
+    computed = all_tables(results, metric, thresholds)
+    absent = []
+    for key, table in computed.items():
+        if table.empty:
+            absent.append(f"{table.attrs.get('title', key)}: {MISSING[key]}.")
+            continue
+        if key == "T6":
+            table_section(doc, key, table, out, t6_wide, tables.cell_text)
+        elif key == "LR":
+            table_section(doc, key, table, out, tables.wide, tables.lr_text)
+        else:
+            table_section(doc, key, table, out, tables.wide, tables.cell_text)
+    if absent:
+        doc.heading(2, "Tables these results cannot fill")
+        doc.bullets(absent)
+    figures_section(doc, out, trials, curves, computed["T4"], metric)
+    if attention_maps:
+        attention_section(doc, out, trials, results_dir, metric, attention_examples)
+    (out / "report.md").write_text(doc.markdown())
+    (out / "report.html").write_text(doc.html())
+    return out / "report.md"
+
+
+def t6_wide(table: pd.DataFrame, text) -> pd.DataFrame:
+    return tables.table6_wide(table, text)
+
+
+def parse_thresholds(values: list[str]):
+    """``--threshold 0.8`` (every task) and/or ``--threshold bit-xor=0.95`` (one task)."""
+    out: dict[str, float] = {}
+    problems = []
+    for value in values or []:
+        task, _, number = value.rpartition("=")
+        try:
+            threshold = float(number)
+        except ValueError:
+            problems.append(f"--threshold: {value!r} is not NUMBER or TASK=NUMBER")
+            continue
+        if not 0 <= threshold <= 1:
+            problems.append(f"--threshold: {value!r} must be within [0, 1] (an accuracy)")
+        out[task or "*"] = threshold
+    if problems:
+        raise ConfigError(problems)
+    if not out:
+        return None
+    every = out.pop("*", None)
+    if every is None:
+        return out
+    return {**dict.fromkeys(tables.DEFAULT_THRESHOLDS, every), **out}

@@ -1,0 +1,195 @@
+"""The report's figures, each returned with the DataFrame drawn from it (saved beside the
+PNG as CSV). Figures are ``matplotlib.figure.Figure`` objects made without pyplot, so
+building a report never touches a notebook's backend or global figure state.
+
+- ``scaling_figure``: accuracy vs total parameters (log x), one line per init, per task.
+- ``learning_curves_figure``: test accuracy over steps per arm, mean ± std across seeds.
+- ``lr_figure``: selection score vs learning rate per arm of the LR searches.
+- ``steps_figure``: steps to the threshold per init (Table 4), unreached cells hatched at
+  their lower bound.
+- ``attention_figure``: attention maps (last layer, mean over layers) with the positions
+  each output token depends on marked.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from scale_fpt.report import tables
+from scale_fpt.report.published import TASK_COLUMNS, TASK_TITLES
+
+
+def task_order(tasks) -> list[str]:
+    tasks = set(tasks)
+    return [t for t in TASK_COLUMNS if t in tasks] + sorted(tasks - set(TASK_COLUMNS))
+
+
+def panels(n: int, width: float = 4.2, height: float = 3.4):
+    fig = Figure(figsize=(width * n, height), layout="constrained")
+    axes = fig.subplots(1, n, squeeze=False)[0]
+    return fig, axes
+
+
+def scaling_figure(trials: pd.DataFrame, metric: str = "final_test_accuracy"):
+    """Accuracy vs total parameters for frozen (fpt) transformers, one line per init."""
+    cells = tables.table6_size(trials, metric)
+    data = cells[cells["n"] > 0] if len(cells) else cells
+    # One line per init and per setting that differs between cells (e.g. '· steps=500').
+    data = data.assign(
+        line=[
+            i + r[len(m) :]
+            for i, r, m in zip(data["init_label"], data["row"], data["model_label"], strict=True)
+        ]
+    )
+    columns = ["task", "line", "init_label", "model_label", "total_params", "trainable_params"]
+    data = data[[*columns, "n", "mean", "std"]].sort_values(["task", "line", "total_params"])
+    tasks = task_order(data["task"])
+    fig, axes = panels(max(len(tasks), 1))
+    for ax, task in zip(axes, tasks, strict=False):
+        for init, line in data[data["task"] == task].groupby("line", sort=False):
+            ax.errorbar(
+                line["total_params"],
+                line["mean"],
+                yerr=line["std"].fillna(0),
+                marker="o",
+                capsize=3,
+                label=init,
+            )
+            for row in line.itertuples():
+                ax.annotate(row.model_label, (row.total_params, row.mean), fontsize=7)
+        ax.set_xscale("log")
+        ax.set_title(TASK_TITLES.get(task, task))
+        ax.set_xlabel("total parameters")
+        ax.set_ylabel("test accuracy (%)")
+        ax.legend(fontsize=8)
+    if not tasks:
+        axes[0].set_title("no frozen transformer trials")
+    return fig, data.reset_index(drop=True)
+
+
+def curve_arms(trials: pd.DataFrame) -> pd.DataFrame:
+    """Used trials with an ``arm`` label (model · init · finetune, plus what varies)."""
+    df, _ = tables.fixed_lr(tables.prepare(trials))
+    df = df[df["used"]].copy()
+    df["arm"] = df["model_label"] + " · " + df["init_label"] + " · " + df["finetune_label"]
+    for key in ("lr", "batch_size", "max_steps"):
+        if (df.groupby(["task", "arm"])[key].nunique() > 1).any():
+            df["arm"] = df["arm"] + [f" · {key}={v:g}" for v in df[key]]
+    return df
+
+
+def learning_curves_figure(trials: pd.DataFrame, curves: pd.DataFrame, task: str):
+    """Test accuracy (%) over steps per arm of ``task``: mean across seeds, band ± std."""
+    arms = curve_arms(trials)
+    arms = arms[arms["task"] == task][["sweep", "trial_id", "arm"]]
+    data = curves.merge(arms, on=["sweep", "trial_id"]) if len(arms) else curves.iloc[:0]
+    data = data.assign(acc=data["test_accuracy"] * 100)
+    summary = (
+        data.groupby(["arm", "step"])["acc"]
+        .agg(n="count", mean="mean", std="std")
+        .reset_index()
+        .assign(task=task)
+    )
+    fig, axes = panels(1, width=6.4, height=4.0)
+    ax = axes[0]
+    for arm, line in summary.groupby("arm", sort=False):
+        ax.plot(line["step"], line["mean"], label=arm)
+        std = line["std"].fillna(0)
+        ax.fill_between(line["step"], line["mean"] - std, line["mean"] + std, alpha=0.2)
+    ax.set_title(f"{TASK_TITLES.get(task, task)}: learning curves (mean ± std over seeds)")
+    ax.set_xlabel("gradient step")
+    ax.set_ylabel("test accuracy (%)")
+    if len(summary):
+        ax.legend(fontsize=7)
+    return fig, summary[["task", "arm", "step", "n", "mean", "std"]]
+
+
+def lr_figure(trials: pd.DataFrame, metric: str = "final_test_accuracy"):
+    """Selection score (mean best_test_accuracy over seeds, %) vs learning rate, per arm of
+    the LR searches; the selected rate is starred."""
+    points = tables.lr_points(trials, metric)
+    if points.empty:
+        fig, axes = panels(1)
+        axes[0].set_title("no learning-rate search in these results")
+        return fig, points
+    points = points.sort_values(["task", "arm", "lr"])
+    tasks = task_order(points["task"])
+    fig, axes = panels(len(tasks))
+    for ax, task in zip(axes, tasks, strict=True):
+        for arm, line in points[points["task"] == task].groupby("arm", sort=False):
+            drawn = ax.errorbar(
+                line["lr"], line["score"], yerr=line["score_std"].fillna(0), marker="o", label=arm
+            )
+            best = line.loc[line["score"].idxmax()]
+            ax.plot(best["lr"], best["score"], "*", ms=14, color=drawn[0].get_color())
+        ax.set_xscale("log")
+        ax.set_title(TASK_TITLES.get(task, task))
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel("best test accuracy (%)")
+        ax.legend(fontsize=7)
+    columns = ["task", "arm", "lr", "batch_size", "n", "score", "score_std", "mean", "std"]
+    return fig, points[columns].reset_index(drop=True)
+
+
+def steps_figure(t4: pd.DataFrame):
+    """Bars of Table 4: mean steps to the threshold (± std) per (model · init); a hatched bar
+    marks a cell where some seed never reached it (height: the lower bound)."""
+    if t4.empty:
+        fig, axes = panels(1)
+        axes[0].set_title("no steps-to-threshold data")
+        return fig, t4
+    data = t4[~t4["row"].str.startswith("speed-up") & (t4["n"] > 0)]
+    columns = ["task", "row", "threshold", "n", "n_reached", "all_reached", "mean", "std"]
+    data = data[[*columns, "lower_bound"]].reset_index(drop=True)
+    tasks = task_order(data["task"])
+    fig, axes = panels(max(len(tasks), 1))
+    for ax, task in zip(axes, tasks, strict=False):
+        cells = data[data["task"] == task]
+        x = np.arange(len(cells))
+        heights = np.where(cells["all_reached"], cells["mean"], cells["lower_bound"])
+        bars = ax.bar(x, heights, yerr=cells["std"].fillna(0), capsize=3)
+        for bar, reached in zip(bars, cells["all_reached"], strict=True):
+            if not reached:
+                bar.set_hatch("//")
+                bar.set_alpha(0.5)
+                ax.annotate(">", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center")
+        ax.set_xticks(x, cells["row"], rotation=30, ha="right", fontsize=7)
+        threshold = cells["threshold"].iloc[0] if len(cells) else math.nan
+        ax.set_title(f"{TASK_TITLES.get(task, task)}: steps to {threshold:.3g} accuracy")
+        ax.set_ylabel("gradient steps")
+    return fig, data
+
+
+def attention_figure(maps: np.ndarray, relevant: dict[int, list[int]], title: str = ""):
+    """Heatmaps of the last layer's and the layer-averaged attention (rows: output
+    positions attending, columns: input positions), dependencies marked with dots."""
+    shown = {"last layer": maps[-1], "mean over layers": maps.mean(axis=0)}
+    fig, axes = panels(2, width=4.6, height=4.2)
+    for ax, (name, grid) in zip(axes, shown.items(), strict=True):
+        image = ax.imshow(grid, cmap="viridis", vmin=0, vmax=max(float(grid.max()), 1e-9))
+        xs = [s for t, ps in relevant.items() for s in ps]
+        ys = [t for t, ps in relevant.items() for _ in ps]
+        ax.scatter(xs, ys, s=6, c="red", marker="o", label="dependency")
+        ax.set_title(f"{title} {name}".strip(), fontsize=9)
+        ax.set_xlabel("input position (attended to)")
+        ax.set_ylabel("position attending")
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    layers, n, _ = maps.shape
+    data = pd.DataFrame(
+        [
+            {
+                "layer": layer,
+                "output_position": t,
+                "input_position": s,
+                "attention": maps[layer, t, s],
+            }
+            for layer in range(layers)
+            for t in relevant
+            for s in range(n)
+        ]
+    )
+    return fig, data

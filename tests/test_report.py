@@ -1,0 +1,470 @@
+"""Reports: tables, published comparisons, figures and attention maps from hand-made results
+whose every number is known (scale_fpt.report)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from scale_fpt import cli, report
+from scale_fpt.config import TaskConfig, TrialConfig
+from scale_fpt.report import attention, tables
+from scale_fpt.results import ResultsWriter, load_results
+
+T975_2 = 4.302652729749464  # t(0.975, 2): the 95% interval of three seeds
+PARAMS = {  # model -> (total_params, trainable_params, n_layer)
+    "gpt2-tiny": (400_000, 20_000, 2),
+    "gpt2-mini": (2_000_000, 50_000, 4),
+    "gpt2": (85_000_000, 100_000, 12),
+    "lstm": (14_000_000, 10_000, 3),
+}
+
+
+def write(writer, tid, acc, *, status="completed", best=None, hit=None, **config):
+    """One trial row (every outcome column the report reads) and, with ``hit``, a learning
+    curve every 100 steps whose test accuracy is 0.5 before step ``hit`` and 0.95 from it
+    (``hit=None``: no curve; ``hit=0``: never reaches 0.9)."""
+    flat = {**TrialConfig().to_flat(), "max_steps": 1000, "eval_every": 100, **config}
+    total, trainable, layers = PARAMS[flat["model"]]
+    writer.write_trial(
+        {
+            **flat,
+            "trial_id": tid,
+            "status": status,
+            "steps_done": flat["max_steps"],
+            "final_test_accuracy": acc,
+            "best_test_accuracy": acc if best is None else best,
+            "total_params": total,
+            "trainable_params": trainable,
+            "n_layer": layers,
+            "wall_time_s": 100.0 * (flat["seed"] + 1),
+            "samples_seen": 16_000,
+            "total_flops": 1e12,
+            "error": "RuntimeError: out of memory" if status == "failed" else None,
+        }
+    )
+    if hit is not None:
+        keys = ("task", "model", "init", "finetune", "lr", "batch_size", "seed")
+        curve = [
+            {"step": s, "test_accuracy": 0.95 if hit and s >= hit else 0.5, "train_loss": 1.0}
+            for s in range(100, flat["max_steps"] + 1, 100)
+        ]
+        writer.write_curve(tid, [{**r, **{k: flat[k] for k in keys}} for r in curve])
+
+
+def build_results(root) -> None:
+    main = ResultsWriter(root, "main")
+    for seed, (acc, hit) in enumerate([(0.5, 100), (0.6, 200), (0.7, 300)]):
+        write(main, f"xor-pre-{seed}", acc, seed=seed, init="pretrained", hit=hit)
+    for seed, (acc, hit) in enumerate([(0.4, 400), (0.5, 800), (0.6, 600)]):
+        write(main, f"xor-rnd-{seed}", acc, seed=seed, init="random", hit=hit)
+    write(main, "xor-rnd-stopped", 0.3, seed=3, init="random", status="stopped")
+    write(main, "mem-pre", 0.9, task="bit-memory", init="pretrained", hit=500)
+    write(main, "mem-rnd", 0.6, task="bit-memory", init="random", hit=0)
+    write(main, "xor-gpt2", 0.98, model="gpt2")
+    write(main, "xor-mini", 0.8, model="gpt2-mini")
+    write(main, "mnist-failed", None, task="mnist", init="random", status="failed")
+    write(main, "xor-lstm-0", 0.5, model="lstm", init="random")
+    write(main, "xor-lstm-1", 0.52, model="lstm", init="random", seed=1)
+    write(main, "xor-attn-0", 0.55, finetune="fpt+attn", status="diverged")
+    write(main, "xor-attn-1", 0.65, finetune="fpt+attn", seed=1)
+    write(main, "xor-full-0", 0.9, finetune="full")
+    write(main, "xor-full-1", 1.0, finetune="full", seed=1)
+    search = ResultsWriter(root, "lr_search")  # an LR search: its own length (500 steps)
+    arms = {
+        "fpt": {
+            1e-4: [(0.55, 0.6), (0.65, 0.7)],
+            1e-3: [(0.75, 0.8), (0.85, 0.9)],
+            1e-2: [(0.5, 0.5)] * 2,
+        },
+        "full": {1e-4: [(0.9, 0.95), (0.96, 0.97)], 1e-3: [(0.6, 0.6), (0.6, 0.6)]},
+    }
+    for finetune, rates in arms.items():
+        for lr, seeds in rates.items():
+            for seed, (final, best) in enumerate(seeds):
+                write(
+                    search,
+                    f"lr-{finetune}-{lr:g}-{seed}",
+                    final,
+                    best=best,
+                    finetune=finetune,
+                    lr=lr,
+                    seed=seed,
+                    max_steps=500,
+                )
+
+
+@pytest.fixture(scope="module")
+def results_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("results")
+    build_results(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def results(results_dir):
+    return load_results(results_dir)
+
+
+def cell(table: pd.DataFrame, **where) -> dict:
+    mask = pd.Series(True, index=table.index)
+    for key, value in where.items():
+        mask &= table[key] == value
+    found = table[mask]
+    assert len(found) == 1, f"{len(found)} cells match {where}"
+    return found.iloc[0].to_dict()
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def test_t_quantile_and_summary():
+    assert report.t_quantile(0.975, 2) == pytest.approx(T975_2, abs=1e-9)
+    assert report.t_quantile(0.975, 1) == pytest.approx(12.706205, abs=1e-5)
+    assert report.t_quantile(0.975, 9) == pytest.approx(2.262157, abs=1e-5)
+    assert report.t_quantile(0.975, 1000) == pytest.approx(1.962339, abs=1e-5)
+    s = report.summarize([0.5, 0.6, 0.7, None, float("nan")])
+    assert (s["n"], s["mean"], s["std"]) == (3, pytest.approx(0.6), pytest.approx(0.1))
+    assert s["ci95"] == pytest.approx(T975_2 * 0.1 / math.sqrt(3))
+    one = report.summarize([0.9])
+    assert one["n"] == 1 and one["mean"] == 0.9 and math.isnan(one["std"])
+    assert report.summarize([])["n"] == 0
+
+
+# --------------------------------------------------------------------------- paper tables
+
+
+def test_table2_cells_spread_exclusions_and_published(results):
+    t2 = report.table2_init(results.trials)
+    pre = cell(t2, model="gpt2-tiny", init="pretrained", task="bit-xor", max_steps=1000)
+    assert (pre["n"], pre["mean"], pre["std"]) == (3, pytest.approx(60), pytest.approx(10))
+    assert pre["ci95"] == pytest.approx(T975_2 * 10 / math.sqrt(3))
+    assert set(pre["trial_ids"].split(",")) == {"xor-pre-0", "xor-pre-1", "xor-pre-2"}
+    assert pre["wall_time_s"] == 600 and pre["samples_seen"] == 48_000
+    assert pre["total_flops"] == 3e12
+    # gpt2-tiny is not the paper's gpt2: published shown for reference, no difference.
+    assert pre["published"] == 100 and not pre["like_for_like"] and math.isnan(pre["diff"])
+    assert "model gpt2-tiny (paper gpt2)" in pre["comparison"]
+    rnd = cell(t2, model="gpt2-tiny", init="random", task="bit-xor")
+    assert (rnd["n"], rnd["mean"], rnd["n_trials"]) == (3, pytest.approx(50), 4)
+    assert rnd["excluded"] == "1 stopped"
+    gpt2 = cell(t2, model="gpt2", task="bit-xor")
+    assert gpt2["like_for_like"] and gpt2["diff"] == pytest.approx(-2.0)
+    assert gpt2["n"] == 1 and math.isnan(gpt2["std"])
+    failed = cell(t2, task="mnist")
+    assert failed["n"] == 0 and failed["note"] == "all 1 failed" and math.isnan(failed["mean"])
+    # the LR search's 1e-3 trials are their own arm (500 steps); its other rates are left out
+    search = cell(t2, model="gpt2-tiny", init="pretrained", task="bit-xor", max_steps=500)
+    assert search["mean"] == pytest.approx(80) and t2.attrs["other_lr"] == 4
+    assert t2.attrs["not_used"] == {"stopped": 1, "failed": 1}
+
+    shaped = report.wide(t2)
+    assert shaped.loc[pre["row"], "bit-xor"] == "60.0 ± 10.0 (n=3, CI ±24.8)"
+    assert shaped.loc[pre["row"], "mnist"] == "— no trials"
+    assert shaped.loc[failed["row"], "mnist"] == "— all 1 failed"
+    published = report.wide(t2, tables.published_text)
+    assert published.loc[gpt2["row"], "bit-xor"] == "100 (Δ -2.0)"
+    assert published.loc[pre["row"], "bit-xor"] == "100 (ref.)"
+    assert published.loc[failed["row"], "mnist"] == "91.7 (ref.)"
+
+
+def test_best_test_accuracy_metric(results):
+    t2 = report.table2_init(results.trials, metric="best_test_accuracy")
+    search = cell(t2, model="gpt2-tiny", init="pretrained", task="bit-xor", max_steps=500)
+    assert search["mean"] == pytest.approx(85)
+
+
+def test_table1_and_table3_rows(results):
+    t1 = report.table1_full(results.trials)
+    assert set(t1["paper_row"]) == {"FPT"}  # no random-init full transformer or full LSTM
+    t3 = report.table3_lstm(results.trials)
+    lstm = cell(t3, model="lstm")
+    assert lstm["row"] == "LSTM · lstm 768x3" and lstm["mean"] == pytest.approx(51)
+    assert lstm["like_for_like"] and lstm["diff"] == pytest.approx(1.0)
+    transformer = cell(t3, model="gpt2-tiny", task="bit-xor")
+    assert transformer["paper_row"] == "transformer" and transformer["mean"] == pytest.approx(50)
+
+
+def test_like_for_like_rule():
+    base = {"task": "bit-xor", "kind": "transformer", "model": "gpt2", "model_label": "gpt2"}
+    base.update(init_label="pretrained", weights="", lr=1e-3, n=3, mean=99.0)
+    assert tables.compare(base, "T2", "language (FPT)")["diff"] == pytest.approx(-1.0)
+    other_lr = tables.compare({**base, "lr": 3e-4}, "T2", "language (FPT)")
+    assert not other_lr["like_for_like"] and "lr 0.0003 (paper 0.001)" in other_lr["comparison"]
+    homology = tables.compare({**base, "task": "homology", "lr": 1e-4}, "T2", "random")
+    assert homology["like_for_like"] and homology["published"] == 9.3
+    # Table 1's CIFAR-10 FPT is gpt2-large in the paper
+    c10 = tables.compare({**base, "task": "cifar10"}, "T1", "FPT")
+    assert "paper gpt2-large" in c10["comparison"]
+
+
+def test_table4_steps_to_threshold_and_speedup(results):
+    t4 = report.table4_steps(results.trials, results.curves)
+    pre = cell(t4, row="gpt2-tiny · pretrained · steps=1000", task="bit-xor")
+    rnd = cell(t4, row="gpt2-tiny · random · steps=1000", task="bit-xor")
+    assert (pre["mean"], pre["std"], pre["n"], pre["threshold"]) == (200, 100, 3, 0.9)
+    assert rnd["mean"] == 600 and rnd["n"] == 3  # the stopped seed is not counted
+    up = cell(t4, row="speed-up · gpt2-tiny · pretrained · steps=1000", task="bit-xor")
+    assert up["speedup"] == pytest.approx(3.0) and up["speedup_text"] == "3x"
+    # bit-memory: random never reaches 0.9 in 1000 steps -> a bound, never a number
+    mem = cell(t4, row="gpt2-tiny · random · steps=1000", task="bit-memory")
+    assert mem["n"] == 1 and mem["n_reached"] == 0 and math.isnan(mem["mean"])
+    assert tables.steps_text(mem) == ">1000 (0/1 reached)"
+    mem_up = cell(t4, row="speed-up · gpt2-tiny · pretrained · steps=1000", task="bit-memory")
+    assert mem_up["speedup_text"] == ">2x (random not reached)"
+    assert not up["like_for_like"] and up["published"] == 40  # convergence, not threshold
+    shaped = report.wide(t4)
+    assert shaped.loc[pre["row"], "bit-xor"] == "200 ± 100 (n=3, CI ±248)"
+    # a stricter threshold: nobody reaches it, no speed-up is invented
+    strict = report.table4_steps(results.trials, results.curves, thresholds={"bit-xor": 0.99})
+    pre = cell(strict, row="gpt2-tiny · pretrained · steps=1000", task="bit-xor")
+    assert tables.steps_text(pre) == ">1000 (0/3 reached)"
+    up = cell(strict, row="speed-up · gpt2-tiny · pretrained · steps=1000", task="bit-xor")
+    assert math.isnan(up["speedup"]) and up["speedup_text"] == "— pretrained not reached"
+
+
+def test_table6_sizes_and_parameter_counts(results):
+    t6 = report.table6_size(results.trials)
+    xor = t6[(t6["task"] == "bit-xor") & (t6["init_label"] == "pretrained")]
+    xor = xor[xor["max_steps"] == 1000]
+    assert list(xor["model"]) == ["gpt2-tiny", "gpt2-mini", "gpt2"]  # by size
+    assert list(xor["total_params"]) == [400_000, 2_000_000, 85_000_000]
+    assert list(xor["trainable_params"]) == [20_000, 50_000, 100_000]
+    shaped = report.table6_wide(t6)
+    row = shaped.loc[("bit-xor", "gpt2-mini · steps=1000")]
+    assert (row["layers"], row["total params"], row["trained params"]) == (4, "2M", "50K")
+    assert row["pretrained"] == "80.0 (n=1)" and row["random"] == "— no trials"
+
+
+def test_table8_diverged_marking(results):
+    t8 = report.table8_finetune(results.trials)
+    attn = cell(t8, finetune="fpt+attn")
+    assert attn["paper_row"] == "+ attention" and attn["dagger"] and attn["n_diverged"] == 1
+    assert attn["mean"] == pytest.approx(60)  # 0.55 before divergence, 0.65
+    assert tables.cell_text(attn) == "60.0 ± 7.1 (n=2, CI ±63.5) † 1/2 diverged"
+    full = cell(t8, finetune="full", max_steps=1000)
+    assert full["paper_row"] == "+ both" and full["mean"] == pytest.approx(95)
+    assert not full["dagger"]
+    assert t8.attrs["other_lr"] == 6
+
+
+def test_lr_fair_selects_each_arms_best_rate(results):
+    fair = report.lr_fair(results.trials)
+    assert len(fair) == 2
+    fpt = cell(fair, finetune_label="fpt")
+    assert fpt["best_lr"] == pytest.approx(1e-3) and fpt["n_lrs"] == 3
+    assert fpt["score"] == pytest.approx(85) and fpt["mean"] == pytest.approx(80)
+    assert fpt["gain_over_paper_lr"] == pytest.approx(0)
+    full = cell(fair, finetune_label="full")
+    assert full["best_lr"] == pytest.approx(1e-4) and full["score"] == pytest.approx(96)
+    assert full["mean"] == pytest.approx(93) and full["paper_lr_mean"] == pytest.approx(60)
+    assert full["gain_over_paper_lr"] == pytest.approx(33)
+    assert full["n_search_trials"] == 4  # compute of the whole search
+    text = tables.lr_text(full)
+    assert "@ lr 0.0001 (best of 2 rates); +33.0 vs lr 0.001" in text
+    points = report.lr_points(results.trials)
+    assert len(points) == 5 and set(points["n"]) == {2}
+
+
+def test_published_data():
+    from scale_fpt.report import published
+
+    assert published.lookup("T2", "random", "mnist")["value"] == 91.7
+    assert published.lookup("T8", "+ attention", "cifar10")["diverged"]
+    assert not published.lookup("T8", "+ both", "cifar10")["diverged"]
+    assert published.lookup("T4", "speed-up", "bit-xor")["value"] == 40
+    assert published.lookup("T6", "large FPT", "cifar10")["model"] == "gpt2-large"
+    assert tables.DEFAULT_THRESHOLDS["bit-xor"] == 0.9
+    assert tables.DEFAULT_THRESHOLDS["listops"] == pytest.approx(0.3456)
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def one_layer_fpt(n_positions: int = 16):
+    """An FPT for bit-xor on a 1-layer GPT-2 (width 8, 2 heads) with eager attention whose
+    input layer is zeroed, so the backbone sees only its position embeddings."""
+    from transformers import GPT2Config, GPT2Model
+
+    from scale_fpt.models.fpt import FPT
+    from scale_fpt.tasks.bits import BitXor
+
+    config = GPT2Config(n_layer=1, n_embd=8, n_head=2, n_positions=n_positions, vocab_size=4)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    backbone = GPT2Model(config)
+    module = FPT(BitXor.spec_for(TaskConfig()), backbone, 8)
+    with torch.no_grad():
+        module.input.weight.zero_()
+        module.input.bias.zero_()
+    return module
+
+
+def uniform_causal(t: int) -> np.ndarray:
+    return np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
+
+
+def test_attention_uniform_when_queries_and_keys_are_zero():
+    module = one_layer_fpt()
+    attn = module.backbone.h[0].attn.c_attn  # Conv1D: x @ W + b, columns q | k | v
+    with torch.no_grad():
+        attn.weight[:, :16].zero_()
+        attn.bias[:16].zero_()
+    x = torch.randint(0, 2, (4, 10, 1)).float()
+    maps = report.attention_maps(module, x)
+    assert maps.shape == (1, 10, 10)
+    np.testing.assert_allclose(maps[0], uniform_causal(10), atol=1e-6)
+    shares = report.attention_shares(maps, report.relevant_positions("bit-xor"))
+    assert list(shares["output_position"]) == [5, 6, 7, 8, 9]
+    expected = [2 / (6 + i) for i in range(5)]
+    np.testing.assert_allclose(shares["share_last_layer"], expected, atol=1e-6)
+    np.testing.assert_allclose(shares["uniform_share"], expected)
+
+
+def test_attention_peaked_on_a_chosen_position_averaged_over_heads():
+    """Head 0 attends from every t >= p to position p (its key reads a feature only p's
+    position embedding has); head 1 has zero q/k (uniform). The map is their average."""
+    p, d = 2, 8
+    module = one_layer_fpt()
+    backbone = module.backbone
+    with torch.no_grad():
+        backbone.wpe.weight.zero_()
+        backbone.wpe.weight[:, 2], backbone.wpe.weight[:, 3] = 1.0, -1.0
+        backbone.wpe.weight[p] = 0.0
+        backbone.wpe.weight[p, 0], backbone.wpe.weight[p, 1] = 1.0, -1.0
+        c_attn = backbone.h[0].attn.c_attn
+        c_attn.weight.zero_()
+        c_attn.bias.zero_()
+        c_attn.bias[0] = 100.0  # head 0's query: a constant
+        c_attn.weight[0, d + 0] = 100.0  # head 0's key: 100 x (layer-normed feature 0)
+    maps = report.attention_maps(module, torch.zeros(3, 10, 1))
+    peaked = uniform_causal(10)
+    peaked[p:] = 0.0
+    peaked[p:, p] = 1.0
+    np.testing.assert_allclose(maps[0], (peaked + uniform_causal(10)) / 2, atol=1e-6)
+    relevant = {t: [p] for t in range(5, 10)}
+    shares = report.attention_shares(maps, relevant)
+    np.testing.assert_allclose(
+        shares["share_mean_layers"], [(1 + 1 / (t + 1)) / 2 for t in range(5, 10)], atol=1e-6
+    )
+
+
+def test_relevant_positions_follow_the_task_layout():
+    assert report.relevant_positions("bit-xor") == {5 + i: [i, 5 + i] for i in range(5)}
+    memory = report.relevant_positions("bit-memory")
+    assert len(memory) == 20 and memory[100] == [0, 20, 40, 60, 80]
+    assert memory[119] == [19, 39, 59, 79, 99]
+    with pytest.raises(ValueError):
+        report.relevant_positions("mnist")
+
+
+@pytest.mark.slow
+def test_trained_checkpoint_attention_in_report(tmp_path):
+    """Train a gpt2-tiny bit-xor FPT a few steps, checkpoint it, and report its attention."""
+    from scale_fpt.trial import Trial
+
+    config = TrialConfig.from_flat(
+        {
+            "task": "bit-xor",
+            "model": "gpt2-tiny",
+            "init": "random",
+            "max_steps": 4,
+            "eval_every": 4,
+            "batch_size": 8,
+            "test_batches": 1,
+        }
+    )
+    trial = Trial(config, sweep="attn")
+    row = trial.run()
+    trial.trainer.save(str(tmp_path / "ckpt"))
+    row["checkpoint"] = str(tmp_path / "ckpt")
+    ResultsWriter(tmp_path / "results", "attn").write_trial(row)
+    trained = trial.trainer.engine.module
+    # the rebuilt model (frozen weights from config + seed, trained ones from the file) is
+    # the trained one
+    rebuilt, task = report.load_trial_model(row)
+    x = attention.test_inputs(task, 8)
+    trained.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(x), trained(x), atol=1e-5, rtol=1e-4)
+    trial.close()
+
+    path = report.build_report(tmp_path / "results", tmp_path / "out")
+    text = path.read_text()
+    assert "## Attention maps (bit tasks)" in text and "Mean share on the relevant inputs" in text
+    shares = pd.read_csv(
+        tmp_path / "out" / "figures" / f"attention_attn_{row['trial_id']}_shares.csv"
+    )
+    assert list(shares["output_position"]) == [5, 6, 7, 8, 9]
+    for column in ("share_last_layer", "share_mean_layers"):
+        assert shares[column].between(0, 1).all()
+    assert (tmp_path / "out" / "figures" / f"attention_attn_{row['trial_id']}.png").stat().st_size
+    for share in shares["share_last_layer"]:
+        assert f"{share:.3f}" in text
+
+
+def test_missing_checkpoint_is_reported_not_fatal(tmp_path):
+    writer = ResultsWriter(tmp_path, "s")
+    write(writer, "t", 0.6)
+    table = pd.read_parquet(tmp_path / "s" / "trials")
+    row = {**table.iloc[0].to_dict(), "checkpoint": str(tmp_path / "gone")}
+    writer.write_trial(row)
+    text = report.build_report(tmp_path, tmp_path / "out").read_text()
+    assert "Not analysed: no trial/mp_rank_00_model_states.pt under checkpoint" in text
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_cli_report_writes_every_table_and_figure(results_dir, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert cli.main(["report", str(results_dir), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out / "report.md")
+    text = (out / "report.md").read_text()
+    for heading in (
+        "## Table 1: FPT vs fully trained transformer and LSTM",
+        "## Table 2: frozen transformer by initialisation",
+        "## Table 3: random frozen transformer vs random frozen LSTM",
+        "## Table 4: gradient steps to reach the threshold accuracy",
+        "## Table 6: accuracy by model size (frozen, finetune fpt)",
+        "## Table 8: fine-tuning subsets (language-pretrained transformer)",
+        "## LR-fair comparison: every arm at its own best learning rate",
+    ):
+        assert heading in text
+    assert text.count("Selection: ") == 7 and text.count("Compute of the trials used") == 7
+    assert "| mnist-failed |" in text.replace("| main | mnist-failed |", "| mnist-failed |")
+    assert "RuntimeError: out of memory" in text
+    assert "100 (Δ -2.0)" in text and "reference only: model gpt2-tiny (paper gpt2)" in text
+    assert "† 1/2 diverged" in text and ">1000 (0/1 reached)" in text
+    for name in ("scaling", "curves_bit-xor", "curves_bit-memory", "lr", "steps"):
+        assert (out / "figures" / f"{name}.png").stat().st_size > 1000
+        assert len(pd.read_csv(out / "figures" / f"{name}.csv"))
+        assert f"figures/{name}.png" in text
+    for key in ("T1", "T2", "T3", "T4", "T6", "T8", "LR"):
+        assert len(pd.read_csv(out / "tables" / f"{key}.csv"))
+    assert "data:image/png;base64," in (out / "report.html").read_text()
+
+
+def test_cli_report_options_and_errors(results_dir, tmp_path, capsys):
+    out = tmp_path / "r"
+    args = ["report", str(results_dir), "--out", str(out), "--threshold", "bit-xor=0.99"]
+    assert cli.main([*args, "--metric", "best_test_accuracy", "--no-attention"]) == 0
+    text = (out / "report.md").read_text()
+    assert "bit-xor 0.99" in text and "`best_test_accuracy`" in text
+    assert cli.main(["report", str(results_dir), "--threshold", "lots"]) == 2
+    assert "--threshold: 'lots'" in capsys.readouterr().err
+    assert cli.main(["report", str(tmp_path / "empty")]) == 2
+    assert "no scale_fpt results" in capsys.readouterr().err
+
+
+def test_tables_the_results_cannot_fill_are_named(tmp_path):
+    write(ResultsWriter(tmp_path, "lstm-only"), "l", 0.5, model="lstm", init="random")
+    text = report.build_report(tmp_path, tmp_path / "out", attention_maps=False).read_text()
+    assert "## Table 3: random frozen transformer vs random frozen LSTM" in text
+    assert "## Tables these results cannot fill" in text
+    assert "no frozen (finetune fpt) transformer trials" in text
+    assert "no arm was run at two or more learning rates" in text

@@ -1,0 +1,203 @@
+"""Sweeps through a real local Ray: grids, rows in Parquet, resume after a killed driver,
+Optuna searches continued from their SQLite storage, resources, bad sweep configs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+
+from scale_fpt.config import ConfigError
+from scale_fpt.results import CURVE_SCHEMA, TRIAL_SCHEMA, load_results
+from scale_fpt.sweep import SweepConfig, trial_resources
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTRACT_TRIAL_COLUMNS = {
+    "sweep", "trial_id", "task", "model", "init", "finetune", "lr", "batch_size", "seed",
+    "max_steps", "status", "steps_done", "final_test_accuracy", "best_test_accuracy",
+    "final_test_loss", "trainable_params", "total_params", "wall_time_s", "device", "git_sha",
+    "error",
+}  # fmt: skip
+CONTRACT_CURVE_COLUMNS = {
+    "sweep", "trial_id", "step", "train_loss", "train_accuracy", "test_loss", "test_accuracy",
+    "samples_per_s", "wall_time_s",
+}  # fmt: skip
+# Columns that legitimately differ between two runs of the same trial.
+VOLATILE = {
+    "wall_time_s", "train_time_s", "samples_per_s", "finished_at", "hostname", "checkpoint",
+}  # fmt: skip
+TINY = {"task": "bit-xor", "model": "gpt2-tiny", "init": "random", "test_batches": 2}
+
+
+def sweep_command(results: Path, *flags: str) -> list[str]:
+    return [sys.executable, str(ROOT / "sweeps" / "scale.py"), "--results", str(results), *flags]
+
+
+def stable(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    columns = [c for c in frame.columns if c not in VOLATILE]
+    return frame[columns].sort_values(keys, ignore_index=True)
+
+
+def test_sweep_config_validation_names_every_problem():
+    bad = SweepConfig(
+        name="bad name!",
+        base={"task": "nope", "warp": 9},
+        grid={"lr": []},
+        asha=True,
+        search={"lr": ("loguniform", 1e-5, 1e-2)},
+    )
+    with pytest.raises(ConfigError) as e:
+        bad.validate()
+    text = str(e.value)
+    for expected in ("bad name!", "'warp'", "grid 'lr'", "asha with search"):
+        assert expected in text
+    with pytest.raises(ConfigError, match="--task: unknown value 'nope'"):
+        SweepConfig(name="ok", base={"task": "nope"}).validate()
+
+
+def test_arms_cross_grid_and_seeds_with_overrides():
+    sweep = SweepConfig(
+        name="s",
+        base={"model": "gpt2-tiny"},
+        grid={"task": ["bit-xor", "homology"], "init": ["pretrained", "random"]},
+        seeds=(0, 1),
+        overrides=(({"task": "homology"}, {"lr": 1e-4}),),
+    )
+    arms = sweep.arms()
+    assert len(arms) == 8
+    assert {a["lr"] for a in arms if a["task"] == "homology"} == {1e-4}
+    assert all("lr" not in a for a in arms if a["task"] == "bit-xor")
+    assert {(a["task"], a["init"], a["seed"]) for a in arms} == {
+        (t, i, s) for t in ("bit-xor", "homology") for i in ("pretrained", "random") for s in (0, 1)
+    }
+
+
+def test_trial_resources_follow_model_size_and_precision():
+    sweep = SweepConfig(name="s", gpu_memory_gb=24)
+    cpu = trial_resources({"model": "gpt2-large"}, sweep, gpus=False)
+    assert cpu == {"CPU": 1}
+    small = trial_resources({"model": "gpt2", "batch_size": 4}, sweep, gpus=True)
+    large_full = trial_resources({"model": "gpt2-large", "finetune": "full"}, sweep, gpus=True)
+    xl_full = trial_resources({"model": "gpt2-xl", "finetune": "full"}, sweep, gpus=True)
+    assert small["GPU"] < 1  # packed onto a shared device
+    assert 1 / small["GPU"] == int(1 / small["GPU"])  # fractions that divide a device
+    assert large_full["GPU"] == 1.0 and xl_full["GPU"] == 1.0  # whole devices
+
+
+@pytest.mark.slow
+def test_grid_sweep_writes_contract_rows_once(tmp_path):
+    from scale_fpt.sweep import run_sweep
+
+    sweep = SweepConfig(
+        name="grid",
+        base={**TINY, "max_steps": 40, "eval_every": 20},
+        grid={"lr": [1e-3, 3e-3]},
+        seeds=(0,),
+        results_dir=str(tmp_path),
+        max_concurrent=2,
+    )
+    outcome = run_sweep(sweep)
+    assert outcome.finished and outcome.trials == 2
+    trials = pd.read_parquet(tmp_path / "grid" / "trials")
+    curves = pd.read_parquet(tmp_path / "grid" / "curves")
+    assert CONTRACT_TRIAL_COLUMNS <= set(trials.columns)
+    assert set(trials.columns) == set(TRIAL_SCHEMA.names)
+    assert CONTRACT_CURVE_COLUMNS <= set(curves.columns) and set(curves.columns) == set(CURVE_SCHEMA.names)
+    assert sorted(trials["lr"]) == [1e-3, 3e-3]
+    assert (trials["status"] == "completed").all() and (trials["steps_done"] == 40).all()
+    assert trials["trial_id"].is_unique
+    assert not curves.duplicated(["trial_id", "step"]).any()
+    assert sorted(curves["step"]) == [20, 20, 40, 40]
+    assert trials["git_sha"].str.len().min() >= 7
+    assert trials["checkpoint"].map(lambda p: Path(p, "trial").is_dir()).all()
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_killed_driver_resume_matches_uninterrupted_sweep(tmp_path):
+    """SIGKILL the driver (and its local Ray) mid-sweep; --resume finishes it; the Parquet
+    output equals an uninterrupted sweep's, every trial once and every (trial, step) once."""
+    flags = ["--tasks", "bit-xor", "--inits", "random", "--seeds", "0,1,2", "--steps", "300"]
+    flags += ["--max-concurrent", "1", "--name", "kill"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    reference = tmp_path / "reference"
+    subprocess.run(sweep_command(reference, *flags), check=True, env=env, capture_output=True)
+
+    killed = tmp_path / "killed"
+    driver = subprocess.Popen(
+        sweep_command(killed, *flags),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: the local Ray dies with it
+    )
+    curves_dir = killed / "kill" / "curves"
+    deadline = time.time() + 240
+    while time.time() < deadline:  # kill once some, but not all, results exist
+        written = list(curves_dir.glob("*.parquet")) if curves_dir.exists() else []
+        if written and sum(len(pd.read_parquet(p)) for p in written) >= 4:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the sweep wrote no curves in time")
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    partial = load_results(killed, "kill")
+    assert len(partial.curves) < 9, "killed too late to test resume"
+
+    resumed = subprocess.run(
+        sweep_command(killed, *flags, "--resume"), env=env, capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    expected, actual = load_results(reference, "kill"), load_results(killed, "kill")
+    assert len(actual.trials) == 3 and actual.trials["trial_id"].is_unique
+    assert len(actual.curves) == 9 and not actual.curves.duplicated(["trial_id", "step"]).any()
+    assert (actual.trials["status"] == "completed").all()
+    pd.testing.assert_frame_equal(
+        stable(actual.trials, ["trial_id"]), stable(expected.trials, ["trial_id"])
+    )
+    pd.testing.assert_frame_equal(
+        stable(actual.curves, ["trial_id", "step"]), stable(expected.curves, ["trial_id", "step"])
+    )
+
+
+@pytest.mark.slow
+def test_optuna_search_continues_the_same_study(tmp_path):
+    from scale_fpt.sweep import run_sweep
+
+    sweep = SweepConfig(
+        name="search",
+        base={**TINY, "max_steps": 20, "eval_every": 20, "finetune": "fpt"},
+        search={"lr": ("loguniform", 1e-4, 1e-2)},
+        search_trials=2,
+        results_dir=str(tmp_path),
+        max_concurrent=2,
+    )
+    first = run_sweep(sweep)
+    storage = f"sqlite:///{tmp_path / 'search' / 'optuna.db'}"
+    (summary,) = optuna.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    assert len(study.trials) == 2
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+
+    second = run_sweep(sweep)  # a later run: the same study continues
+    assert second.experiments == first.experiments
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    assert len(study.trials) == 4
+    assert len(optuna.get_all_study_summaries(storage)) == 1
+    lrs = [t.params["lr"] for t in study.trials]
+    assert len(set(lrs)) == 4, "the continued study replayed earlier suggestions"
+    trials = load_results(tmp_path, "search").trials
+    assert sorted(trials["lr"]) == sorted(lrs)  # every Optuna trial is one Parquet row
+    values = {round(t.params["lr"], 12): t.value for t in study.trials}
+    for _, row in trials.iterrows():
+        assert values[round(row["lr"], 12)] == pytest.approx(row["best_test_accuracy"])
