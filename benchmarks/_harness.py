@@ -139,14 +139,13 @@ class PeakMemory:
 def release_freed_memory() -> None:
     """Return memory freed by earlier rows to the OS (glibc keeps it otherwise), so that an
     RSS delta measures this row alone."""
+    import contextlib
     import ctypes
     import gc
 
     gc.collect()
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def memory_kind() -> str:

@@ -66,7 +66,12 @@ def attention_flops_per_sequence(n_layer: int, d_model: int, n_tokens: int) -> i
 
 
 def train_step_flops(
-    matmul_params: int, trained_matmul_params: int, attention_fwd: int, n_tokens: int, batch: int
+    matmul_params: int,
+    trained_matmul_params: int,
+    attention_fwd: int,
+    n_tokens: int,
+    batch: int,
+    backbone_backward: bool = True,
 ) -> int:
     """FLOPs of one training step (forward + backward) for ``batch`` sequences.
 
@@ -74,7 +79,11 @@ def train_step_flops(
     (2 per weight per token) through every layer above a trained parameter, plus weight
     gradients (2 more) only for trained weights: 6N per token when everything trains, ~4N
     when the big matrices are frozen. Attention products cost twice their forward in backward.
+    With nothing trained below the output head (``backbone_backward=False``) the backward
+    stops at the head.
     """
+    if not backbone_backward:
+        return batch * (n_tokens * (2 * matmul_params + 2 * trained_matmul_params) + attention_fwd)
     per_token = 2 * matmul_params + 2 * matmul_params + 2 * trained_matmul_params
     return batch * (n_tokens * per_token + 3 * attention_fwd)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Callable
 
@@ -55,11 +56,17 @@ def parser(description: str, presets: dict) -> argparse.ArgumentParser:
     p.add_argument("--seeds", default="", help="comma list of seeds (default: the preset's)")
     p.add_argument("--steps", type=int, default=0, help="max_steps of every trial")
     p.add_argument("--name", default="", help="sweep name (default: the preset's)")
+    # cluster/*.yaml export SCALE_FPT_RESULTS and SCALE_FPT_STORAGE (shared storage), so a
+    # bare `ray submit cluster/gpu.yaml sweeps/X.py` writes where every node can reach.
     p.add_argument(
-        "--results", default="results", help="Parquet results directory (default: results)"
+        "--results",
+        default=os.environ.get("SCALE_FPT_RESULTS", "results"),
+        help="Parquet results directory (default: $SCALE_FPT_RESULTS, else results)",
     )
     p.add_argument(
-        "--storage", default="", help="Ray Tune storage (shared on a cluster; default RESULTS/_ray)"
+        "--storage",
+        default=os.environ.get("SCALE_FPT_STORAGE", ""),
+        help="Ray Tune storage, shared on a cluster (default: $SCALE_FPT_STORAGE, else RESULTS/_ray)",
     )
     p.add_argument(
         "--optuna-storage", default="", help="Optuna RDB URL (default: SQLite in the results)"

@@ -97,8 +97,11 @@ def step_flops(built: BuiltModel, spec: TaskSpec, batch_size: int) -> tuple[int,
         if is_transformer
         else 0
     )
+    backbone_backward = any(g != "output" for g in built.trained_groups)
     return (
-        scaling.train_step_flops(matmul, trained, attention, spec.n_tokens, batch_size),
+        scaling.train_step_flops(
+            matmul, trained, attention, spec.n_tokens, batch_size, backbone_backward
+        ),
         scaling.eval_step_flops(matmul, attention, spec.n_tokens, batch_size),
     )
 

@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-TINY_GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 2, "n_positions": 1024, "vocab_size": 256}
+
+def pytest_configure(config):
+    # Test machines are small and shared: torch's default of one intra-op thread per core
+    # oversubscribes them (training steps ran 20x slower under load). One thread, in this
+    # process and in the subprocesses the tests start.
+    import torch
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+
+
+TINY_GPT2 = {
+    "n_layer": 2,
+    "n_embd": 32,
+    "n_head": 2,
+    "n_positions": 1024,
+    "vocab_size": 256,
+    "bos_token_id": 255,
+    "eos_token_id": 255,
+}
 
 
 def save_tiny_gpt2(directory, seed: int = 0, **overrides) -> str:

@@ -120,7 +120,7 @@ def test_train_prints_summary_writes_parquet_and_repeats_exactly(capsys, tmp_pat
         "fpt",
     )
     assert (row["max_steps"], row["steps_done"], row["status"]) == (200, 200, "completed")
-    assert row["device"] == "cpu" and row["error"] is None
+    assert row["device"] == "cpu" and pd.isna(row["error"])
     assert row["final_test_loss"] == summary["final_test_loss"] == curves["test_loss"].iloc[-1]
     assert row["trainable_params"] == summary["trainable_params"] < summary["total_params"]
     assert (curves["trial_id"] == row["trial_id"]).all()
@@ -155,6 +155,7 @@ def test_seeded_run_reproduces_recorded_losses(capsys, tmp_path):
     assert code == 0
     row = pd.read_parquet(tmp_path / "train" / "trials").iloc[0]
     got = {k: float(row[k]) for k in RECORDED}
+    assert last_json(out)["final_test_loss"] == got["final_test_loss"]
     if os.environ.get("RECORD"):
         print(got)
     assert got == pytest.approx(RECORDED, rel=1e-5)
@@ -228,11 +229,37 @@ def test_missing_pretrained_backbone_exits_2_with_hint(capsys, tmp_path, scale_f
     assert parquet_files(results) == []
 
 
+def test_weights_of_another_architecture_exit_2_with_one_message(capfd, tmp_path, tiny_gpt2_dir):
+    # capfd: transformers logs to the stderr it found at import, past capsys.
+    results = tmp_path / "results"
+    code, out, err = run_main(
+        capfd,
+        "train",
+        *BIT_XOR,
+        "--init",
+        "pretrained",
+        "--weights",
+        tiny_gpt2_dir,
+        "--results",
+        results,
+    )
+    assert code == 2
+    assert err.strip().splitlines() == [
+        "scale-fpt: error: invalid configuration:",
+        f"  - --init pretrained: the weights at {tiny_gpt2_dir} do not fit the architecture "
+        "of --model gpt2-tiny: 0 tensor(s) missing, 27 of another shape (e.g. "
+        "h.0.attn.c_attn.bias); pass weights saved from the same architecture",
+    ]
+    assert out == "" and parquet_files(results) == []
+
+
 # ------------------------------------------------------------------ plan
 
 
 def test_plan_counts_match_formulas_without_network(capsys, no_network):
-    code, out, _ = run_main(capsys, "plan", "--task", "cifar10", "--model", "gpt2", "--init", "random")
+    code, out, _ = run_main(
+        capsys, "plan", "--task", "cifar10", "--model", "gpt2", "--init", "random"
+    )
     assert code == 0
     summary = last_json(out)
     size = scaling.GPT2_SIZES["gpt2"]
@@ -312,6 +339,7 @@ def test_killed_run_resumes_to_the_uninterrupted_curve(capsys, tmp_path):
 def test_checkpoint_dir_is_not_shared_between_trials(capsys, tmp_path):
     base = [*BIT_XOR, "--steps", "4", "--eval-every", "2", "--checkpoint-dir", tmp_path / "ck"]
     code, out, _ = run_main(capsys, "train", *base, "--results", tmp_path / "r")
+    assert code == 0
     first = last_json(out)
     code, out, _ = run_main(capsys, "train", *base, "--lr", "0.05", "--results", tmp_path / "r")
     second = last_json(out)

@@ -249,7 +249,9 @@ def test_lstm_fpt_trains_input_and_output_only():
 
 def test_lstm_rejects_groups_it_lacks():
     with pytest.raises(ConfigError) as err:
-        build(task="bit-xor", model="lstm", init="random", lstm_width=16, finetune="input+output+ln")
+        build(
+            task="bit-xor", model="lstm", init="random", lstm_width=16, finetune="input+output+ln"
+        )
     (problem,) = err.value.problems
     assert "ln" in problem and "input, output, backbone" in problem
 
@@ -302,9 +304,7 @@ def test_pretrained_from_local_directory(tiny_gpt2_dir, no_network):
 
 
 def test_pretrained_preset_with_weights_directory(gpt2_tiny_weights, scale_fpt_home):
-    built = build(
-        task="bit-xor", model="gpt2-tiny", init="pretrained", weights=gpt2_tiny_weights
-    )
+    built = build(task="bit-xor", model="gpt2-tiny", init="pretrained", weights=gpt2_tiny_weights)
     assert_loaded_exactly(built, gpt2_tiny_weights)
 
 
@@ -318,6 +318,21 @@ def test_weights_of_another_architecture_are_rejected(tiny_gpt2_dir, tmp_path, s
     one_layer = save_tiny_gpt2(tmp_path / "one-layer", n_layer=1)
     with pytest.raises(ConfigError, match=r"12 tensor\(s\) missing"):
         build(task="bit-xor", model=tiny_gpt2_dir, init="stats", weights=one_layer)
+
+
+def test_half_precision_checkpoint_builds_in_fp32(tiny_gpt2_dir, tmp_path):
+    # Hub checkpoints are often stored in bf16; transformers would keep them in bf16 next
+    # to the fp32 input and output layers, and the forward pass would fail on mixed dtypes.
+    from transformers import GPT2Model
+
+    GPT2Model.from_pretrained(tiny_gpt2_dir).to(torch.bfloat16).save_pretrained(tmp_path)
+    for init in ("pretrained", "stats", "random"):
+        built = build(task="bit-xor", model=str(tmp_path), init=init)
+        assert {p.dtype for p in built.module.parameters()} == {torch.float32}, init
+        assert built.module(torch.randn(2, 10, 1)).dtype == torch.float32
+    saved = saved_tensors(tmp_path)
+    loaded = backbone_tensors(build(task="bit-xor", model=str(tmp_path), init="pretrained"))
+    assert all(torch.equal(loaded[k], saved[k].float()) for k in loaded)
 
 
 def test_stats_init_matches_each_tensors_mean_and_std(tiny_gpt2_dir):

@@ -67,6 +67,7 @@ def build_results(root) -> None:
     write(main, "mem-rnd", 0.6, task="bit-memory", init="random", hit=0)
     write(main, "xor-gpt2", 0.98, model="gpt2")
     write(main, "xor-mini", 0.8, model="gpt2-mini")
+    write(main, "c10-gpt2", 0.70, model="gpt2", task="cifar10")
     write(main, "mnist-failed", None, task="mnist", init="random", status="failed")
     write(main, "xor-lstm-0", 0.5, model="lstm", init="random")
     write(main, "xor-lstm-1", 0.52, model="lstm", init="random", seed=1)
@@ -238,6 +239,15 @@ def test_table6_sizes_and_parameter_counts(results):
     row = shaped.loc[("bit-xor", "gpt2-mini · steps=1000")]
     assert (row["layers"], row["total params"], row["trained params"]) == (4, "2M", "50K")
     assert row["pretrained"] == "80.0 (n=1)" and row["random"] == "— no trials"
+    # the paper's Table 6 setting (CIFAR-10, gpt2 small, fpt, lr 1e-3): a difference
+    c10 = cell(t6, task="cifar10")
+    assert c10["paper_row"] == "small FPT" and c10["like_for_like"]
+    assert c10["published"] == 68.2 and c10["diff"] == pytest.approx(1.8)
+    published = report.table6_wide(t6, tables.published_text)
+    assert published.loc[("cifar10", "gpt2 · steps=1000"), "pretrained"] == "68.2 (Δ +1.8)"
+    # Table 1's CIFAR-10 FPT was gpt2-large: gpt2 small is reference only there
+    t1 = cell(report.table1_full(results.trials), task="cifar10")
+    assert not t1["like_for_like"] and "(paper gpt2-large)" in t1["comparison"]
 
 
 def test_table8_diverged_marking(results):
@@ -409,12 +419,14 @@ def test_trained_checkpoint_attention_in_report(tmp_path):
 
 def test_missing_checkpoint_is_reported_not_fatal(tmp_path):
     writer = ResultsWriter(tmp_path, "s")
-    write(writer, "t", 0.6)
-    table = pd.read_parquet(tmp_path / "s" / "trials")
-    row = {**table.iloc[0].to_dict(), "checkpoint": str(tmp_path / "gone")}
-    writer.write_trial(row)
+    write(writer, "t", 0.6, init="random", checkpoint=str(tmp_path / "gone"))
+    # a pretrained CPU preset whose weights this machine lacks: the reason, in one line
+    write(writer, "p", 0.6, weights=str(tmp_path / "no-weights"), checkpoint=str(tmp_path))
+    (tmp_path / "trial").mkdir()
+    (tmp_path / "trial" / "mp_rank_00_model_states.pt").write_bytes(b"")
     text = report.build_report(tmp_path, tmp_path / "out").read_text()
     assert "Not analysed: no trial/mp_rank_00_model_states.pt under checkpoint" in text
+    assert "Not analysed: --init pretrained: weights" in text
 
 
 # --------------------------------------------------------------------------- end to end
@@ -468,3 +480,17 @@ def test_tables_the_results_cannot_fill_are_named(tmp_path):
     assert "## Tables these results cannot fill" in text
     assert "no frozen (finetune fpt) transformer trials" in text
     assert "no arm was run at two or more learning rates" in text
+
+
+def test_finetune_specs_of_one_setting_are_one_arm(tmp_path):
+    assert tables.finetune_label("input+output+ln+pos") == "fpt"
+    assert tables.finetune_label("fpt+ff+attn") == "full"
+    assert tables.finetune_label("ff+fpt") == "fpt+ff"
+    assert tables.finetune_label("output+input") == "input+output"
+    assert tables.finetune_label("fpt", "lstm") == "frozen"
+    assert tables.init_label("pretrained", "/x/gpt2-tiny-bit-memory", "") == "bit-memory"
+    writer = ResultsWriter(tmp_path, "s")
+    write(writer, "a", 0.5, finetune="fpt")
+    write(writer, "b", 0.7, finetune="input+output+ln+pos", seed=1)
+    t2 = report.table2_init(load_results(tmp_path).trials)
+    assert len(t2) == 1 and t2["n"].iloc[0] == 2 and t2["mean"].iloc[0] == pytest.approx(60)

@@ -8,6 +8,7 @@ arrive as ``inputs_embeds``), so it is dropped: never held in memory, trained or
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from pathlib import Path
@@ -112,14 +113,16 @@ def build_backbone(
 
     arch = load_architecture(config, attn_implementation)
     torch.manual_seed(seed)
+    # Built in fp32 whatever dtype the checkpoint was saved in (transformers keeps a bf16
+    # checkpoint in bf16, next to fp32 input/output layers); the trainer casts for --precision.
     if config.init == "random":
-        backbone = AutoModel.from_config(arch)
+        backbone = AutoModel.from_config(arch).float()
     else:
-        pretrained = load_pretrained(config, arch)
+        pretrained = load_pretrained(config, arch).float()
         if config.init == "pretrained":
             backbone = pretrained
         else:
-            backbone = AutoModel.from_config(arch)
+            backbone = AutoModel.from_config(arch).float()
             match_statistics(backbone, pretrained, seed)
     backbone.set_input_embeddings(None)
     backbone.requires_grad_(False)
@@ -136,12 +139,17 @@ def load_pretrained(config: ModelConfig, arch) -> nn.Module:
     if config.model in CPU_PRESETS and not local:
         raise ConfigError([missing_weights_problem(config, source)])
     try:
-        model, info = from_disk_or_hub(
-            lambda **kw: AutoModel.from_pretrained(
-                source, config=arch, output_loading_info=True, ignore_mismatched_sizes=True, **kw
-            ),
-            source,
-        )
+        with quiet_transformers():  # its load report would bury the one-line problem below
+            model, info = from_disk_or_hub(
+                lambda **kw: AutoModel.from_pretrained(
+                    source,
+                    config=arch,
+                    output_loading_info=True,
+                    ignore_mismatched_sizes=True,
+                    **kw,
+                ),
+                source,
+            )
     except OSError:
         raise ConfigError([missing_weights_problem(config, source)]) from None
     embedding = model.get_input_embeddings()
@@ -160,6 +168,22 @@ def load_pretrained(config: ModelConfig, arch) -> nn.Module:
             ]
         )
     return model
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers' warnings and progress bars off (errors still shown)."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def hub_reachable() -> bool:

@@ -115,12 +115,11 @@ def load_trial_model(row, results_dir: str | Path | None = None):
     from scale_fpt.models import build_model
     from scale_fpt.tasks import build_task
 
+    path = model_states_path(row["checkpoint"], results_dir)
     config = trial_config(row)
     task = build_task(config.task, config.train.seed)
     built = build_model(config, task.spec, attn_implementation="eager")
-    saved = torch.load(
-        model_states_path(row["checkpoint"], results_dir), map_location="cpu", weights_only=False
-    )["module"]
+    saved = torch.load(path, map_location="cpu", weights_only=False)["module"]
     state = {k.removeprefix("module."): v for k, v in saved.items()}
     _, unexpected = built.module.load_state_dict(state, strict=False)
     trainable = {n for n, p in built.module.named_parameters() if p.requires_grad}

@@ -332,7 +332,10 @@ def attention_section(doc, out, trials, results_dir, metric, examples: int) -> N
         doc.heading(3, f"{name} (trial {row['trial_id']})")
         try:
             result = attention.trial_attention(row, results_dir, examples)
-        except (OSError, ValueError, KeyError, RuntimeError, ConfigError) as e:
+        except ConfigError as e:  # e.g. pretrained weights not available here
+            doc.para(f"Not analysed: {'; '.join(e.problems)}")
+            continue
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
             doc.para(f"Not analysed: {first_line(str(e), 300)}")
             continue
         shares = result["shares"]

@@ -37,7 +37,11 @@ def panels(n: int, width: float = 4.2, height: float = 3.4):
 def scaling_figure(trials: pd.DataFrame, metric: str = "final_test_accuracy"):
     """Accuracy vs total parameters for frozen (fpt) transformers, one line per init."""
     cells = tables.table6_size(trials, metric)
-    data = cells[cells["n"] > 0] if len(cells) else cells
+    if cells.empty or not (cells["n"] > 0).any():
+        fig, axes = panels(1)
+        axes[0].set_title("no frozen transformer trials")
+        return fig, pd.DataFrame()
+    data = cells[cells["n"] > 0]
     # One line per init and per setting that differs between cells (e.g. '· steps=500').
     data = data.assign(
         line=[
@@ -66,8 +70,6 @@ def scaling_figure(trials: pd.DataFrame, metric: str = "final_test_accuracy"):
         ax.set_xlabel("total parameters")
         ax.set_ylabel("test accuracy (%)")
         ax.legend(fontsize=8)
-    if not tasks:
-        axes[0].set_title("no frozen transformer trials")
     return fig, data.reset_index(drop=True)
 
 

@@ -40,18 +40,19 @@ ARM_KEYS = (
     "model",
     "weights",
     "init",
-    "finetune",
+    "finetune_label",
     "lstm_width",
     "lstm_layers",
     "lr",
     "batch_size",
     "max_steps",
 )
-"""Trials that agree on these (and differ in seed) are one arm: one cell of a table."""
+"""Trials that agree on these (and differ in seed) are one arm: one cell of a table
+(``finetune_label``: 'fpt' and 'input+output+ln+pos' are one setting)."""
 SEARCHED = ("lr", "batch_size")
 """What an LR search varies within one arm (Optuna searches may draw the batch size too)."""
 SEARCH_ARM_KEYS = tuple(k for k in ARM_KEYS if k not in SEARCHED)
-SETTING_KEYS = ("lr", "batch_size", "max_steps", "weights")
+SETTING_KEYS = ("lr", "batch_size", "max_steps", "weights", *(k for k in ARM_KEYS if k != "task"))
 """Named in a row label when they vary inside one (row, task) cell of a table."""
 INIT_ORDER = ("pretrained", "random", "stats", "bit-memory", "vit")
 FINETUNE_ORDER = (
@@ -257,7 +258,7 @@ def cells(
         first = group.iloc[0]
         cell = {"table": table, "row": first["row"], "order": first["order"]}
         cell.update({k: first[k] for k in ARM_KEYS})
-        cell.update({k: first[k] for k in ("kind", "model_label", "init_label", "finetune_label")})
+        cell.update({k: first[k] for k in ("kind", "model_label", "init_label", "finetune")})
         cell.update(cell_summary(group))
         if extra:
             cell.update(extra(group))
@@ -272,12 +273,15 @@ def disambiguate(
 ) -> pd.DataFrame:
     """Name the settings that differ between arms sharing one displayed cell in their rows."""
     varying = [
-        k for k in keys if (out.groupby(list(by), dropna=False)[k].nunique(dropna=False) > 1).any()
+        k
+        for k in dict.fromkeys(keys)
+        if k in out and (out.groupby(list(by), dropna=False)[k].nunique(dropna=False) > 1).any()
     ]
     for key in varying:
-        short = {"batch_size": "bs", "max_steps": "steps"}.get(key, key)
+        short = {"batch_size": "bs", "max_steps": "steps", "finetune_label": "finetune"}
         out["row"] = out["row"] + [
-            f" · {short}={v:g}" if key != "weights" else f" · {v}" for v in out[key]
+            f" · {short.get(key, key)}={v:g}" if isinstance(v, int | float) else f" · {v}"
+            for v in out[key]
         ]
     return out
 
@@ -562,7 +566,7 @@ def speedups(steps: pd.DataFrame) -> pd.DataFrame:
                 table="T4",
                 row=f"speed-up · {cell['row']}",
                 order=cell["order"] + 0.5,
-                finetune_label=cell["finetune_label"],
+                finetune=cell["finetune"],
                 threshold=cell["threshold"],
                 speedup=value,
                 speedup_text=text,
@@ -610,7 +614,7 @@ def lr_points(trials: pd.DataFrame, metric: str = "final_test_accuracy") -> pd.D
         first = group.iloc[0]
         used = group[group["used"]]
         record = {k: first[k] for k in (*ARM_KEYS, "kind", "model_label")}
-        record.update({k: first[k] for k in ("init_label", "finetune_label")})
+        record.update({k: first[k] for k in ("init_label", "finetune")})
         record["arm"] = (
             f"{first['model_label']} · {first['init_label']} · {first['finetune_label']}"
         )
