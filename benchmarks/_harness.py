@@ -14,6 +14,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+# OpenMP threads that spin while waiting lose their time slices to any other work on the
+# machine (a shared 2-core box ran 5-60x slower with 2 spinning threads); passive waiting
+# costs little on a dedicated machine. Set OMP_WAIT_POLICY=ACTIVE to override. This must
+# happen before torch loads its OpenMP runtime, so import this module first.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import torch
 
 from scale_fpt.config import TaskConfig, TrialConfig
@@ -56,7 +62,7 @@ def machine() -> str:
         parts.append(f"load avg {load:.1f}")
     except (ImportError, OSError):
         pass
-    parts.append(f"torch {torch.__version__}")
+    parts.append(f"torch {torch.__version__}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
     return "; ".join(parts)
 
 

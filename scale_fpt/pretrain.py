@@ -168,6 +168,9 @@ def python_docstrings(limit: int) -> bytes:
 def pretrain_language(preset, text: bytes, steps, batch_size, seq_len, lr, seed):
     from transformers import GPT2LMHeadModel
 
+    from scale_fpt.trainer import flush_denormals
+
+    flush_denormals()
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(gpt2_config(GPT2_SIZES[preset], dropout=0.1))
     data = torch.frombuffer(bytearray(text), dtype=torch.uint8).long()

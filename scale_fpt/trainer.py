@@ -104,6 +104,13 @@ def init_distributed(device: str) -> None:
     )
 
 
+def flush_denormals() -> None:
+    """Treat denormal floats as zero. Adam's second moments of barely-trained weights decay
+    into the denormal range, where CPU float arithmetic is ~10x slower (a tiny model's step
+    went from 0.1 s to 0.7 s within a few hundred steps); zeros change no result that matters."""
+    torch.set_flush_denormal(True)
+
+
 def deepspeed_config(train: TrainConfig) -> dict:
     """The DeepSpeed config of a trial, derived from its TrainConfig."""
     return {
@@ -159,6 +166,7 @@ class Trainer:
             train.precision
         ]
         self.state = TrialState()
+        flush_denormals()
         # Dropout draws from torch's global generator: seed it for the trial.
         torch.manual_seed(train.seed + 2)
 
