@@ -98,6 +98,11 @@ def build_parser() -> Parser:
 
     pretrain_module.add_arguments(pretrain)
 
+    sweep = commands.add_parser("sweep", help="run a sweep declared in a YAML file")
+    sweep.add_argument("file", help="YAML with SweepConfig fields (see scale_fpt.sweep)")
+    sweep.add_argument("--results", default="", help="results directory (default: the file's)")
+    sweep.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
+
     report = commands.add_parser("report", help="the study's tables and figures")
     report.add_argument("results_dir")
     report.add_argument("--out", default="", help="output directory (default: RESULTS_DIR/report)")
@@ -144,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             return train(args, config)
         if args.command == "plan":
             return plan(config)
+        if args.command == "sweep":
+            return run_sweep_file(args)
         if args.command == "pretrain":
             from scale_fpt import pretrain as pretrain_module
 
@@ -203,6 +210,23 @@ def train(args: argparse.Namespace, config: TrialConfig) -> int:
     trial.close()
     print(json.dumps({k: row.get(k) for k in SUMMARY_KEYS}))
     return code
+
+
+def run_sweep_file(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from scale_fpt.study import summary_table
+    from scale_fpt.sweep import SweepConfig, run_sweep
+
+    sweep = SweepConfig.from_yaml(args.file)
+    if args.results:
+        sweep = dataclasses.replace(sweep, results_dir=args.results)
+    outcome = run_sweep(sweep, resume=args.resume)
+    print(summary_table(sweep))
+    if not outcome.finished:
+        print("scale-fpt: sweep interrupted; rerun with --resume to continue", file=sys.stderr)
+        return 130
+    return 0
 
 
 def progress_bar(config: TrialConfig, start: int, disable: bool):

@@ -128,6 +128,69 @@ class SweepConfig:
             raise ConfigError(list(dict.fromkeys(problems)))
         return self
 
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike) -> SweepConfig:
+        """A sweep declared in YAML: the SweepConfig fields as keys, e.g.
+
+            name: lr-grid
+            base: {task: bit-xor, model: gpt2-tiny, max_steps: 2000}
+            grid: {lr: [1.0e-4, 1.0e-3, 1.0e-2], init: [pretrained, random]}
+            seeds: [0, 1, 2]
+            overrides: [[{task: homology}, {lr: 1.0e-4}]]
+
+        Every problem (syntax, unknown keys, wrong types, invalid trial configs) is raised
+        as one ConfigError naming the file."""
+        import yaml
+
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except OSError as e:
+            raise ConfigError([f"{path}: cannot read sweep file ({e.strerror})"]) from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ConfigError(
+                [f"{path}:{where} YAML syntax error: {getattr(e, 'problem', e)}"]
+            ) from None
+        if not isinstance(data, dict):
+            raise ConfigError([f"{path}: a sweep file is a mapping of SweepConfig fields"])
+        known = {f.name: f for f in fields(cls)}
+        problems = [
+            f"{path}: unknown key {k!r}; known keys: {', '.join(known)}"
+            for k in data
+            if k not in known
+        ]
+        if "name" not in data:
+            problems.append(f"{path}: 'name' is required")
+        for key, kind in (
+            ("base", dict),
+            ("grid", dict),
+            ("search", dict),
+            ("seeds", list),
+            ("overrides", list),
+        ):
+            if key in data and not isinstance(data[key], kind):
+                problems.append(
+                    f"{path}: {key!r} must be a {kind.__name__}, got {type(data[key]).__name__}"
+                )
+        if problems:
+            raise ConfigError(problems)
+        values = {k: v for k, v in data.items() if k in known}
+        if "seeds" in values:
+            values["seeds"] = tuple(values["seeds"])
+        if "overrides" in values:
+            pairs = values["overrides"]
+            if not all(isinstance(p, list | tuple) and len(p) == 2 for p in pairs):
+                raise ConfigError([f"{path}: 'overrides' is a list of [match, values] pairs"])
+            values["overrides"] = tuple((dict(m), dict(v)) for m, v in pairs)
+        if "search" in values:
+            values["search"] = {k: tuple(v) for k, v in values["search"].items()}
+        sweep = cls(**values)
+        try:
+            return sweep.validate()
+        except ConfigError as e:
+            raise ConfigError([f"{path}: {p}" for p in e.problems]) from None
+
     @property
     def sweep_dir(self) -> Path:
         return Path(self.results_dir).absolute() / self.name
