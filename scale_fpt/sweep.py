@@ -244,7 +244,7 @@ def tune_trial(flat: dict) -> None:
     except ConfigError as e:
         # A bad combination fails the same way on every retry: record it, do not retry.
         row = config_only_row(sweep, flat, "failed", error_text(e))
-        tune.report({"step": 0, "trial_rows": [row], "final": True})
+        tune.report({"step": 0, **final_metrics(row), "trial_rows": [row], "final": True})
         return
     try:
         checkpoint = tune.get_checkpoint()
@@ -269,9 +269,30 @@ def tune_trial(flat: dict) -> None:
 
         final_row = trial.run(on_eval=on_eval)
         if final_row["status"] == "diverged":  # no evaluation reported the end: report it
-            tune.report({"step": final_row["steps_done"], "trial_rows": [final_row], "final": True})
+            tune.report(
+                {
+                    "step": final_row["steps_done"],
+                    **final_metrics(final_row),
+                    "trial_rows": [final_row],
+                    "final": True,
+                }
+            )
     finally:
         trial.close()
+
+
+def final_metrics(row: dict) -> dict:
+    """The scheduler-facing metrics of a trial's last report. Tune rejects a result without
+    the sweep's metric (and stops the whole sweep), so a trial that ends before any
+    evaluation (diverged at once, a bad combination) reports them as NaN."""
+    return {
+        "test_accuracy": nan_if_none(row.get("final_test_accuracy")),
+        "best_test_accuracy": nan_if_none(row.get("best_test_accuracy")),
+    }
+
+
+def nan_if_none(value) -> float:
+    return float("nan") if value is None else float(value)
 
 
 def config_only_row(sweep: str, flat: dict, status: str, error: str | None) -> dict:

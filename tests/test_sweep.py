@@ -203,3 +203,28 @@ def test_optuna_search_continues_the_same_study(tmp_path):
     values = {round(t.params["lr"], 12): t.value for t in study.trials}
     for _, row in trials.iterrows():
         assert values[round(row["lr"], 12)] == pytest.approx(row["best_test_accuracy"])
+
+
+@pytest.mark.slow
+def test_asha_stops_weak_trials_and_records_them_stopped(tmp_path):
+    from scale_fpt.sweep import run_sweep
+
+    sweep = SweepConfig(
+        name="asha",
+        base={**TINY, "max_steps": 60, "eval_every": 20},
+        grid={"lr": [1e-2, 1e-6, 1e-5, 3e-6]},  # the first sets the bar; tiny lrs fall below it
+        results_dir=str(tmp_path),
+        max_concurrent=1,  # one at a time: the rung comparisons, and so the outcome, are fixed
+        asha=True,
+        asha_grace_evals=1,
+    )
+    assert run_sweep(sweep).finished
+    trials = load_results(tmp_path, "asha").trials.set_index("lr")
+    curves = load_results(tmp_path, "asha").curves
+    assert len(trials) == 4 and set(trials["status"]) <= {"completed", "stopped"}
+    stopped = trials[trials["status"] == "stopped"]
+    assert len(stopped) >= 1 and (stopped["steps_done"] < 60).all()
+    assert trials.loc[1e-2, "status"] == "completed" and trials.loc[1e-2, "steps_done"] == 60
+    for trial_id, row in trials.set_index("trial_id").iterrows():
+        steps = curves.loc[curves["trial_id"] == trial_id, "step"].tolist()
+        assert steps == list(range(20, row["steps_done"] + 1, 20))  # curve kept up to the stop
