@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(args: argparse.Namespace, config: TrialConfig) -> int:
-    from scale_fpt.results import ResultsWriter
+    from scale_fpt.results import ResultsError, ResultsWriter
     from scale_fpt.trainer import CheckpointDir
     from scale_fpt.trial import Trial
 
@@ -198,6 +198,11 @@ def train(args: argparse.Namespace, config: TrialConfig) -> int:
     except KeyboardInterrupt:
         row = {**trial.record.trial_row(trial.trainer.state), "status": "stopped"}
         code = 130
+    except ResultsError:
+        # The results directory failed (full, unwritable), not the trial: say that, once
+        # (exit code 2), instead of recording a "failed" trial on a disk that takes no rows.
+        trial.close()
+        raise
     except Exception as e:  # recorded as a failed trial, not re-raised: the row is the record
         row = trial.failed_row(e)
         print(f"scale-fpt: trial failed: {row['error']}", file=sys.stderr)

@@ -163,6 +163,34 @@ def cohorts(arms: list[dict], k: int) -> list[list[dict]]:
     return out
 
 
+def cohort_memory_bytes(members: list[dict]) -> int:
+    """Memory a cohort needs on its device (to size a Ray resource request): the frozen body
+    once, in the training precision; per member its trained tensors (fp32 weights, gradients
+    and two Adam moments; ``wpe`` only for the task's positions) and its activations."""
+    from scale_fpt import scaling
+    from scale_fpt.tasks import task_spec
+
+    configs = [TrialConfig.from_flat(m) for m in members]
+    first = configs[0]
+    arch = load_architecture(first.model)
+    size = scaling.GPT2Size(arch.n_layer, arch.n_embd, arch.n_head, arch.n_positions)
+    spec = task_spec(first.task)
+    groups = scaling.gpt2_group_params(size)
+    heads = scaling.head_params(
+        size.n_embd,
+        spec.token_width,
+        spec.vocab_size,
+        spec.n_predicting_tokens * spec.outputs_per_token * spec.n_classes,
+    )
+    weight_bytes = 4 if first.train.precision == "fp32" else 2
+    body = (groups["attn"] + groups["ff"]) * weight_bytes
+    trained = groups["ln"] + spec.n_tokens * size.n_embd + heads["input"] + heads["output"]
+    activations = scaling.activation_bytes(
+        size.n_layer, size.n_embd, spec.n_tokens, first.train.batch_size, first.train.precision
+    )
+    return body + len(configs) * (trained * 16 + activations)
+
+
 # --------------------------------------------------------------------------- the model
 
 
@@ -855,6 +883,7 @@ __all__ = [
     "PackedFPT",
     "cohort_failed_rows",
     "cohort_key",
+    "cohort_memory_bytes",
     "cohorts",
     "pack_problem",
     "run_cohort",

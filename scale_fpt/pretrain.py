@@ -23,7 +23,12 @@ import torch
 import torch.nn.functional as F
 
 from scale_fpt.config import ConfigError, TrialConfig
-from scale_fpt.models.backbones import CPU_PRESETS, gpt2_config, local_backbone_dir
+from scale_fpt.models.backbones import (
+    CPU_PRESETS,
+    gpt2_config,
+    local_backbone_dir,
+    quiet_transformers,
+)
 from scale_fpt.scaling import GPT2_SIZES
 
 CORPORA = ("language", "bit-memory")
@@ -109,7 +114,8 @@ def build_backbone_dir(
         backbone, final_loss = pretrain_language(preset, text, steps, batch_size, seq_len, lr, seed)
         source = f"{corpus} ({len(text):,} bytes)"
     tmp = target.with_name(f".{target.name}.tmp")
-    backbone.save_pretrained(tmp)
+    with quiet_transformers():
+        backbone.save_pretrained(tmp)
     info = {
         "preset": preset,
         "corpus": corpus,
@@ -127,7 +133,7 @@ def build_backbone_dir(
     tmp.rename(target)
 
 
-def load_corpus(corpus: str, limit: int = 2_000_000) -> bytes:
+def load_corpus(corpus: str, limit: int = 1_000_000) -> bytes:
     if corpus == "language":
         return python_docstrings(limit)
     path = Path(corpus)

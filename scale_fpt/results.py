@@ -102,7 +102,13 @@ CURVE_SCHEMA = pa.schema(
 
 
 class ResultsError(ConfigError):
-    """The results directory cannot be used (unwritable, full, other schema)."""
+    """The results directory cannot be used (unwritable, full, other schema). Its message is
+    the problem itself, without ConfigError's "invalid configuration" framing: a full disk
+    is not a bad flag."""
+
+    def __init__(self, problems: list[str]):
+        ValueError.__init__(self, "\n".join(problems))
+        self.problems = list(problems)
 
 
 def table(rows: list[dict], schema: pa.Schema) -> pa.Table:
@@ -122,7 +128,13 @@ def write_atomic(table_: pa.Table, path: Path) -> None:
         # Whatever stopped the write (a full disk, an interrupt), leave no temporary behind.
         tmp.unlink(missing_ok=True)
         if isinstance(e, OSError):
-            raise ResultsError([f"cannot write results file {path}: {e.strerror or e}"]) from None
+            raise ResultsError(
+                [
+                    f"cannot write results file {path}: {e.strerror or e} (the rows written "
+                    "before are intact; free space or fix the directory, then rerun, with "
+                    "--resume for a sweep)"
+                ]
+            ) from None
         raise
 
 

@@ -188,4 +188,5 @@ def summary_table(sweep) -> str:
     return (
         f"\n{sweep.name}: best test accuracy, mean ± std over seeds "
         f"(results in {sweep.sweep_dir}; statuses {status})\n{table.to_string()}\n"
+        f"tables, figures and attention maps: scale-fpt report {sweep.results_dir}\n"
     )

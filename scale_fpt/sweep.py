@@ -20,7 +20,7 @@ from pathlib import Path
 
 from scale_fpt import scaling
 from scale_fpt.config import ConfigError, TrialConfig, flag
-from scale_fpt.results import ResultsWriter
+from scale_fpt.results import ResultsError, ResultsWriter
 from scale_fpt.trial import Trial, error_text, git_sha, trial_id_for, versions
 
 SEARCH_KINDS = ("loguniform", "uniform", "int", "choice")
@@ -173,6 +173,18 @@ class SweepConfig:
                 problems.append(
                     f"{path}: {key!r} must be a {kind.__name__}, got {type(data[key]).__name__}"
                 )
+        for key, kind in scalar_field_types(cls).items():
+            if key in data and not is_of_type(data[key], kind):
+                problems.append(
+                    f"{path}: {key!r} must be {'an' if kind is int else 'a'} {kind.__name__}, "
+                    f"got {data[key]!r}"
+                )
+        for key, spec in (data.get("search") or {}).items():
+            if isinstance(data.get("search"), dict) and not isinstance(spec, list):
+                problems.append(
+                    f"{path}: search {key!r} must be a list [kind, ...] with kind one of "
+                    f"{', '.join(SEARCH_KINDS)}, got {spec!r}"
+                )
         if problems:
             raise ConfigError(problems)
         values = {k: v for k, v in data.items() if k in known}
@@ -180,8 +192,13 @@ class SweepConfig:
             values["seeds"] = tuple(values["seeds"])
         if "overrides" in values:
             pairs = values["overrides"]
-            if not all(isinstance(p, list | tuple) and len(p) == 2 for p in pairs):
-                raise ConfigError([f"{path}: 'overrides' is a list of [match, values] pairs"])
+            if not all(
+                isinstance(p, list | tuple) and len(p) == 2 and all(isinstance(m, dict) for m in p)
+                for p in pairs
+            ):
+                raise ConfigError(
+                    [f"{path}: 'overrides' is a list of [match, values] pairs of mappings"]
+                )
             values["overrides"] = tuple((dict(m), dict(v)) for m, v in pairs)
         if "search" in values:
             values["search"] = {k: tuple(v) for k, v in values["search"].items()}
@@ -198,6 +215,24 @@ class SweepConfig:
     @property
     def ray_storage(self) -> str:
         return self.storage_path or str(Path(self.results_dir).absolute() / "_ray")
+
+
+def scalar_field_types(cls) -> dict[str, type]:
+    """SweepConfig's scalar fields and their types (from their defaults; ``name``: str)."""
+    out = {"name": str}
+    for f in fields(cls):
+        if isinstance(f.default, str | int | float | bool):
+            out[f.name] = type(f.default)
+    return out
+
+
+def is_of_type(value, kind: type) -> bool:
+    """YAML scalars as the field needs them: no bool for a number, an int is a float."""
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, kind) and not isinstance(value, bool)
 
 
 def arm_label(flat: dict) -> str:
@@ -324,11 +359,19 @@ def config_only_row(sweep: str, flat: dict, status: str, error: str | None) -> d
 # --------------------------------------------------------------------------- driver side
 
 
+WRITE_FAILURES: list[ResultsError] = []
+"""Results writes that failed in this driver (a full disk, a directory gone read-only). Tune
+turns an exception in a callback into a TuneError holding only traceback text; the sweep
+re-raises the ResultsError itself from here, so the user gets its one-line message."""
+
+
 def results_callback_class():
     from ray import tune
 
     class ResultsCallback(tune.Callback):
-        """Writes each reported evaluation to Parquet on the driver, as it arrives."""
+        """Writes each reported evaluation to Parquet on the driver, as it arrives. A failed
+        write stops the sweep (``run_sweep`` raises its ResultsError; ``--resume`` continues
+        once the directory takes writes again): rows that cannot be recorded are not run."""
 
         def __init__(self, results_dir: str, sweep: str):
             self.results_dir, self.sweep = results_dir, sweep
@@ -348,6 +391,18 @@ def results_callback_class():
             return self._writer
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
+            with recording_write_failures():
+                self.write_result(trial, result)
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            with recording_write_failures():
+                self.write_complete(trial)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            with recording_write_failures():
+                self.write_error(trial)
+
+        def write_result(self, trial, result):
             # A Tune trial reports lists of rows: one trial's, or a packed cohort's.
             for row in result.get("curve_rows", []):
                 self.writer.write_curve(row["trial_id"], [row])
@@ -360,14 +415,14 @@ def results_callback_class():
         def reported_rows(self, trial) -> list[dict]:
             return self.last_rows.get(trial.trial_id) or trial.last_result.get("trial_rows", [])
 
-        def on_trial_complete(self, iteration, trials, trial, **info):
+        def write_complete(self, trial):
             checkpoint = trial.checkpoint.path if trial.checkpoint else None
             for row in self.reported_rows(trial):
                 # "running" at the end: stopped by the scheduler before its last step.
                 status = "stopped" if row["status"] == "running" else row["status"]
                 self.writer.write_trial({**row, "status": status, "checkpoint": checkpoint})
 
-        def on_trial_error(self, iteration, trials, trial, **info):
+        def write_error(self, trial):
             error = trial_error_text(trial)
             rows = self.reported_rows(trial)
             if not rows:
@@ -377,6 +432,31 @@ def results_callback_class():
                     self.writer.write_trial({**row, "status": "failed", "error": error})
 
     return ResultsCallback
+
+
+class recording_write_failures:
+    """Context manager: a ResultsError raised inside is kept in WRITE_FAILURES (and raised)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        if isinstance(error, ResultsError):
+            WRITE_FAILURES.append(error)
+        return False
+
+
+def fit_reporting_write_failures(tuner):
+    """``tuner.fit()``; a sweep stopped by a failed results write raises that ResultsError."""
+    from ray.tune.error import TuneError
+
+    WRITE_FAILURES.clear()
+    try:
+        return tuner.fit()
+    except TuneError:
+        if WRITE_FAILURES:
+            raise WRITE_FAILURES[0] from None
+        raise
 
 
 def trial_flat(tune_config: dict) -> dict:
@@ -473,6 +553,7 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
     ResultsWriter(sweep.results_dir, sweep.name)  # fail now if results cannot be written
     from scale_fpt.models.backbones import scale_fpt_home
 
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
     connect_ray(runtime_env={"env_vars": {"SCALE_FPT_HOME": str(scale_fpt_home())}})
     prebuild_ops()
     import ray
@@ -500,6 +581,7 @@ def slug(text: str) -> str:
 
 def run_experiment(sweep: SweepConfig, experiment: str, arms: list[dict], gpus: bool, resume: bool):
     from ray import tune
+    from ray.tune.logger import JsonLoggerCallback
 
     path = os.path.join(sweep.ray_storage, experiment)
 
@@ -510,7 +592,7 @@ def run_experiment(sweep: SweepConfig, experiment: str, arms: list[dict], gpus: 
     trainable = tune.with_resources(tune_trial, resources)
     if resume and tune.Tuner.can_restore(path):
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True)
-        return tuner.fit()
+        return fit_reporting_write_failures(tuner)
 
     callback = results_callback_class()(sweep.results_dir, sweep.name)
     if sweep.search:
@@ -550,10 +632,12 @@ def run_experiment(sweep: SweepConfig, experiment: str, arms: list[dict], gpus: 
         run_config=tune.RunConfig(
             name=experiment,
             storage_path=sweep.ray_storage,
-            callbacks=[callback],
+            # Our own rows plus Tune's result.json (its ResultGrid reads it); Tune's TensorBoard
+            # and CSV loggers would only warn about the nested row lists.
+            callbacks=[callback, JsonLoggerCallback()],
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             verbose=0,
         ),
     )
-    return tuner.fit()
+    return fit_reporting_write_failures(tuner)

@@ -266,9 +266,15 @@ class Trainer:
         # DeepSpeed fails on a missing tag with a bare AssertionError (no file list): say what.
         if not any((Path(directory) / CHECKPOINT_TAG).glob("*.pt")):
             raise RuntimeError(f"no trial checkpoint in {directory}")
-        path, client_state = self.engine.load_checkpoint(
-            directory, tag=CHECKPOINT_TAG, load_module_strict=False
-        )
+        try:
+            path, client_state = self.engine.load_checkpoint(
+                directory, tag=CHECKPOINT_TAG, load_module_strict=False
+            )
+        except Exception as e:  # torch.load's unpickling/zip errors do not name the directory
+            raise RuntimeError(
+                f"cannot restore the trial checkpoint in {directory} (corrupt or truncated "
+                f"file?): {type(e).__name__}: {e}"
+            ) from e
         if path is None:
             raise RuntimeError(f"no trial checkpoint in {directory}")
         saved = client_state["state"]

@@ -28,7 +28,7 @@ def local() -> SweepConfig:
         seeds=(0, 1),
         overrides=(
             ({"task": "bit-xor"}, {"max_steps": 2000, "eval_every": 250}),
-            ({"task": "bit-memory"}, {"max_steps": 500, "eval_every": 100, "test_batches": 8}),
+            ({"task": "bit-memory"}, {"max_steps": 300, "eval_every": 100, "test_batches": 8}),
             (
                 {"task": "listops"},
                 {"max_steps": 400, "eval_every": 100, "max_length": 128, "test_batches": 8},

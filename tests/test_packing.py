@@ -239,3 +239,37 @@ def test_tune_cohort_writes_every_member_once(base, tmp_path, monkeypatch):
     assert set(trials["status"]) == {"completed"}
     assert not curves.duplicated(["trial_id", "step"]).any()
     assert sorted(curves.groupby("trial_id")["step"].apply(list).tolist()) == [[3, 6]] * 4
+
+
+def test_packed_token_inputs_match_solo_runs(base):
+    """Discrete tokens (an embedding per member) and variable lengths (generated ListOps):
+    padding to the longest member batch changes nothing under causal attention."""
+    listops = {**base, "task": "listops", "max_length": 48, "listops_max_depth": 3}
+    listops.update(max_steps=4, eval_every=2, eval_batch_size=16, test_batches=1)
+    members = [MEMBERS[0], {**MEMBERS[1], "finetune": "input+ln"}]
+    cohort = run_cohort(listops, members)
+    for member in cohort.members:
+        trial = Trial(member.config, sweep=SWEEP)
+        try:
+            trial.run()
+            assert_same_curve(member.state, trial.trainer.state)
+        finally:
+            trial.close()
+
+
+def test_bf16_cohort_trains(base):
+    """bf16: the body in bf16, fp32 master copies of the trained tensors (as DeepSpeed)."""
+    cohort = run_cohort({**base, "precision": "bf16", "max_steps": 3, "eval_every": 3}, MEMBERS)
+    assert cohort.model.frozen[0][0].dtype == torch.bfloat16
+    assert cohort.model.ln_f_weight.dtype == torch.float32
+    for member in cohort.members:
+        assert member.state.status == "completed"
+        assert math.isfinite(member.state.last.test_loss)
+
+
+def test_cohort_memory_counts_the_body_once():
+    from scale_fpt.packing import cohort_memory_bytes
+
+    one = cohort_memory_bytes([arm(model="gpt2", task="cifar10", lr=1e-3)])
+    sixteen = cohort_memory_bytes([arm(model="gpt2", task="cifar10", lr=i) for i in range(1, 17)])
+    assert 85e6 * 4 < one < sixteen < 16 * one - 15 * 85e6 * 4  # the body once, not 16 times

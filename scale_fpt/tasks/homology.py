@@ -52,13 +52,16 @@ def encode(sequence: str, max_length: int) -> np.ndarray:
 def _read_lmdb(path: Path) -> list[dict]:
     import lmdb  # optional: only TAPE's original format needs it
 
-    env = lmdb.open(str(path), max_readers=1, readonly=True, lock=False)
     try:
-        with env.begin() as txn:
-            n = pickle.loads(txn.get(b"num_examples"))
-            return [pickle.loads(txn.get(str(i).encode())) for i in range(n)]
-    finally:
-        env.close()
+        env = lmdb.open(str(path), max_readers=1, readonly=True, lock=False)
+        try:
+            with env.begin() as txn:
+                n = pickle.loads(txn.get(b"num_examples"))
+                return [pickle.loads(txn.get(str(i).encode())) for i in range(n)]
+        finally:
+            env.close()
+    except lmdb.Error as e:  # a truncated or overwritten database (lmdb's own error types)
+        raise ValueError(f"not a readable LMDB database ({e})") from e
 
 
 def find_split(data_dir: str, split: str) -> Path:

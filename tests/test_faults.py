@@ -1,0 +1,580 @@
+"""Fault injection: every test causes a real fault and then asserts the exact rows that must
+exist afterwards. README.md "Guarantees under faults" lists each guarantee with its test.
+
+- Trials: divergence (a real lr blow-up), a SIGKILLed trial process, a corrupt checkpoint,
+  a real out-of-memory (an allocation beyond the worker's RLIMIT_AS), a SIGKILLed worker
+  node of a multi-node Ray cluster started here.
+- Results: a writer SIGKILLed mid-write, a disk that fills up (a small tmpfs; RLIMIT_FSIZE),
+  a results directory that is full or read-only from the start.
+- Bad input through the command line: corrupt data files, malformed sweep YAML, unknown
+  names and impossible combinations not covered elsewhere (see test_cli.py, test_models.py,
+  test_results.py, test_tasks.py, test_cluster_configs.py for the rest).
+
+The Ray sweeps of this module share one local Ray (``local_ray``): its workers run with
+RLIMIT_AS at ``WORKER_ADDRESS_SPACE``, so a trial that asks for too much memory fails at
+once, as on a node without that memory, instead of swapping a shared machine. The trial
+process to kill is found from Ray Tune's own per-trial ``result.json`` (each report records
+the ``pid`` that made it); the same file shows from which step a retried trial continued.
+The killed-driver test is ``tests/test_sweep.py::test_killed_driver_resume_matches_uninterrupted_sweep``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scale_fpt import cli
+from scale_fpt.config import TrialConfig
+from scale_fpt.results import ResultsError, load_results
+from scale_fpt.sweep import SweepConfig, run_sweep
+
+pytestmark = pytest.mark.faults
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = {"task": "bit-xor", "model": "gpt2-tiny", "init": "random", "test_batches": 2}
+METRICS = ["train_loss", "train_accuracy", "test_loss", "test_accuracy"]
+WORKER_ADDRESS_SPACE = 16 * 2**30
+"""RLIMIT_AS of the module's Ray workers: ~4x what a tiny trial's worker maps (3.5 GiB)."""
+HUGE_BATCH = 2**30
+"""A bit-xor batch whose first tensor needs tens of GiB: beyond WORKER_ADDRESS_SPACE."""
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    """One local Ray for this module's in-process sweeps (address="local": never another
+    engineer's running cluster). Workers: RLIMIT_AS, and an empty SCALE_FPT_HOME (no locally
+    pretrained backbones)."""
+    import ray
+
+    from scale_fpt.sweep import connect_ray
+
+    ray.shutdown()
+    limit = WORKER_ADDRESS_SPACE
+    home = tmp_path_factory.mktemp("empty_scale_fpt_home")
+
+    def limit_address_space():  # runs in every worker process as it starts
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+    connect_ray(
+        runtime_env={
+            "worker_process_setup_hook": limit_address_space,
+            "env_vars": {"SCALE_FPT_HOME": str(home)},
+        },
+        address="local",
+        num_cpus=2,
+        object_store_memory=200 * 2**20,
+    )
+    yield
+    ray.shutdown()
+
+
+def sweep_config(tmp_path: Path, name: str, **fields) -> SweepConfig:
+    fields.setdefault("max_concurrent", 2)
+    return SweepConfig(name=name, results_dir=str(tmp_path / "results"), **fields)
+
+
+def tune_trial_dir(sweep: SweepConfig, **arm) -> Path | None:
+    """Ray Tune's storage directory of the trial whose arm has these values."""
+    for directory in (Path(sweep.ray_storage) / sweep.name).glob("tune_trial_*"):
+        try:
+            params = json.loads((directory / "params.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if all(params.get("arm", {}).get(k) == v for k, v in arm.items()):
+            return directory
+    return None
+
+
+def tune_reports(trial_dir: Path) -> list[dict]:
+    """Every result Tune recorded for a trial, in order (one JSON line per ``tune.report``,
+    with the ``pid`` of the process that made it); a line being written is skipped."""
+    reports = []
+    with contextlib.suppress(FileNotFoundError), open(trial_dir / "result.json") as f:
+        for line in f:
+            with contextlib.suppress(ValueError):
+                reports.append(json.loads(line))
+    return reports
+
+
+def wait_until(condition, what: str, done: threading.Event | None = None, timeout: float = 240):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if done is not None and done.is_set():
+            raise AssertionError(f"the sweep ended before {what}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def run_with_fault(sweep: SweepConfig, fault, resume: bool = False):
+    """Run the sweep in this thread while ``fault(done)`` injects its fault from another;
+    returns (what run_sweep returned or raised, what ``fault`` returned)."""
+    done = threading.Event()
+    box: dict = {}
+
+    def inject():
+        try:
+            box["fault"] = fault(done)
+        except BaseException as e:
+            box["error"] = e
+
+    thread = threading.Thread(target=inject, daemon=True)
+    thread.start()
+    try:
+        outcome = run_sweep(sweep, resume=resume)
+    except Exception as e:
+        outcome = e
+    finally:
+        done.set()
+        thread.join(timeout=60)
+    if "error" in box:
+        raise box["error"]
+    return outcome, box.get("fault")
+
+
+def freeze_running_trial(sweep, arm: dict, reports: int, done) -> tuple[Path, int, list[int]]:
+    """Wait until the trial of ``arm`` has made ``reports`` reports (each with a checkpoint)
+    and is still running, then SIGSTOP its process (so it reports nothing more) and give the
+    driver a moment to record what it already sent. Returns (Tune trial dir, pid, steps)."""
+
+    def running():
+        directory = tune_trial_dir(sweep, **arm)
+        found = tune_reports(directory) if directory else []
+        return len(found) >= reports and not found[-1]["final"] and (directory, found[-1]["pid"])
+
+    directory, pid = wait_until(running, f"{reports} reports of trial {arm}", done)
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(1.0)
+    return directory, pid, [r["step"] for r in tune_reports(directory) if r["pid"] == pid]
+
+
+def steps_by_pid(trial_dir: Path) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for report in tune_reports(trial_dir):
+        out.setdefault(report["pid"], []).append(report["step"])
+    return out
+
+
+def uninterrupted_curve(sweep: SweepConfig, **arm) -> pd.DataFrame:
+    """The curve the trial of ``arm`` has when nothing interrupts it (run here, in-process)."""
+    from scale_fpt.trial import Trial
+
+    (flat,) = [a for a in sweep.arms() if all(a.get(k) == v for k, v in arm.items())]
+    trial = Trial(TrialConfig.from_flat(flat), sweep=sweep.name)
+    rows: list[dict] = []
+    try:
+        trial.run(on_eval=lambda curve_row, trial_row: rows.append(curve_row))
+    finally:
+        trial.close()
+    return pd.DataFrame(rows)
+
+
+def assert_same_curve(actual: pd.DataFrame, expected: pd.DataFrame) -> None:
+    pd.testing.assert_frame_equal(
+        actual[["step", *METRICS]].reset_index(drop=True),
+        expected[["step", *METRICS]].reset_index(drop=True),
+        check_dtype=False,
+    )
+
+
+def rows_by(frame: pd.DataFrame, column: str) -> dict:
+    return {key: group.reset_index(drop=True) for key, group in frame.groupby(column)}
+
+
+def visible_parquet_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.parquet") if not p.name.startswith("."))
+
+
+# ------------------------------------------------------------------------- trial faults
+
+
+@pytest.mark.slow
+def test_diverging_and_unbuildable_trials_are_recorded_and_the_sweep_goes_on(local_ray, tmp_path):
+    """Attention trained at lr 1e5 (the paper's Table 8 blow-up): a trial that diverges
+    after some evaluations keeps its curve up to the last finite one; one that diverges
+    before its first evaluation, and one that cannot be built (pretrained weights that do
+    not exist), end with their own rows. None stops the sweep; the healthy trial completes."""
+    sweep = sweep_config(
+        tmp_path,
+        "diverge",
+        base={**TINY, "max_steps": 20, "eval_every": 10},
+        grid={"lr": [1e-3, 1e5, 2e5, 2e-3]},
+        overrides=(
+            ({"lr": 1e5}, {"finetune": "fpt+attn", "eval_every": 1}),
+            ({"lr": 2e5}, {"finetune": "fpt+attn"}),
+            ({"lr": 2e-3}, {"init": "pretrained"}),  # no locally pretrained gpt2-tiny
+        ),
+        max_failures=2,
+    )
+    outcome = run_sweep(sweep)
+    assert outcome.finished and outcome.trials == 4
+
+    results = load_results(sweep.results_dir, sweep.name)
+    trials = results.trials.set_index("lr")
+    curves = rows_by(results.curves, "trial_id")
+    assert len(trials) == 4 and trials["trial_id"].is_unique
+    assert not results.curves.duplicated(["trial_id", "step"]).any()
+
+    healthy = trials.loc[1e-3]
+    assert (healthy["status"], healthy["steps_done"]) == ("completed", 20)
+    assert curves[healthy["trial_id"]]["step"].tolist() == [10, 20]
+
+    late = trials.loc[1e5]
+    curve = curves[late["trial_id"]]
+    assert late["status"] == "diverged" and pd.isna(late["error"])
+    assert 1 < late["steps_done"] < 20
+    assert curve["step"].tolist() == list(range(1, len(curve) + 1))  # every finite evaluation
+    assert len(curve) <= late["steps_done"]
+    assert curve[["train_loss", "test_loss"]].map(pd.notna).all().all()
+    assert late["final_test_accuracy"] == curve["test_accuracy"].iloc[-1]
+    assert late["final_test_loss"] == curve["test_loss"].iloc[-1]
+    assert late["best_test_accuracy"] == curve["test_accuracy"].max()
+
+    early = trials.loc[2e5]
+    assert early["status"] == "diverged" and 1 <= early["steps_done"] < 10
+    assert early["trial_id"] not in curves  # no evaluation happened
+    assert pd.isna(early["final_test_accuracy"]) and pd.isna(early["best_test_accuracy"])
+
+    unbuildable = trials.loc[2e-3]
+    assert (unbuildable["status"], unbuildable["steps_done"]) == ("failed", 0)
+    assert "scale-fpt pretrain" in unbuildable["error"]
+    assert unbuildable["trial_id"] not in curves
+
+
+@pytest.mark.slow
+def test_killed_trial_process_is_retried_from_its_checkpoint(local_ray, tmp_path):
+    """SIGKILL the process running one trial mid-way: Tune retries it, the retry restores
+    the last checkpoint (its first report is the evaluation after it), the curve has every
+    step once and equals an uninterrupted run's; the other trial never notices."""
+    sweep = sweep_config(
+        tmp_path,
+        "killed",
+        base={**TINY, "max_steps": 40, "eval_every": 5},
+        grid={"lr": [1e-3, 2e-3]},
+        max_failures=2,
+    )
+
+    def kill(done):
+        trial_dir, pid, steps = freeze_running_trial(sweep, {"lr": 2e-3}, 2, done)
+        os.kill(pid, signal.SIGKILL)
+        return trial_dir, pid, steps
+
+    outcome, (trial_dir, pid, before) = run_with_fault(sweep, kill)
+    assert not isinstance(outcome, Exception), outcome
+    assert outcome.finished
+
+    results = load_results(sweep.results_dir, sweep.name)
+    trials = results.trials.set_index("lr")
+    assert len(trials) == 2 and (trials["status"] == "completed").all()
+    assert (trials["steps_done"] == 40).all()
+    curves = rows_by(results.curves, "trial_id")
+    for trial_id in trials["trial_id"]:
+        assert curves[trial_id]["step"].tolist() == list(range(5, 41, 5))
+
+    by_pid = steps_by_pid(trial_dir)
+    assert by_pid.pop(pid) == before and 5 <= before[-1] < 40
+    (retry,) = by_pid.values()  # one retry, in a new process, resumed after the checkpoint
+    assert retry == list(range(before[-1] + 5, 41, 5))
+    other = tune_trial_dir(sweep, lr=1e-3)
+    assert len(steps_by_pid(other)) == 1  # the other trial ran in one process throughout
+
+    killed_curve = curves[trials.loc[2e-3, "trial_id"]]
+    assert_same_curve(killed_curve, uninterrupted_curve(sweep, lr=2e-3))
+    assert trials.loc[2e-3, "final_test_loss"] == killed_curve["test_loss"].iloc[-1]
+
+
+@pytest.mark.slow
+def test_corrupt_checkpoint_exhausts_retries_and_records_failed(local_ray, tmp_path):
+    """Overwrite a trial's checkpoint files with garbage, then SIGKILL it: the retry cannot
+    restore, retries run out (max_failures=1), the row says failed with the error naming the
+    checkpoint, the curve keeps what was reported; the other trial completes."""
+    sweep = sweep_config(
+        tmp_path,
+        "corrupt",
+        base={**TINY, "max_steps": 40, "eval_every": 5},
+        grid={"lr": [1e-3, 2e-3]},
+        max_failures=1,
+    )
+
+    def corrupt_then_kill(done):
+        trial_dir, pid, steps = freeze_running_trial(sweep, {"lr": 2e-3}, 2, done)
+        corrupted = list(trial_dir.glob("checkpoint_*/**/*.pt"))
+        for path in corrupted:
+            path.write_bytes(b"this is not a checkpoint " * 64)
+        os.kill(pid, signal.SIGKILL)
+        return trial_dir, pid, steps, corrupted
+
+    outcome, (trial_dir, pid, before, corrupted) = run_with_fault(sweep, corrupt_then_kill)
+    assert not isinstance(outcome, Exception), outcome
+    assert outcome.finished and corrupted
+
+    results = load_results(sweep.results_dir, sweep.name)
+    trials = results.trials.set_index("lr")
+    curves = rows_by(results.curves, "trial_id")
+    failed, healthy = trials.loc[2e-3], trials.loc[1e-3]
+    assert (failed["status"], failed["steps_done"]) == ("failed", before[-1])
+    assert "cannot restore the trial checkpoint" in failed["error"]
+    assert curves[failed["trial_id"]]["step"].tolist() == before
+    assert steps_by_pid(trial_dir) == {pid: before}  # the retry reported nothing
+    assert (healthy["status"], healthy["steps_done"]) == ("completed", 40)
+    assert curves[healthy["trial_id"]]["step"].tolist() == list(range(5, 41, 5))
+
+
+@pytest.mark.slow
+def test_out_of_memory_trial_is_retried_then_failed(local_ray, tmp_path):
+    """A batch too large for the worker's memory (RLIMIT_AS) fails with the allocator's
+    out-of-memory error on every attempt: retried max_failures times, then one failed row
+    with the error; the other trial completes."""
+    sweep = sweep_config(
+        tmp_path,
+        "oom",
+        base={**TINY, "max_steps": 20, "eval_every": 10},
+        grid={"batch_size": [16, HUGE_BATCH]},
+        max_failures=1,
+    )
+    outcome = run_sweep(sweep)
+    assert outcome.finished
+
+    results = load_results(sweep.results_dir, sweep.name)
+    trials = results.trials.set_index("batch_size")
+    oom, healthy = trials.loc[HUGE_BATCH], trials.loc[16]
+    assert (oom["status"], oom["steps_done"]) == ("failed", 0)
+    assert "can't allocate memory" in oom["error"]
+    assert "Failure # 2" in oom["error"]  # Tune's record: the first attempt and one retry
+    assert list(results.curves["trial_id"].unique()) == [healthy["trial_id"]]
+    assert (healthy["status"], healthy["steps_done"]) == ("completed", 20)
+
+
+# ----------------------------------------------------------------------------- disk faults
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs, unmounted afterwards; skipped where this process may not mount."""
+    mountpoint = tmp_path / "small_disk"
+    mountpoint.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mountpoint)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Write a file until the disk has no block left: a real ENOSPC for the next writer."""
+    filler = disk / "filler"
+    with contextlib.suppress(OSError), open(filler, "wb") as f:
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
+    assert os.statvfs(disk).f_bavail == 0
+    return filler
+
+
+def files_under(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.slow
+def test_disk_full_mid_sweep_stops_with_one_error_then_resume_finishes(
+    local_ray, tmp_path, small_disk
+):
+    """The results disk fills up while a sweep runs (another process takes the last block):
+    the sweep stops with the failing write's one-line error, every file already written is
+    intact, and --resume after space is freed finishes with every row exactly once."""
+    sweep = sweep_config(
+        small_disk,
+        "full",
+        base={**TINY, "max_steps": 40, "eval_every": 5},
+        grid={"lr": [1e-3]},
+        storage_path=str(tmp_path / "ray"),  # checkpoints elsewhere: only results fill up
+    )
+    curve_dir = Path(sweep.results_dir) / sweep.name / "curves"
+
+    def fill_after_two_evaluations(done):
+        def two_rows():
+            files = list(curve_dir.glob("[!.]*.parquet"))
+            return files and pq.read_table(files[0]).num_rows >= 2
+
+        wait_until(two_rows, "two curve rows", done)
+        return fill(small_disk)
+
+    error, filler = run_with_fault(sweep, fill_after_two_evaluations)
+    assert isinstance(error, ResultsError), error
+    (message,) = str(error).splitlines()
+    assert "No space left on device" in message and str(small_disk) in message
+    assert "--resume" in message
+
+    # What was written before the disk filled up is whole and consistent.
+    root = Path(sweep.results_dir) / sweep.name
+    assert not [p for p in root.rglob("*") if p.name.endswith(".tmp")]
+    for path in visible_parquet_files(root):
+        pq.read_table(path)
+    partial = load_results(sweep.results_dir, sweep.name)
+    steps = partial.curves["step"].tolist()
+    assert 2 <= len(steps) < 8 and steps == list(range(5, 5 * len(steps) + 1, 5))
+    (row,) = partial.trials.to_dict("records")
+    assert row["status"] == "running" and row["steps_done"] == steps[-1]
+
+    filler.unlink()
+    outcome = run_sweep(sweep, resume=True)
+    assert outcome.finished
+    results = load_results(sweep.results_dir, sweep.name)
+    (row,) = results.trials.to_dict("records")
+    assert (row["status"], row["steps_done"]) == ("completed", 40)
+    assert results.curves["step"].tolist() == list(range(5, 41, 5))
+
+
+def limit_file_size(size: int):
+    """preexec_fn: files this process writes may not exceed ``size`` bytes (EFBIG beyond,
+    instead of the default SIGXFSZ that kills it)."""
+
+    def apply():
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+    return apply
+
+
+TRAIN = ["scale-fpt", "train", "--task", "bit-xor", "--model", "gpt2-tiny", "--init", "random"]
+TRAIN += ["--test-batches", "2", "--no-progress"]
+
+
+@pytest.mark.slow
+def test_results_write_beyond_the_file_size_limit_stops_train_with_one_error(tmp_path):
+    """`scale-fpt train` whose writes may not exceed 8 KiB (RLIMIT_FSIZE): the first curve
+    file (~5 KiB) is written, the first trials file (~16 KiB) is not. Exit code 2, one line
+    naming the file and the cause, no traceback; the curve already written is intact."""
+    results = tmp_path / "results"
+    done = subprocess.run(
+        [*TRAIN, "--steps", "20", "--eval-every", "5", "--results", str(results)],
+        preexec_fn=limit_file_size(8192),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("scale-fpt: error: cannot write results file ")
+    assert "File too large" in line and str(results / "train" / "trials") in line
+    sweep_dir = results / "train"
+    (curve_file,) = visible_parquet_files(sweep_dir / "curves")
+    assert pq.read_table(curve_file).column("step").to_pylist() == [5]
+    assert files_under(sweep_dir) == ["_schema.json", f"curves/{curve_file.name}"]
+
+
+def test_full_or_read_only_results_dir_fails_at_start_up(tmp_path, small_disk, capfd):
+    """A results directory on a full disk, then on a read-only one: `scale-fpt sweep` and
+    `scale-fpt train` stop before any trial runs, exit code 2, one line naming the directory
+    and the cause; nothing is written."""
+    yaml_file = tmp_path / "sweep.yaml"
+    yaml_file.write_text(
+        "name: startup\nbase: {task: bit-xor, model: gpt2-tiny, init: random, max_steps: 2}\n"
+    )
+    results = small_disk / "results"
+    fill(small_disk)
+    for argv in (["sweep", str(yaml_file)], [*TRAIN[1:], "--steps", "2"]):
+        code = cli.main([*argv, "--results", str(results)])
+        out, err = capfd.readouterr()
+        assert code == 2, err
+        (line,) = [x for x in err.splitlines() if x.startswith("scale-fpt")]
+        assert "No space left on device" in line and str(results) in line
+        assert "Traceback" not in err
+    assert files_under(results) == []
+
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    for argv in (["sweep", str(yaml_file)], [*TRAIN[1:], "--steps", "2"]):
+        code = cli.main([*argv, "--results", str(small_disk / "elsewhere")])
+        out, err = capfd.readouterr()
+        assert code == 2, err
+        (line,) = [x for x in err.splitlines() if x.startswith("scale-fpt")]
+        assert "Read-only file system" in line and str(small_disk / "elsewhere") in line
+    assert not (small_disk / "elsewhere").exists()
+
+
+WRITER_LOOP = """
+import sys
+from scale_fpt.results import ResultsWriter
+from scale_fpt.config import TrialConfig
+root, start = sys.argv[1], int(sys.argv[2])
+flat = TrialConfig().to_flat()
+writer = ResultsWriter(root, "s")
+for step in range(start, 10**9):
+    for trial_id in ("a", "b"):
+        rows = [dict(flat, step=s, test_accuracy=s / 7, train_loss=1.0) for s in range(1, step + 1)]
+        writer.write_curve(trial_id, rows[-1:])
+        writer.write_trial(dict(flat, trial_id=trial_id, status="running", steps_done=step))
+"""
+
+
+@pytest.mark.slow
+def test_writer_killed_mid_write_never_leaves_a_broken_file(tmp_path):
+    """SIGKILL a process that rewrites results files as fast as it can, eight times at
+    random moments, restarting it each time: every file a reader sees is a whole Parquet
+    file whose rows are consistent (each curve 1..n, once each); a temporary that a kill
+    left half-written is hidden from every reader."""
+    import random
+
+    rng = random.Random(0)
+    root = tmp_path / "results"
+    start, temporaries = 1, 0
+    for _ in range(8):
+        writer = subprocess.Popen(
+            [sys.executable, "-c", WRITER_LOOP, str(root), str(start)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        wait_until(
+            lambda: len(visible_parquet_files(root / "s")) == 4 or writer.poll() is not None,
+            "the writer's first files",
+        )
+        time.sleep(rng.uniform(0.2, 0.6))
+        writer.kill()
+        _, err = writer.communicate()
+        assert writer.returncode == -signal.SIGKILL, err[-2000:]
+
+        temporaries += len([p for p in root.rglob(".*.tmp")])
+        for path in visible_parquet_files(root):
+            pq.read_table(path)
+        results = load_results(root, "s")
+        assert sorted(results.trials["trial_id"]) == ["a", "b"]
+        for trial_id, curve in rows_by(results.curves, "trial_id").items():
+            assert curve["step"].tolist() == list(range(1, len(curve) + 1)), trial_id
+            done = results.trials.set_index("trial_id").loc[trial_id, "steps_done"]
+            assert done <= len(curve) <= done + 1  # the curve is written before the row
+        start = int(results.trials["steps_done"].min()) + 1
+    assert temporaries >= 1, "no kill landed inside a write: the test proved nothing"
