@@ -17,6 +17,7 @@ Columns: ``TRIAL_SCHEMA`` and ``CURVE_SCHEMA`` below (every config field of
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass, fields
@@ -148,14 +149,20 @@ class ResultsWriter:
         self.prepare()
 
     def prepare(self) -> None:
-        """Fail at start-up, not mid-sweep, if the directory is unusable."""
+        """Fail at start-up, not mid-sweep, if the directory is unusable. A directory that
+        fails here is left as it was: no probe file, no empty folders made by this call."""
         marker = self.root / "_schema.json"
+        folders = (
+            *reversed(self.root.parents),
+            self.root,
+            self.root / "trials",
+            self.root / "curves",
+        )
+        made = [p for p in folders if not p.exists()]
         try:
-            for sub in ("trials", "curves"):
-                (self.root / sub).mkdir(parents=True, exist_ok=True)
             existing = marker.exists()
             if existing:
-                version = json.loads(marker.read_text()).get("schema_version")
+                version = read_schema_version(self.root)
                 if version != SCHEMA_VERSION:
                     raise ResultsError(
                         [
@@ -164,17 +171,27 @@ class ResultsWriter:
                             "directory (or another --sweep name)"
                         ]
                     )
+            for sub in ("trials", "curves"):
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
             # Probe even an existing sweep (a resumed one may now be read-only or full); the
             # name is per process, so writers starting side by side never remove each other's.
             probe = self.root / f".write-probe.{os.getpid()}"
-            probe.write_bytes(b"x" * 4096)
-            probe.unlink()
-        except OSError as e:
+            try:
+                probe.write_bytes(b"x" * 4096)
+            finally:
+                with contextlib.suppress(OSError):
+                    probe.unlink()
+            if not existing:
+                write_text_atomic(marker, json.dumps({"schema_version": SCHEMA_VERSION}))
+        except (OSError, ResultsError) as e:
+            for path in reversed(made):
+                with contextlib.suppress(OSError):
+                    path.rmdir()  # only ever empty folders: what this call made
+            if isinstance(e, ResultsError):
+                raise
             raise ResultsError(
                 [f"--results: cannot write to {self.root}: {e.strerror or e}"]
             ) from None
-        if not existing:
-            write_text_atomic(marker, json.dumps({"schema_version": SCHEMA_VERSION}))
 
     def write_trial(self, row: dict) -> None:
         path = self.root / "trials" / f"{row['trial_id']}.parquet"
@@ -201,6 +218,20 @@ class ResultsWriter:
             if status != "running":
                 done.add(path.stem)
         return done
+
+
+def read_schema_version(sweep_dir: Path):
+    """The schema version in ``sweep_dir/_schema.json``; ResultsError if it is unreadable."""
+    marker = sweep_dir / "_schema.json"
+    try:
+        return json.loads(marker.read_text()).get("schema_version")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ResultsError(
+            [
+                f"{marker} is not a readable scale_fpt schema file ({e}); this is not a "
+                "scale_fpt results directory, or it was damaged: use a new results directory"
+            ]
+        ) from None
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -239,7 +270,7 @@ def load_results(results_dir: str | os.PathLike, sweep: str | None = None) -> Re
         raise ResultsError([f"no scale_fpt results under {results_dir} (no */_schema.json)"])
     trials, curves = [], []
     for d in dirs:
-        version = json.loads((d / "_schema.json").read_text()).get("schema_version")
+        version = read_schema_version(d)
         if version != SCHEMA_VERSION:
             raise ResultsError(
                 [f"{d}: schema version {version}, this scale_fpt reads {SCHEMA_VERSION}"]

@@ -55,6 +55,13 @@ def parser(description: str, presets: dict) -> argparse.ArgumentParser:
         )
     p.add_argument("--seeds", default="", help="comma list of seeds (default: the preset's)")
     p.add_argument("--steps", type=int, default=0, help="max_steps of every trial")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="set any trial config field in every trial, e.g. --set eval_every=100 (repeatable)",
+    )
     p.add_argument("--name", default="", help="sweep name (default: the preset's)")
     # cluster/*.yaml export SCALE_FPT_RESULTS and SCALE_FPT_STORAGE (shared storage), so a
     # bare `ray submit cluster/gpu.yaml sweeps/X.py` writes where every node can reach.
@@ -104,9 +111,11 @@ def narrow(sweep, args: argparse.Namespace):
     changes = {"grid": grid, "base": base, "results_dir": args.results}
     if args.seeds:
         changes["seeds"] = tuple(split(args.seeds, int))
-    if args.steps:
-        # Last override wins over the preset's per-task step counts.
-        changes["overrides"] = (*sweep.overrides, ({}, {"max_steps": args.steps}))
+    # Last overrides win over the preset's per-task settings.
+    forced = {"max_steps": args.steps} if args.steps else {}
+    forced.update(parse_assignments(args.set))
+    if forced:
+        changes["overrides"] = (*sweep.overrides, ({}, forced))
     optional = {
         "name": args.name,
         "storage_path": args.storage,
@@ -123,6 +132,30 @@ def narrow(sweep, args: argparse.Namespace):
     sweep = dataclasses.replace(sweep, **changes)
     assert isinstance(sweep, SweepConfig)
     return sweep
+
+
+def parse_assignments(assignments: list[str]) -> dict:
+    """``["eval_every=100", "augment=false"]`` -> typed values of those trial config fields."""
+    from dataclasses import fields
+
+    from scale_fpt.config import CONCERNS, coerce
+
+    kinds = {f.name: type(getattr(c(), f.name)) for c in CONCERNS for f in fields(c)}
+    values, problems = {}, []
+    for assignment in assignments:
+        key, sep, text = assignment.partition("=")
+        if not sep or key not in kinds:
+            problems.append(
+                f"--set {assignment!r}: expected FIELD=VALUE with FIELD one of {', '.join(kinds)}"
+            )
+            continue
+        value, problem = coerce(key, text, kinds[key])
+        if problem:
+            problems.append(problem)
+        values[key] = value
+    if problems:
+        raise ConfigError(problems)
+    return values
 
 
 def local_backbones(sweep) -> list[tuple[str, str]]:

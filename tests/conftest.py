@@ -17,6 +17,16 @@ def pytest_configure(config):
     torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def default_float_mode():
+    """Trainers flush denormals to zero (process-wide, no getter); a test that leaves a trainer
+    unclosed must not change float arithmetic for the next test (hypothesis checks for it)."""
+    yield
+    import torch
+
+    torch.set_flush_denormal(False)
+
+
 TINY_GPT2 = {
     "n_layer": 2,
     "n_embd": 32,

@@ -535,8 +535,7 @@ flat = TrialConfig().to_flat()
 writer = ResultsWriter(root, "s")
 for step in range(start, 10**9):
     for trial_id in ("a", "b"):
-        rows = [dict(flat, step=s, test_accuracy=s / 7, train_loss=1.0) for s in range(1, step + 1)]
-        writer.write_curve(trial_id, rows[-1:])
+        writer.write_curve(trial_id, [dict(flat, step=step, test_accuracy=step / 7)])
         writer.write_trial(dict(flat, trial_id=trial_id, status="running", steps_done=step))
 """
 
@@ -578,3 +577,497 @@ def test_writer_killed_mid_write_never_leaves_a_broken_file(tmp_path):
             assert done <= len(curve) <= done + 1  # the curve is written before the row
         start = int(results.trials["steps_done"].min()) + 1
     assert temporaries >= 1, "no kill landed inside a write: the test proved nothing"
+
+
+# ------------------------------------------------------------------------ a killed node
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalCluster:
+    """A Ray cluster of separate `ray start --block` processes on this machine: a head and
+    worker nodes of one CPU each, in a private temp dir. Each node's processes (raylet,
+    agents, and the workers its raylet starts) descend from its `ray start` process, so a
+    node is killed, and the cluster torn down, by those process ids alone. (`ray stop` would
+    stop every Ray on the machine, other people's included.)"""
+
+    def __init__(self, workers: int):
+        self.temp_dir = tempfile.mkdtemp(prefix="sfray", dir="/tmp")  # short: socket paths
+        self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+        self.ray = str(Path(sys.executable).with_name("ray"))
+        if not os.path.exists(self.ray):
+            self.ray = shutil.which("ray") or "ray"
+        self.nodes: list[subprocess.Popen] = []
+        self.seen: set[int] = set()
+        port = free_port()
+        self.head = self.start(["--head", f"--port={port}", "--include-dashboard=false"])
+        address_file = Path(self.temp_dir) / "ray_current_cluster"
+        wait_until(
+            lambda: address_file.exists() or self.head.poll() is not None, "the head node", None, 60
+        )
+        assert self.head.poll() is None, self.log(self.head)
+        self.address = address_file.read_text().strip()
+        self.workers = [self.start([f"--address={self.address}"]) for _ in range(workers)]
+
+    def start(self, args: list[str]) -> subprocess.Popen:
+        ports = (
+            "node-manager-port",
+            "object-manager-port",
+            "metrics-export-port",
+            "dashboard-agent-listen-port",
+            "dashboard-agent-grpc-port",
+            "runtime-env-agent-port",
+        )
+        log = open(Path(self.temp_dir) / f"node{len(self.nodes)}.log", "w")  # noqa: SIM115
+        node = subprocess.Popen(
+            [self.ray, "start", "--block", *args, "--num-cpus=1", f"--temp-dir={self.temp_dir}"]
+            + [f"--{p}={free_port()}" for p in ports]
+            + ["--object-store-memory=150000000", "--disable-usage-stats"],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        node.log_file = log
+        self.nodes.append(node)
+        return node
+
+    def log(self, node) -> str:
+        return Path(node.log_file.name).read_text()[-3000:]
+
+    def processes(self, node):
+        import psutil
+
+        try:
+            root = psutil.Process(node.pid)
+            found = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+        self.seen.update(p.pid for p in found)
+        return found
+
+    def kill(self, node) -> list[int]:
+        """SIGKILL a node's processes by pid; returns the pids."""
+        import psutil
+
+        found = self.processes(node)
+        for process in found:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(found, timeout=30)
+        node.wait(timeout=30)
+        return [p.pid for p in found]
+
+    def shutdown(self) -> None:
+        """Stop every node (SIGTERM, then SIGKILL), and any process of ours that outlived
+        its node; the temp dir goes too."""
+        import psutil
+
+        found = [p for node in self.nodes for p in self.processes(node)]
+        for process in found:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.terminate()
+        _, alive = psutil.wait_procs(found, timeout=15)
+        for process in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        for pid in self.seen:  # orphans, e.g. workers of a raylet that died first
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if psutil.Process(pid).is_running():
+                    psutil.Process(pid).kill()
+        for node in self.nodes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                node.wait(timeout=10)
+            node.log_file.close()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def ray_cluster(monkeypatch):
+    """A head and one worker node (one CPU each); the driver (this process) attaches to it
+    through RAY_ADDRESS, as a sweep script on a cluster does."""
+    import ray
+
+    ray.shutdown()  # this module's local Ray, if a test before started it
+    cluster = LocalCluster(workers=1)
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.mark.slow
+def test_killed_worker_node_trials_resume_elsewhere_from_checkpoints(ray_cluster, tmp_path):
+    """Two trials on a two-node cluster; SIGKILL every process of the worker node (raylet,
+    agents, the trial's worker) mid-trial. Its trial is rescheduled on the head node and
+    resumes from its last checkpoint (on storage both nodes see); the Parquet output has
+    each trial once, each (trial_id, step) once, equal to an uninterrupted run."""
+    import ray
+
+    sweep = sweep_config(
+        tmp_path,
+        "node",
+        base={**TINY, "max_steps": 40, "eval_every": 5},
+        grid={"lr": [1e-3, 2e-3]},
+        max_failures=2,
+    )
+    worker_node = ray_cluster.workers[0]
+
+    def kill_worker_node(done):
+        def trial_on_worker_node():
+            pids = {p.pid for p in ray_cluster.processes(worker_node)}
+            for lr in (1e-3, 2e-3):
+                directory = tune_trial_dir(sweep, lr=lr)
+                found = tune_reports(directory) if directory else []
+                if len(found) >= 2 and not found[-1]["final"] and found[-1]["pid"] in pids:
+                    return directory, found[-1]["pid"], lr
+            return None
+
+        directory, pid, lr = wait_until(trial_on_worker_node, "a trial on the worker node", done)
+        killed = ray_cluster.kill(worker_node)
+        time.sleep(1.0)
+        steps = [r["step"] for r in tune_reports(directory) if r["pid"] == pid]
+        return directory, pid, lr, steps, killed
+
+    outcome, (trial_dir, pid, lr, before, killed) = run_with_fault(sweep, kill_worker_node)
+    assert not isinstance(outcome, Exception), outcome
+    assert outcome.finished and pid in killed and len(killed) >= 3  # ray start, raylet, worker
+    assert len([n for n in ray.nodes() if n["Alive"]]) == 1
+
+    results = load_results(sweep.results_dir, sweep.name)
+    trials = results.trials.set_index("lr")
+    assert len(trials) == 2 and trials["trial_id"].is_unique
+    assert (trials["status"] == "completed").all() and (trials["steps_done"] == 40).all()
+    assert not results.curves.duplicated(["trial_id", "step"]).any()
+    curves = rows_by(results.curves, "trial_id")
+    for trial_id in trials["trial_id"]:
+        assert curves[trial_id]["step"].tolist() == list(range(5, 41, 5))
+
+    by_pid = steps_by_pid(trial_dir)
+    assert by_pid.pop(pid) == before and before[-1] < 40
+    (retry,) = by_pid.values()
+    assert retry == list(range(before[-1] + 5, 41, 5))  # resumed after its checkpoint
+    assert_same_curve(curves[trials.loc[lr, "trial_id"]], uninterrupted_curve(sweep, lr=lr))
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def run_cli(capfd, *argv) -> tuple[int, str]:
+    """``scale-fpt ARGV`` in this process: (exit code, the one error line); asserts that
+    there is exactly one error message and no traceback."""
+    code = cli.main([str(a) for a in argv])
+    out, err = capfd.readouterr()
+    assert "Traceback" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("scale-fpt: error:")]
+    assert len(errors) == 1, err
+    return code, err[err.index("scale-fpt: error:") :]
+
+
+def image_dataset(columns: dict):
+    import datasets
+
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)}
+    )
+    return datasets.Dataset.from_dict(columns, features=features)
+
+
+def mnist_parquet(root: Path, image_bytes: bytes | None = None) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    root.mkdir(parents=True)
+    pixels = np.random.default_rng(0).integers(0, 256, (4, 28, 28), dtype=np.uint8)
+    for split in ("train", "test"):
+        images = [Image.fromarray(p) for p in pixels]
+        if image_bytes is not None:
+            images = [{"bytes": image_bytes, "path": None}] * len(pixels)
+        image_dataset({"image": images, "label": [1, 2, 3, 4]}).to_parquet(
+            str(root / f"{split}-0.parquet")
+        )
+    return root
+
+
+def truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def tape_json(root: Path) -> Path:
+    root.mkdir(parents=True)
+    for split in ("train", "test_fold_holdout"):
+        records = [{"primary": "MKTAYIAK", "fold_label": 3}] * 4
+        (root / f"remote_homology_{split}.json").write_text(json.dumps(records))
+    return root
+
+
+def tape_lmdb(root: Path) -> Path:
+    lmdb = pytest.importorskip("lmdb")
+    root.mkdir(parents=True)
+    for split in ("train", "test_fold_holdout"):
+        env = lmdb.open(str(root / f"remote_homology_{split}.lmdb"), map_size=1 << 20)
+        with env.begin(write=True) as txn:
+            for i in range(3):
+                txn.put(str(i).encode(), pickle.dumps({"primary": "MKT", "fold_label": 1}))
+            txn.put(b"num_examples", pickle.dumps(3))
+        env.close()
+    return root
+
+
+def lra_tsv(root: Path, train: bytes) -> Path:
+    root.mkdir(parents=True)
+    (root / "basic_train.tsv").write_bytes(train)
+    (root / "basic_val.tsv").write_text("Source\tTarget\n( ( ( [MAX 2 ) 9 ) ] )\t9\n")
+    return root
+
+
+def corrupt_data(kind: str, root: Path) -> tuple[str, Path]:
+    """(task, --data-dir) of a data directory damaged the way ``kind`` says."""
+    if kind == "truncated image parquet":
+        path = mnist_parquet(root)
+        truncate(path / "train-0.parquet")
+        return "mnist", path
+    if kind == "undecodable image":
+        return "mnist", mnist_parquet(root, image_bytes=b"\x89PNG\r\n this is no image")
+    if kind == "TAPE JSON cut in the middle":
+        path = tape_json(root)
+        truncate(path / "remote_homology_train.json")
+        return "homology", path
+    if kind == "TAPE LMDB overwritten":
+        path = tape_lmdb(root)
+        data = path / "remote_homology_train.lmdb" / "data.mdb"
+        data.write_bytes(b"\0" * len(data.read_bytes()))
+        return "homology", path
+    good = b"Source\tTarget\n( ( ( [MAX 2 ) 9 ) ] )\t9\n"
+    rows = {
+        "LRA tsv with a bad row": good + b"( ( ( [MAX 2 ) 9\n",
+        "LRA tsv that is binary": good + b"\xff\xfe\x00\x01\t3\n",
+        "LRA tsv without rows": b"Source\tTarget\n",
+    }
+    return "listops", lra_tsv(root, rows[kind])
+
+
+CORRUPT_DATA = {
+    "truncated image parquet": ["could not read the dataset", "download ylecun/mnist again"],
+    "undecodable image": ["row 0 of the train split", "not a readable image", "download"],
+    "TAPE JSON cut in the middle": ["remote_homology_train.json", "JSONDecodeError", "again"],
+    "TAPE LMDB overwritten": ["not a readable LMDB database", "download TAPE"],
+    "LRA tsv with a bad row": ["basic_train.tsv:3 is not an LRA row", "download LRA"],
+    "LRA tsv that is binary": ["basic_train.tsv:3 is not UTF-8 text", "download LRA"],
+    "LRA tsv without rows": ["basic_train.tsv holds no rows", "download LRA"],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPT_DATA))
+def test_corrupt_data_files_are_one_line_exit_2_and_nothing_written(
+    kind, tmp_path, capfd, monkeypatch
+):
+    if "image" in kind:  # datasets' Parquet conversion cache: keep it out of the user's home
+        datasets = pytest.importorskip("datasets")
+        monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    task, data_dir = corrupt_data(kind, tmp_path / "data")
+    results = tmp_path / "results"
+    code, message = run_cli(
+        capfd, "train", "--task", task, "--data-dir", data_dir, "--model", "gpt2-tiny",
+        "--init", "random", "--results", results, "--no-progress",
+    )  # fmt: skip
+    assert code == 2
+    (line,) = message.strip().splitlines()  # one line: what is wrong, and what to do
+    assert line.startswith(f"scale-fpt: error: {task.split('-')[0]}: ")
+    for expected in CORRUPT_DATA[kind]:
+        assert expected in line, (expected, line)
+    assert not results.exists()
+
+
+def test_impossible_configs_exit_2_naming_the_problem_and_write_nothing(
+    tmp_path, capfd, no_network
+):
+    """Unknown names and impossible combinations that test_cli.py does not already run
+    through the command line (bad task/init/finetune/batch/lr: see
+    test_cli.py::test_every_bad_argument_is_reported_at_once)."""
+    results = tmp_path / "results"
+    cases = {
+        ("--model", "no-such-model"): ["'no-such-model' is not a preset", "gpt2-tiny"],
+        ("--model", "lstm", "--finetune", "fpt+attn"): ["attn do not exist", "input, output"],
+        ("--task", "listops", "--max-length", "2048"): ["2048 tokens exceed the 1024", "lower"],
+    }
+    for flags, expected in cases.items():
+        code, message = run_cli(
+            capfd, "train", "--init", "random", *flags, "--results", results, "--no-progress"
+        )
+        assert code == 2
+        for text in expected:
+            assert text in message, (text, message)
+    assert not results.exists()
+
+
+def test_results_of_another_schema_version_exit_2_and_stay_untouched(tmp_path, capfd):
+    results = tmp_path / "results"
+    (results / "train").mkdir(parents=True)
+    (results / "train" / "_schema.json").write_text(json.dumps({"schema_version": 999}))
+    code, message = run_cli(capfd, *TRAIN[1:], "--steps", "2", "--results", results)
+    assert code == 2 and "schema version 999" in message and "new results directory" in message
+    code, message = run_cli(capfd, "report", results)
+    assert code == 2 and "schema version 999" in message
+    (results / "train" / "_schema.json").write_text('{"schema_vers')  # cut mid-write
+    code, message = run_cli(capfd, "report", results)
+    assert code == 2 and "not a readable scale_fpt schema file" in message
+    assert files_under(results) == ["train/_schema.json"]
+
+
+MALFORMED_SWEEPS = {
+    "name: a\nbase: {task: bit-xor\n": ["YAML syntax error", "line 3"],
+    "- name: a\n": ["a sweep file is a mapping"],
+    "grids: {lr: [0.1]}\n": ["unknown key 'grids'", "'name' is required"],
+    "name: 12\nmax_failures: two\nasha: 'yes'\nsearch: {lr: 5}\n": [
+        "'name' must be a str, got 12",
+        "'max_failures' must be an int, got 'two'",
+        "'asha' must be a bool",
+        "search 'lr' must be a list",
+    ],
+    "name: b\nbase: {task: nope, lr: -1}\ngrid: {batch_size: []}\n": [
+        "grid 'batch_size': needs a non-empty list",
+    ],
+    "name: b\nbase: {task: nope, lr: -1, batch_size: 0}\n": [
+        "--task: unknown value 'nope'",
+        "--lr: must be a positive number",
+        "--batch-size: must be >= 1",
+    ],
+    "name: c\noverrides: [[{task: bit-xor}, 5]]\n": ["pairs of mappings"],
+}
+
+
+@pytest.mark.parametrize("text", list(MALFORMED_SWEEPS), ids=range(len(MALFORMED_SWEEPS)))
+def test_malformed_sweep_yaml_exits_2_naming_every_problem(text, tmp_path, capfd):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(text)
+    results = tmp_path / "results"
+    code, message = run_cli(capfd, "sweep", path, "--results", results)
+    assert code == 2 and str(path) in message
+    for expected in MALFORMED_SWEEPS[text]:
+        assert expected in message, (expected, message)
+    assert not results.exists()
+
+
+def test_missing_sweep_file_exits_2(tmp_path, capfd):
+    code, message = run_cli(capfd, "sweep", tmp_path / "nope.yaml")
+    assert code == 2 and "cannot read sweep file" in message and "nope.yaml" in message
+
+
+# ------------------------------------------------- the results callback under interleavings
+
+MAX_STEP = 4
+PROP_SWEEP = "prop"
+TRIAL_EVENTS = st.lists(
+    st.one_of(
+        st.tuples(st.just("report"), st.integers(0, 2)),
+        # the trial process dies; its retry restores a checkpoint `back` reports old (it may
+        # report a step again; 0 and progress: from scratch)
+        st.tuples(st.just("retry"), st.integers(0, 2), st.integers(0, MAX_STEP)),
+        st.tuples(st.just("driver restart")),
+        st.tuples(st.just("end"), st.integers(0, 2), st.sampled_from(["complete", "error"])),
+    ),
+    max_size=30,
+)
+
+
+def prop_value(index: int, step: int) -> float:
+    return round(0.1 * index + 0.01 * step, 6)  # a deterministic trial: same step, same value
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=TRIAL_EVENTS)
+def test_interleaved_retries_and_driver_restarts_keep_one_row_per_key(events):
+    """Three trials reporting through the driver's real results callback while processes
+    die and retry from older checkpoints (steps reported again), the driver restarts (the
+    callback is rebuilt from its pickled state, as Tune restores it) and trials complete or
+    fail: the Parquet output always has one row per trial with its latest state and one
+    curve row per (trial, step) reached, whatever the interleaving."""
+    from ray import cloudpickle
+
+    from scale_fpt.sweep import results_callback_class, trial_flat
+    from scale_fpt.trial import trial_id_for
+
+    root = Path(tempfile.mkdtemp(prefix="faults-prop-"))
+    try:
+        callback = results_callback_class()(str(root), PROP_SWEEP)
+        arms = [{**TINY, "lr": 10.0 ** -(i + 2)} for i in range(3)]
+        ids = [trial_id_for(PROP_SWEEP, TrialConfig.from_flat(a).to_flat()) for a in arms]
+        tune_trials = [
+            SimpleNamespace(
+                trial_id=f"tune_{i}",
+                config={"sweep": PROP_SWEEP, "arm": arm},
+                last_result={},
+                checkpoint=None,
+                error_file=None,
+                error_msg=f"boom {i}",
+            )
+            for i, arm in enumerate(arms)
+        ]
+        progress, reached, last_reported, ended = [0, 0, 0], [0, 0, 0], {}, {}
+
+        def report(i: int, status: str = "running") -> None:
+            progress[i] += 1
+            step = progress[i]
+            reached[i] = max(reached[i], step)
+            last_reported[i] = step
+            flat = trial_flat(tune_trials[i].config)
+            curve = {"trial_id": ids[i], "step": step, "test_accuracy": prop_value(i, step)}
+            row = {"sweep": PROP_SWEEP, "trial_id": ids[i], **flat, "status": status}
+            row.update(steps_done=step, final_test_accuracy=prop_value(i, step))
+            result = {"step": step, "curve_rows": [{**flat, **curve}], "trial_rows": [row]}
+            tune_trials[i].last_result = result
+            callback.on_trial_result(0, [], tune_trials[i], result)
+
+        for event in events:
+            kind, *args = event
+            if kind == "driver restart":
+                callback = cloudpickle.loads(cloudpickle.dumps(callback))  # as Tune does
+            elif args[0] in ended:
+                continue
+            elif kind == "report" and progress[args[0]] < MAX_STEP - 1:
+                report(args[0])
+            elif kind == "retry":
+                progress[args[0]] = max(0, progress[args[0]] - args[1])
+            elif kind == "end" and args[1] == "complete":
+                i = args[0]
+                while progress[i] < MAX_STEP:
+                    report(i, "completed" if progress[i] == MAX_STEP - 1 else "running")
+                callback.on_trial_complete(0, [], tune_trials[i])
+                ended[i] = "completed"
+            elif kind == "end":
+                callback.on_trial_error(0, [], tune_trials[args[0]])
+                ended[args[0]] = "failed"
+
+        expected_ids = sorted(ids[i] for i in range(3) if i in last_reported or i in ended)
+        if not expected_ids:
+            assert visible_parquet_files(root) == []
+            return
+        results = load_results(root, PROP_SWEEP)
+        trials = results.trials.set_index("trial_id")
+        assert sorted(trials.index) == expected_ids
+        for i in range(3):
+            if ids[i] not in trials.index:
+                continue
+            row = trials.loc[ids[i]]
+            status = ended.get(i, "running")
+            assert row["status"] == status
+            assert row["steps_done"] == last_reported.get(i, 0)
+            error = None if pd.isna(row["error"]) else row["error"]
+            assert error == (f"boom {i}" if status == "failed" else None)
+            curve = results.curves[results.curves["trial_id"] == ids[i]]
+            assert curve["step"].tolist() == list(range(1, reached[i] + 1))
+            assert curve["test_accuracy"].tolist() == [
+                prop_value(i, s) for s in range(1, reached[i] + 1)
+            ]
+        assert not [p for p in root.rglob("*.tmp")]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -106,7 +106,8 @@ def load_split(path: Path, max_length: int) -> tuple[torch.Tensor, torch.Tensor,
     except (OSError, ValueError, KeyError, TypeError, pickle.UnpicklingError) as e:
         raise DataUnavailable(
             f"homology: cannot read {path} as TAPE remote-homology records "
-            f"('primary', 'fold_label'): {type(e).__name__}: {e}"
+            f"('primary', 'fold_label'): {type(e).__name__}: {e}; download TAPE's "
+            "remote_homology data again"
         ) from e
     if not sequences or min(map(len, sequences)) == 0:
         raise DataUnavailable(f"homology: {path} holds no records or an empty sequence")

@@ -108,7 +108,8 @@ def _open_splits(task: str, data_dir: str):
             raise
         except Exception as e:
             raise DataUnavailable(
-                f"{task}: could not read the dataset in {data_dir}: {_one_line(e)}"
+                f"{task}: could not read the dataset in {data_dir} (corrupt or truncated "
+                f"files?): {_one_line(e)}; download {HUB_IDS[task]} again and pass --data-dir DIR"
             ) from e
         source = str(folder.resolve())
     missing = [split for split in SPLITS if split not in dataset]
@@ -143,14 +144,16 @@ def _decode(task: str, source: str, split: str, dataset) -> tuple[torch.Tensor, 
         raise DataUnavailable(f"{task}: the {split} split of {source} is empty")
     mode, size = PIL_MODE[task], STORED_SIZE[task]
     images = []
-    for record in records.to_pylist():
+    for row, record in enumerate(records.to_pylist()):
         data, path = record["bytes"], record.get("path")
         try:
             with Image.open(io.BytesIO(data) if data is not None else path) as image:
                 pixels = np.asarray(image.convert(mode))
         except (OSError, ValueError) as e:
+            what = type(e).__name__ if data is not None else f"{path}: {e}"
             raise DataUnavailable(
-                f"{task}: cannot decode an image of {source} ({split}): {e}"
+                f"{task}: row {row} of the {split} split of {source} is not a readable image "
+                f"({what}); download {HUB_IDS[task]} again and pass --data-dir DIR"
             ) from e
         if pixels.shape[:2] != (size, size):
             raise DataUnavailable(

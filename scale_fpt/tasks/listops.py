@@ -185,28 +185,29 @@ def load_lra_split(path: Path, max_length: int) -> tuple[torch.Tensor, torch.Ten
     if key in _LRA:
         return _LRA[key]
     rows, targets = [], []
-    line_no = 0
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
-                fields = line.rstrip("\r\n").split("\t")
-                if line_no == 1 and fields[0] == "Source":
-                    continue
-                if not line.strip():
-                    continue
-                ids = tokenize(fields[0], max_length) if len(fields) == 2 else []
-                if not ids or not fields[1].strip().isdigit() or int(fields[1]) > 9:
-                    raise DataUnavailable(
-                        f"listops: {path}:{line_no} is not an LRA row "
-                        "'Source<TAB>Target' with a non-empty expression and a target 0-9"
-                    )
-                rows.append(ids)
-                targets.append(int(fields[1]))
-    except UnicodeDecodeError:
-        raise DataUnavailable(
-            f"listops: {path}:{line_no + 1} is not UTF-8 text (a corrupt or binary file, not "
-            "an LRA basic_*.tsv); download LRA's listops-1000 data again"
-        ) from None
+    with open(path, "rb") as f:  # decoded line by line, so a bad byte is reported by line
+        for line_no, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise DataUnavailable(
+                    f"listops: {path}:{line_no} is not UTF-8 text (a corrupt or binary file, "
+                    "not an LRA basic_*.tsv); download LRA's listops-1000 data again"
+                ) from None
+            fields = line.rstrip("\r\n").split("\t")
+            if line_no == 1 and fields[0] == "Source":
+                continue
+            if not line.strip():
+                continue
+            ids = tokenize(fields[0], max_length) if len(fields) == 2 else []
+            if not ids or not fields[1].strip().isdigit() or int(fields[1]) > 9:
+                raise DataUnavailable(
+                    f"listops: {path}:{line_no} is not an LRA row "
+                    "'Source<TAB>Target' with a non-empty expression and a target 0-9; "
+                    "download LRA's listops-1000 data again"
+                )
+            rows.append(ids)
+            targets.append(int(fields[1]))
     if not rows:
         raise DataUnavailable(
             f"listops: {path} holds no rows (an empty or truncated LRA basic_*.tsv); download "
