@@ -84,6 +84,12 @@ def parser(description: str, presets: dict) -> argparse.ArgumentParser:
     p.add_argument("--max-failures", type=int, default=-1, help="retries per crashed trial")
     p.add_argument("--search-trials", type=int, default=0, help="Optuna trials per arm")
     p.add_argument("--asha", action="store_true", help="stop weak trials early (ASHA)")
+    p.add_argument(
+        "--pack",
+        type=int,
+        default=0,
+        help="train up to K compatible trials per process on one backbone",
+    )
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
     return p
 
@@ -129,6 +135,8 @@ def narrow(sweep, args: argparse.Namespace):
         changes["max_failures"] = args.max_failures
     if args.asha:
         changes["asha"] = True
+    if args.pack:
+        changes["pack"] = args.pack
     sweep = dataclasses.replace(sweep, **changes)
     assert isinstance(sweep, SweepConfig)
     return sweep

@@ -70,6 +70,11 @@ class SweepConfig:
     """Memory of one GPU of the cluster, to pack small trials onto one device."""
     reuse_actors: bool = True
     """Reuse trial processes (saves the import and start-up of torch and DeepSpeed)."""
+    pack: int = 1
+    """Trials per cohort: up to this many compatible grid trials (same frozen backbone,
+    differing in lr, seed or trained subset of input/output/ln/pos) train together in one
+    process over one copy of the backbone (``scale_fpt.packing``); each keeps its own rows.
+    1: one trial per process. Searches suggest one trial at a time and always run unpacked."""
 
     def problems(self) -> list[str]:
         out = []
@@ -97,7 +102,7 @@ class SweepConfig:
                 "asha with search: Ray records early-stopped trials in Optuna as complete with "
                 "their truncated value, which misleads the sampler; use one or the other"
             )
-        for name in ("search_trials", "max_failures", "asha_grace_evals", "cpus_per_trial"):
+        for name in ("search_trials", "max_failures", "asha_grace_evals", "cpus_per_trial", "pack"):
             if getattr(self, name) < (0 if name == "max_failures" else 1):
                 out.append(f"{flag(name)}: must be positive, got {getattr(self, name)}")
         return out
@@ -263,6 +268,20 @@ def trial_resources(flat: dict, sweep: SweepConfig, gpus: bool) -> dict:
     return {"CPU": sweep.cpus_per_trial, "GPU": fraction}
 
 
+def cohort_resources(members: list[dict], sweep: SweepConfig, gpus: bool) -> dict:
+    """Ray resources of a packed cohort: its CPUs (more threads than a lone trial, since the
+    cohort's matrix products are K times taller), or a GPU share sized by its memory."""
+    if not gpus:
+        return {"CPU": sweep.cpus_per_trial}
+    from scale_fpt.packing import cohort_memory_bytes
+
+    memory = cohort_memory_bytes(members)
+    return {
+        "CPU": sweep.cpus_per_trial,
+        "GPU": scaling.gpu_fraction(memory, int(sweep.gpu_memory_gb * 2**30)),
+    }
+
+
 # --------------------------------------------------------------------------- the trainable
 
 
@@ -425,7 +444,11 @@ def results_callback_class():
         def write_error(self, trial):
             error = trial_error_text(trial)
             rows = self.reported_rows(trial)
-            if not rows:
+            if not rows and "members" in trial.config:  # a packed cohort that never reported
+                from scale_fpt.packing import cohort_failed_rows
+
+                rows = cohort_failed_rows(trial.config, error)
+            elif not rows:
                 rows = [config_only_row(self.sweep, trial_flat(trial.config), "failed", error)]
             for row in rows:
                 if row["status"] in ("running", "failed"):
@@ -585,11 +608,21 @@ def run_experiment(sweep: SweepConfig, experiment: str, arms: list[dict], gpus: 
 
     path = os.path.join(sweep.ray_storage, experiment)
 
-    def resources(flat: dict) -> tune.PlacementGroupFactory:
-        request = trial_resources(trial_flat(flat), sweep, gpus)
+    packed = sweep.pack > 1 and not sweep.search
+
+    def resources(config: dict) -> tune.PlacementGroupFactory:
+        if "members" in config:
+            request = cohort_resources(config["members"], sweep, gpus)
+        else:
+            request = trial_resources(trial_flat(config), sweep, gpus)
         return tune.PlacementGroupFactory([request])
 
-    trainable = tune.with_resources(tune_trial, resources)
+    if packed:
+        from scale_fpt.packing import cohorts, tune_cohort
+
+        trainable = tune.with_resources(tune_cohort, resources)
+    else:
+        trainable = tune.with_resources(tune_trial, resources)
     if resume and tune.Tuner.can_restore(path):
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True)
         return fit_reporting_write_failures(tuner)
@@ -603,9 +636,15 @@ def run_experiment(sweep: SweepConfig, experiment: str, arms: list[dict], gpus: 
         search_alg = search_algorithm(sweep, arm, experiment)
         num_samples = sweep.search_trials
     else:
-        # One grid axis over whole arm configs: exactly arms(), overrides included.
-        param_space = {"sweep": sweep.name, "arm": tune.grid_search(arms)}
         search_alg, num_samples = None, 1
+        # One grid axis over whole arm configs: exactly arms(), overrides included.
+        if packed:
+            param_space = {
+                "sweep": sweep.name,
+                "members": tune.grid_search(cohorts(arms, sweep.pack)),
+            }
+        else:
+            param_space = {"sweep": sweep.name, "arm": tune.grid_search(arms)}
     scheduler = None
     if sweep.asha:
         max_evals = max(

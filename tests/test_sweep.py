@@ -3,6 +3,7 @@ Optuna searches continued from their SQLite storage, resources, bad sweep config
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -236,3 +237,35 @@ def test_asha_stops_weak_trials_and_records_them_stopped(tmp_path):
     for trial_id, row in trials.set_index("trial_id").iterrows():
         steps = curves.loc[curves["trial_id"] == trial_id, "step"].tolist()
         assert steps == list(range(20, row["steps_done"] + 1, 20))  # curve kept up to the stop
+
+
+@pytest.mark.slow
+def test_packed_sweep_rows_match_the_unpacked_sweep(tmp_path):
+    """--pack: one process trains the lr grid over one backbone, and every member's rows are
+    the rows it gets alone: same trial ids, same curves (dropout 0: draw-for-draw equal)."""
+    from scale_fpt.sweep import run_sweep
+
+    def sweep(name: str, pack: int) -> SweepConfig:
+        return SweepConfig(
+            name=name,
+            base={**TINY, "max_steps": 20, "eval_every": 10, "dropout": 0.0},
+            grid={"lr": [1e-3, 3e-3, 1e-2]},
+            results_dir=str(tmp_path / name),
+            pack=pack,
+            max_concurrent=1,
+        )
+
+    packed = run_sweep(sweep("s", pack=3))
+    assert packed.finished and packed.trials == 1  # one Tune trial: the cohort
+    alone = run_sweep(dataclasses.replace(sweep("s", pack=1), results_dir=str(tmp_path / "alone")))
+    assert alone.trials == 3
+    a, b = load_results(tmp_path / "s", "s"), load_results(tmp_path / "alone", "s")
+    assert sorted(a.trials["trial_id"]) == sorted(b.trials["trial_id"])
+    assert (a.trials["status"] == "completed").all() and len(a.curves) == 6
+    keys = ["trial_id", "step"]
+    for column in ("train_loss", "test_loss", "test_accuracy"):
+        merged = a.curves.merge(b.curves, on=keys, suffixes=("_packed", "_alone"))
+        assert len(merged) == 6
+        assert merged[f"{column}_packed"].to_numpy() == pytest.approx(
+            merged[f"{column}_alone"].to_numpy(), rel=1e-4, abs=1e-6
+        )
