@@ -50,7 +50,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -62,7 +62,14 @@ from scale_fpt.models.backbones import build_backbone, load_architecture
 from scale_fpt.models.fpt import FPT, last_tokens
 from scale_fpt.tasks import build_task
 from scale_fpt.tasks.base import Batch, Task, TaskSpec
-from scale_fpt.trainer import Evaluation, TrialState, precision_problems, resolve_device
+from scale_fpt.trainer import (
+    Evaluation,
+    TrialState,
+    precision_problems,
+    resolve_device,
+    restore_rng,
+    rng_state,
+)
 from scale_fpt.trial import TrialRecord, error_text, trial_id_for
 
 PACKABLE_GROUPS = ("input", "output", "ln", "pos")
@@ -722,9 +729,8 @@ class Cohort:
             "step": self.step,
             "params": {n: p.detach().cpu() for n, p in self.model.named_parameters()},
             "optimizer": self.optimizer.state_dict(),
-            "states": [asdict(m.state) for m in self.members],
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "states": [m.state.to_dict() for m in self.members],
+            **rng_state(),
         }
         torch.save(payload, os.path.join(directory, CHECKPOINT_FILE))
 
@@ -739,16 +745,8 @@ class Cohort:
         self.optimizer.load_state_dict(payload["optimizer"])
         self.step = payload["step"]
         for member, saved in zip(self.members, payload["states"], strict=True):
-            member.state = TrialState(
-                step=saved["step"],
-                status=saved["status"],
-                history=[Evaluation(**e) for e in saved["history"]],
-                train_seconds=saved["train_seconds"],
-                wall_seconds=saved["wall_seconds"],
-            )
-        torch.set_rng_state(payload["torch_rng"])
-        if payload["cuda_rng"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(payload["cuda_rng"])
+            member.state = TrialState.from_dict(saved)
+        restore_rng(payload)
 
     def close(self) -> None:
         """Free the cohort's memory (a reused Ray actor runs the next cohort here)."""

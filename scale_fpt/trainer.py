@@ -61,6 +61,25 @@ class TrialState:
     def steps_to_threshold(self, threshold: float) -> int | None:
         return next((e.step for e in self.history if e.test_accuracy >= threshold), None)
 
+    def to_dict(self) -> dict:
+        return asdict(self)  # nested Evaluations become dicts too
+
+    @classmethod
+    def from_dict(cls, saved: dict) -> TrialState:
+        return cls(**{**saved, "history": [Evaluation(**e) for e in saved["history"]]})
+
+
+def rng_state() -> dict:
+    """The global RNG state a resumed trial needs (dropout draws from it)."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return {"torch_rng": torch.get_rng_state(), "cuda_rng": cuda}
+
+
+def restore_rng(saved: dict) -> None:
+    torch.set_rng_state(saved["torch_rng"])
+    if saved["cuda_rng"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(saved["cuda_rng"])
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -254,11 +273,7 @@ class Trainer:
     def save(self, directory: str) -> None:
         """Trainable weights, optimiser state, progress and RNG state (frozen weights are
         rebuilt from the config and seed, so they are not written)."""
-        client_state = {
-            "state": {**asdict(self.state), "history": [asdict(e) for e in self.state.history]},
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        }
+        client_state = {"state": self.state.to_dict(), **rng_state()}
         self.engine.save_checkpoint(
             directory, tag=CHECKPOINT_TAG, client_state=client_state, exclude_frozen_parameters=True
         )
@@ -278,17 +293,8 @@ class Trainer:
             ) from e
         if path is None:
             raise RuntimeError(f"no trial checkpoint in {directory}")
-        saved = client_state["state"]
-        self.state = TrialState(
-            step=saved["step"],
-            status=saved["status"],
-            history=[Evaluation(**e) for e in saved["history"]],
-            train_seconds=saved["train_seconds"],
-            wall_seconds=saved["wall_seconds"],
-        )
-        torch.set_rng_state(client_state["torch_rng"])
-        if client_state["cuda_rng"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(client_state["cuda_rng"])
+        self.state = TrialState.from_dict(client_state["state"])
+        restore_rng(client_state)
 
     def close(self) -> None:
         """Free the engine's memory (a reused Ray actor runs the next trial in this process)."""
