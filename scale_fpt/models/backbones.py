@@ -99,6 +99,10 @@ def load_architecture(config: ModelConfig, attn_implementation: str = "sdpa"):
             if hasattr(arch, key):
                 setattr(arch, key, config.dropout)
     arch._attn_implementation = attn_implementation
+    if getattr(arch, "activation_function", None) == "gelu_new":
+        # The same tanh-approximated GELU as one fused kernel instead of five element-wise
+        # ops (equal to ~1e-7): the step's non-matmul time drops, on CPU by ~2x.
+        arch.activation_function = "gelu_pytorch_tanh"
     return arch
 
 
