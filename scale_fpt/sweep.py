@@ -592,10 +592,20 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
     for experiment, arms in plans:
         grid = run_experiment(sweep, experiment, arms, gpus, resume)
         trials += len(grid)
-        unfinished += len(grid) - grid.num_terminated - grid.num_errors
+        unfinished += saved_unfinished(os.path.join(sweep.ray_storage, experiment))
         if unfinished:
             break  # interrupted: later arms wait for --resume
     return SweepOutcome([name for name, _ in plans], trials, unfinished)
+
+
+def saved_unfinished(path: str) -> int:
+    """Trials that Tune's saved experiment state holds as neither finished nor errored: what
+    ``--resume`` continues. (Not the ResultGrid's count: on Ctrl-C, Tune saves its state and
+    then stops the running trials, which the returned ResultGrid calls TERMINATED.)"""
+    from ray.tune import ExperimentAnalysis
+
+    trials = ExperimentAnalysis(path).trials
+    return sum(trial.status not in ("TERMINATED", "ERROR") for trial in trials)
 
 
 def slug(text: str) -> str:
