@@ -67,7 +67,11 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--dropout", type=float, default=0.1, help="backbone dropout (paper 0.1)")
     parser.add_argument(
-        "--lra-batch-size", type=int, default=0, help="batch for cifar10-lra (0: --batch-size)"
+        "--lra-batch-size",
+        type=int,
+        default=0 if h.CUDA else 2,
+        help="batch for cifar10-lra (0: --batch-size; default 2 on a CPU, where 16 x 1024 "
+        "tokens of gpt2 activations exceed 24 GiB)",
     )
     parser.add_argument("--steps", type=int, default=10, help="timed steps (median reported)")
     parser.add_argument("--warmup", type=int, default=3)
@@ -137,7 +141,13 @@ def main(argv=None) -> int:
                             "peak mem": h.si(memory, "B"),
                         }
                     )
-                    print(f"  done {model} {task_name} {finetune} {path}", file=sys.stderr)
+                    # Each row as it completes, so a run cut short (e.g. out of memory) keeps them.
+                    print(
+                        f"  done {model} {task_name} {finetune} {path}: {seconds * 1e3:.1f} ms/step,"
+                        f" {h.si(flops / seconds)}FLOP/s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     # The peak is measured before and after the rows and the higher one is used: a
     # conservative MFU on a machine whose load changes while the benchmark runs.
     peak_end, _ = h.matmul_peak(args.peak_seconds)

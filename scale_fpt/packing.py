@@ -781,8 +781,8 @@ def run_cohort(
 def cohort_metrics(cohort: Cohort) -> dict:
     """Scheduler-facing metrics of a cohort: the best member (ASHA stops whole cohorts)."""
     last = [m.state.last for m in cohort.members if m.state.last is not None]
-    if not last:
-        return {}
+    if not last:  # Tune rejects a result without the sweep's metric: report NaN
+        return {"test_accuracy": float("nan"), "best_test_accuracy": float("nan")}
     return {
         "test_accuracy": max(e.test_accuracy for e in last),
         "best_test_accuracy": max(
@@ -824,7 +824,16 @@ def tune_cohort(flat: dict) -> None:
         failed += [config_only_row(sweep, m, "failed", error_text(e)) for m, _ in configs]
         cohort = None
     if cohort is None:
-        tune.report({"step": 0, "trial_rows": failed, "final": True})
+        nan = float("nan")
+        tune.report(
+            {
+                "step": 0,
+                "test_accuracy": nan,
+                "best_test_accuracy": nan,
+                "trial_rows": failed,
+                "final": True,
+            }
+        )
         return
     try:
         checkpoint = tune.get_checkpoint()

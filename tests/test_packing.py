@@ -213,7 +213,9 @@ def test_tune_cohort_writes_every_member_once(base, tmp_path, monkeypatch):
     packed = [{**flat, **m} for m in MEMBERS]
     unpackable = [{**flat, **MEMBERS[0], "finetune": "fpt+ff"}]  # runs through tune_trial
     results_dir = tmp_path / "results"
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    started_here = not ray.is_initialized()  # another test module may have started it
+    if started_here:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         tuner = tune.Tuner(
             tune.with_resources(tune_cohort, {"cpu": 1}),
@@ -228,7 +230,8 @@ def test_tune_cohort_writes_every_member_once(base, tmp_path, monkeypatch):
         )
         grid = tuner.fit()
     finally:
-        ray.shutdown()
+        if started_here:
+            ray.shutdown()
     assert grid.num_errors == 0
     trials = pd.read_parquet(results_dir / SWEEP / "trials")
     curves = pd.read_parquet(results_dir / SWEEP / "curves")
