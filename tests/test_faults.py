@@ -844,7 +844,11 @@ def test_killed_worker_node_trials_resume_elsewhere_from_checkpoints(ray_cluster
     before = by_pid.pop(pid)  # what the trial reported on the worker node
     assert before == list(range(5, before[-1] + 1, 5)) and before[-1] < 60
     (retry,) = by_pid.values()
-    assert retry == list(range(before[-1] + 5, 61, 5))  # resumed after its checkpoint
+    # Resumed after a checkpoint it had reported: the last one, or the one before when the
+    # node died between a report and the persisting of its checkpoint (Ray then reports that
+    # step again; the results keep it once, as asserted above).
+    assert retry[0] - 5 in before and retry[0] > before[-1] - 5
+    assert retry == list(range(retry[0], 61, 5))
     assert_same_curve(curves[trials.loc[lr, "trial_id"]], uninterrupted_curve(sweep, lr=lr))
 
 
