@@ -15,7 +15,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from scale_fpt.config import CONCERNS, ConfigError, TrialConfig, flag
+from scale_fpt.config import CONCERNS, FIELD_TYPES, ConfigError, TrialConfig, flag
 
 EXIT_BAD_INPUT = 2
 ALIASES = {"max_steps": ["--steps"]}
@@ -126,8 +126,7 @@ def build_parser() -> Parser:
 
 
 def trial_config(args: argparse.Namespace) -> TrialConfig:
-    names = {f.name for c in CONCERNS for f in fields(c)}
-    flat = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    flat = {k: v for k, v in vars(args).items() if k in FIELD_TYPES and v is not None}
     return TrialConfig.from_flat(flat)
 
 

@@ -196,6 +196,10 @@ class TrainConfig:
 
 
 CONCERNS = (TaskConfig, ModelConfig, TrainConfig)
+FIELD_TYPES: dict[str, type] = {
+    f.name: type(getattr(concern(), f.name)) for concern in CONCERNS for f in fields(concern)
+}
+"""Every trial config field (flat name) and its type: the CLI flags, sweep keys, columns."""
 
 
 @dataclass(frozen=True)
@@ -217,12 +221,11 @@ class TrialConfig:
     def from_flat(cls, flat: dict, *, strict: bool = True) -> TrialConfig:
         """Build and validate from ``{field: value}``; unknown keys are problems when strict."""
         problems = []
-        known = {f.name for c in CONCERNS for f in fields(c)}
         if strict:
             problems += [
-                f"unknown config key {k!r}; known keys: {', '.join(sorted(known))}"
+                f"unknown config key {k!r}; known keys: {', '.join(sorted(FIELD_TYPES))}"
                 for k in flat
-                if k not in known
+                if k not in FIELD_TYPES
             ]
         parts = []
         for concern in CONCERNS:
@@ -230,7 +233,7 @@ class TrialConfig:
             for f in fields(concern):
                 if f.name not in flat:
                     continue
-                value, problem = coerce(f.name, flat[f.name], type(getattr(concern(), f.name)))
+                value, problem = coerce(f.name, flat[f.name], FIELD_TYPES[f.name])
                 if problem:
                     problems.append(problem)
                 else:

@@ -144,11 +144,9 @@ def narrow(sweep, args: argparse.Namespace):
 
 def parse_assignments(assignments: list[str]) -> dict:
     """``["eval_every=100", "augment=false"]`` -> typed values of those trial config fields."""
-    from dataclasses import fields
+    from scale_fpt.config import FIELD_TYPES, coerce
 
-    from scale_fpt.config import CONCERNS, coerce
-
-    kinds = {f.name: type(getattr(c(), f.name)) for c in CONCERNS for f in fields(c)}
+    kinds = FIELD_TYPES
     values, problems = {}, []
     for assignment in assignments:
         key, sep, text = assignment.partition("=")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from scale_fpt import scaling
-from scale_fpt.config import ConfigError, TrialConfig, flag
+from scale_fpt.config import FIELD_TYPES, ConfigError, TrialConfig, flag
 from scale_fpt.results import ResultsError, ResultsWriter
 from scale_fpt.trial import Trial, error_text, git_sha, trial_id_for, versions
 
@@ -80,9 +80,7 @@ class SweepConfig:
         out = []
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name or ""):
             out.append(f"sweep name {self.name!r}: use letters, digits, '-', '_', '.'")
-        known = {f.name for f in fields(TrialConfig().task)} | {
-            f.name for c in (TrialConfig().model, TrialConfig().train) for f in fields(c)
-        }
+        known = FIELD_TYPES
         override_keys = [k for match, values in self.overrides for k in (*match, *values)]
         for key in (*self.base, *self.grid, *self.search, *override_keys):
             if key not in known:

@@ -17,14 +17,13 @@ last layer and averaged over layers, beside what uniform causal attention would 
 from __future__ import annotations
 
 import math
-from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
-from scale_fpt.config import CONCERNS, TrialConfig
+from scale_fpt.config import FIELD_TYPES, TrialConfig
 from scale_fpt.tasks.bits import BitMemory, BitXor
 
 ATTENTION_TASKS = ("bit-xor", "bit-memory")
@@ -97,9 +96,8 @@ def model_states_path(checkpoint: str, results_dir: str | Path | None = None) ->
 
 def trial_config(row) -> TrialConfig:
     """The TrialConfig of a trials row (its config columns)."""
-    names = {f.name for concern in CONCERNS for f in fields(concern)}
     flat = {}
-    for name in names:
+    for name in FIELD_TYPES:
         value = row.get(name)
         if value is None or (isinstance(value, float) and math.isnan(value)):
             continue
