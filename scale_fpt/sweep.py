@@ -21,7 +21,7 @@ from pathlib import Path
 from scale_fpt import scaling
 from scale_fpt.config import FIELD_TYPES, ConfigError, TrialConfig, flag
 from scale_fpt.results import ResultsError, ResultsWriter
-from scale_fpt.trial import Trial, error_text, git_sha, trial_id_for, versions
+from scale_fpt.trial import Trial, error_text, git_sha, provenance, trial_id_for
 
 SEARCH_KINDS = ("loguniform", "uniform", "int", "choice")
 
@@ -349,11 +349,6 @@ def nan_if_none(value) -> float:
 
 def config_only_row(sweep: str, flat: dict, status: str, error: str | None) -> dict:
     """The row of a trial that never built (bad combination) or never reported."""
-    import datetime
-    import socket
-
-    from scale_fpt.results import SCHEMA_VERSION
-
     try:
         trial_id = trial_id_for(sweep, TrialConfig.from_flat(flat).to_flat())
     except ConfigError:
@@ -364,12 +359,8 @@ def config_only_row(sweep: str, flat: dict, status: str, error: str | None) -> d
         **flat,
         "status": status,
         "steps_done": 0,
-        "hostname": socket.gethostname(),
-        "git_sha": git_sha(),
-        "versions": versions(),
         "error": error,
-        "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "schema_version": SCHEMA_VERSION,
+        **provenance(),
     }
 
 

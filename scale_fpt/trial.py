@@ -80,6 +80,17 @@ def versions() -> str:
     return json.dumps(found, sort_keys=True)
 
 
+def provenance() -> dict:
+    """Where and with what a row was written: every trials row carries these."""
+    return {
+        "hostname": socket.gethostname(),
+        "git_sha": git_sha(),
+        "versions": versions(),
+        "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "schema_version": SCHEMA_VERSION,
+    }
+
+
 def step_flops(built: BuiltModel, spec: TaskSpec, batch_size: int) -> tuple[int, int]:
     """(training FLOPs, evaluation FLOPs) of one step of ``batch_size`` sequences."""
     module = built.module
@@ -153,15 +164,9 @@ class TrialRecord:
             "wall_time_s": state.wall_seconds,
             "train_time_s": state.train_seconds,
             "device": device_name(self.device),
-            "hostname": socket.gethostname(),
-            "git_sha": git_sha(),
-            "versions": versions(),
             "error": error,
             "checkpoint": None,  # set by the caller that keeps checkpoints (CLI, sweep)
-            "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                timespec="seconds"
-            ),
-            "schema_version": SCHEMA_VERSION,
+            **provenance(),
         }
 
 
