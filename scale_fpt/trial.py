@@ -132,6 +132,10 @@ class TrialRecord:
     spec: TaskSpec
     device: str
 
+    @functools.cached_property
+    def flops_per_step(self) -> int:
+        return step_flops(self.built, self.spec, self.config.train.batch_size)[0]
+
     def curve_row(self, evaluation: Evaluation) -> dict:
         flat = self.config.to_flat()
         return {"sweep": self.sweep, "trial_id": self.trial_id, **asdict(evaluation), **flat}
@@ -139,7 +143,7 @@ class TrialRecord:
     def trial_row(self, state: TrialState, error: str | None = None) -> dict:
         train = self.config.train
         last = state.last
-        flops, _ = step_flops(self.built, self.spec, train.batch_size)
+        flops = self.flops_per_step
         return {
             "sweep": self.sweep,
             "trial_id": self.trial_id,
