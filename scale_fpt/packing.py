@@ -57,9 +57,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from scale_fpt.config import ConfigError, TrialConfig, parse_finetune
-from scale_fpt.models import BuiltModel, build_model
+from scale_fpt.models import BuiltModel, build_model, ops
 from scale_fpt.models.backbones import build_backbone, load_architecture
-from scale_fpt.models.fpt import FPT, last_tokens
+from scale_fpt.models.fpt import FPT
 from scale_fpt.tasks import build_task
 from scale_fpt.tasks.base import Batch, Task, TaskSpec
 from scale_fpt.trainer import (
@@ -287,9 +287,6 @@ class PackedFPT(nn.Module):
         normed = F.layer_norm(h, (self.d,), eps=self.eps)
         return torch.addcmul(bias.unsqueeze(1), normed, weight.unsqueeze(1))
 
-    def _drop(self, h: torch.Tensor, p: float) -> torch.Tensor:
-        return F.dropout(h, p, training=True) if p > 0 and self.training else h
-
     def forward(
         self,
         x: torch.Tensor,
@@ -299,7 +296,7 @@ class PackedFPT(nn.Module):
         """x (Ka, B, T, W) float or (Ka, B, T) long for the members ``members`` (indices into
         K; None: all K) -> logits (Ka, B, k, m, C)."""
         p = self.member_params(members)
-        spec, d, H = self.spec, self.d, self.n_head
+        spec, d = self.spec, self.d
         Ka, B, T = x.shape[:3]
         if spec.discrete:
             vocab = p["input_embedding"].shape[1]
@@ -311,36 +308,71 @@ class PackedFPT(nn.Module):
                 x.reshape(Ka, B * T, x.shape[-1]).to(self.dtype),
                 p["input_weight"].transpose(1, 2),
             ).view(Ka, B, T, d)
-        h = self._drop(h + p["wpe"][:, None, :T], self.embd_p).reshape(Ka, B * T, d)
-        attn_p = self.attn_p if self.training else 0.0
-        for layer, (w_qkv, b_qkv, w_o, b_o, w_fc, b_fc, w_p, b_p) in enumerate(self.frozen):
-            a = self._ln(h, p["ln_1_weight"][:, layer], p["ln_1_bias"][:, layer])
-            qkv = torch.addmm(b_qkv, a.reshape(-1, d), w_qkv)  # one GEMM for all members
-            q, k, v = qkv.view(Ka * B, T, 3, H, d // H).permute(2, 0, 3, 1, 4).unbind(0)
-            o = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=attn_p, is_causal=True, scale=self.scales[layer]
-            )
-            o = torch.addmm(b_o, o.transpose(1, 2).reshape(-1, d), w_o)
-            h = h + self._drop(o, self.resid_p).view(Ka, B * T, d)
-            a = self._ln(h, p["ln_2_weight"][:, layer], p["ln_2_bias"][:, layer])
-            f = torch.addmm(b_p, self.act(torch.addmm(b_fc, a.reshape(-1, d), w_fc)), w_p)
-            h = h + self._drop(f, self.resid_p).view(Ka, B * T, d)
-        h = self._ln(h, p["ln_f_weight"], p["ln_f_bias"]).view(Ka * B, T, d)
+        h = ops.dropout(h + p["wpe"][:, None, :T], self.embd_p, self.training)
+        h = h.reshape(Ka, B * T, d)
         k = spec.n_predicting_tokens
-        h = last_tokens(h, k, None if lengths is None else lengths.reshape(-1))  # (Ka*B, k, d)
-        logits = torch.baddbmm(
-            p["output_bias"].unsqueeze(1),
-            h.reshape(Ka, B * k, d),
-            p["output_weight"].transpose(1, 2),
-        )
+        # Only the last k (real) tokens are read out: the last block computes its queries,
+        # attention output and MLP for those rows alone (keys and values for all T).
+        positions = predicting_positions(T, k, lengths, Ka * B, x.device)  # (Ka*B, k)
+        for layer in range(self.n_layer):
+            last = layer == self.n_layer - 1
+            h = self._block(h, layer, p, T, positions if last else None)  # (Ka, B*T or B*k, d)
+        h = self._ln(h, p["ln_f_weight"], p["ln_f_bias"])  # (Ka, B*k, d)
+        logits = torch.baddbmm(p["output_bias"].unsqueeze(1), h, p["output_weight"].transpose(1, 2))
         return logits.view(Ka, B, k, spec.outputs_per_token, spec.n_classes)
+
+    def _block(
+        self,
+        h: torch.Tensor,
+        layer: int,
+        p: dict[str, torch.Tensor],
+        T: int,
+        positions: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """One GPT-2 block over (Ka, N = B*T, d) rows -> (Ka, N, d); with ``positions``
+        (Ka*B, k) only those tokens' outputs -> (Ka, B*k, d)."""
+        w_qkv, b_qkv, w_o, b_o, w_fc, b_fc, w_p, b_p = self.frozen[layer]
+        Ka, d, H = h.shape[0], self.d, self.n_head
+        heads = (-1, H, d // H)
+        train = self.training
+        a = self._ln(h, p["ln_1_weight"][:, layer], p["ln_1_bias"][:, layer]).reshape(-1, d)
+        if positions is None:
+            qkv = torch.addmm(b_qkv, a, w_qkv).view(-1, T, 3, *heads[1:])  # one GEMM, all K
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (Ka*B, H, T, hd)
+        else:
+            kv = torch.addmm(b_qkv[d:], a, w_qkv[:, d:]).view(-1, T, 2, *heads[1:])
+            k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)
+            rows = positions + torch.arange(0, len(positions) * T, T, device=h.device)[:, None]
+            rows = rows.reshape(-1)  # (Ka*B*k,) rows of the read-out tokens
+            h = h.reshape(-1, d).index_select(0, rows).view(Ka, -1, d)
+            q = torch.addmm(b_qkv[:d], a.index_select(0, rows), w_qkv[:, :d])
+            q = q.view(len(positions), -1, *heads[1:]).transpose(1, 2)  # (Ka*B, H, k, hd)
+        o = ops.causal_attention(
+            q, k, v, self.scales[layer], self.attn_p if train else 0.0, positions
+        )
+        o = torch.addmm(b_o, o.transpose(1, 2).reshape(-1, d), w_o)
+        h = ops.add_dropout(h, o.view_as(h), self.resid_p, train)
+        a = self._ln(h, p["ln_2_weight"][:, layer], p["ln_2_bias"][:, layer]).reshape(-1, d)
+        f = torch.addmm(b_p, self.act(torch.addmm(b_fc, a, w_fc)), w_p)
+        return ops.add_dropout(h, f.view_as(h), self.resid_p, train)
+
+
+def predicting_positions(
+    T: int, k: int, lengths: torch.Tensor | None, n: int, device: torch.device
+) -> torch.Tensor:
+    """(n, k) positions of the tokens read out: the last k, or the last k real ones before
+    padding (as ``fpt.last_tokens``)."""
+    offsets = torch.arange(-k, 0, device=device)
+    if lengths is None:
+        return (offsets + T).expand(n, k)
+    return (lengths.reshape(-1, 1) + offsets).clamp(min=0)
 
 
 def fused_activation(name: str, module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """GPT-2's activation as one fused kernel where torch has it (``gelu_new`` is the tanh
     approximation of GELU, which HF computes in five elementwise passes), else the module."""
     if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
-        return functools.partial(F.gelu, approximate="tanh")
+        return ops.gelu_tanh
     if name == "gelu":
         return F.gelu
     return module
@@ -368,6 +400,11 @@ class PackedAdam:
     (DeepSpeed's rule: scale by min(1, clip / (norm + 1e-6))), trained groups (a group the
     member does not train gets zero gradient: Adam then moves it by exactly 0), and a mask
     of members that step (diverged members are frozen; their NaNs never leak).
+
+    The trained tensors live in one (K, P) master tensor (each parameter's data becomes a
+    view of its columns), so an update is a dozen operations on that tensor however many
+    parameters the model has: a small cohort's step is otherwise dominated by per-tensor
+    operation overhead.
     """
 
     def __init__(
@@ -379,59 +416,63 @@ class PackedAdam:
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
     ):
-        self.params, self.trains = params, trains  # trains[name]: (K,) bool
-        self.lr = list(lr)
-        device = next(iter(params.values())).device
+        self.names = [n for n, p in params.items() if p.requires_grad]
+        self.params = [params[n] for n in self.names]
+        K = len(lr)
+        self.flat = torch.cat([p.detach().reshape(K, -1) for p in self.params], 1)  # (K, P)
+        offset = 0
+        for p in self.params:
+            width = p[0].numel()
+            p.data = self.flat[:, offset : offset + width].view(p.shape)
+            offset += width
+        # trains[name]: (K,) bool -> (K, P): which member trains which column
+        self.trains = torch.cat(
+            [
+                trains[n].view(K, 1).expand(K, p[0].numel())
+                for n, p in zip(self.names, self.params, strict=True)
+            ],
+            1,
+        )
+        device = self.flat.device
+        self.lr = torch.tensor(lr, dtype=torch.float32, device=device)
         self.clip = torch.tensor(clip, dtype=torch.float32, device=device)
         self.betas, self.eps = betas, eps
         self.step_count = 0
-        self.exp_avg = {n: torch.zeros_like(p) for n, p in params.items() if p.requires_grad}
-        self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in params.items() if p.requires_grad}
-
-    @staticmethod
-    def _per_member(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        return values.view(-1, *([1] * (like.dim() - 1)))
+        self.exp_avg = torch.zeros_like(self.flat)
+        self.exp_avg_sq = torch.zeros_like(self.flat)
 
     @torch.no_grad()
-    def step(self, stepping: torch.Tensor) -> None:
-        """Update the members where ``stepping`` (K,) bool is set."""
-        names = [n for n in self.exp_avg if self.params[n].grad is not None]
-        grads, masks = {}, {}
-        sq_norm = torch.zeros_like(self.clip)
-        for n in names:
-            p = self.params[n]
-            masks[n] = self._per_member(self.trains[n] & stepping, p)
-            g = torch.where(masks[n], p.grad, torch.zeros((), dtype=p.dtype, device=p.device))
-            grads[n] = g
-            sq_norm += g.float().pow(2).flatten(1).sum(1)
-        coef = torch.where(self.clip > 0, (self.clip / (sq_norm.sqrt() + 1e-6)).clamp(max=1.0), 1.0)
+    def step(self, grads: list[torch.Tensor], stepping: torch.Tensor) -> None:
+        """Update the members where ``stepping`` (K,) bool is set, with the gradients of
+        ``self.params`` (in order)."""
+        K = self.flat.shape[0]
+        g = torch.cat([grad.reshape(K, -1) for grad in grads], 1).float()
+        mask = self.trains & stepping[:, None]
+        g = torch.where(mask, g, 0.0)  # not a product: a diverged member's NaNs stay out
+        norm = torch.linalg.vector_norm(g, dim=1)  # (K,): each member's own gradient norm
+        coef = torch.where(self.clip > 0, (self.clip / (norm + 1e-6)).clamp(max=1.0), 1.0)
+        g.mul_(coef[:, None])
         self.step_count += 1
         beta1, beta2 = self.betas
         bias1 = 1 - beta1**self.step_count
         bias2_sqrt = (1 - beta2**self.step_count) ** 0.5
-        step_size = torch.tensor([lr / bias1 for lr in self.lr], device=coef.device)
-        for n in names:
-            p, g = self.params[n], grads[n]
-            g.mul_(self._per_member(coef, g))
-            m, v = self.exp_avg[n], self.exp_avg_sq[n]
-            m.lerp_(g, 1 - beta1)
-            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-            denom = (v.sqrt() / bias2_sqrt).add_(self.eps)
-            update = m / denom * self._per_member(step_size, m)
-            p.copy_(torch.where(masks[n], p - update, p))
+        self.exp_avg.lerp_(g, 1 - beta1)
+        self.exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        denom = (self.exp_avg_sq.sqrt() / bias2_sqrt).add_(self.eps)
+        update = (self.exp_avg / denom).mul_((self.lr / bias1)[:, None])
+        self.flat.sub_(torch.where(mask, update, 0.0))
 
     def state_dict(self) -> dict:
         return {
             "step_count": self.step_count,
-            "exp_avg": {n: t.cpu() for n, t in self.exp_avg.items()},
-            "exp_avg_sq": {n: t.cpu() for n, t in self.exp_avg_sq.items()},
+            "exp_avg": self.exp_avg.cpu(),
+            "exp_avg_sq": self.exp_avg_sq.cpu(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.step_count = state["step_count"]
-        for n in self.exp_avg:
-            self.exp_avg[n].copy_(state["exp_avg"][n])
-            self.exp_avg_sq[n].copy_(state["exp_avg_sq"][n])
+        self.exp_avg.copy_(state["exp_avg"])
+        self.exp_avg_sq.copy_(state["exp_avg_sq"])
 
 
 # --------------------------------------------------------------------------- the cohort
@@ -611,12 +652,11 @@ class Cohort:
         finite = [math.isfinite(v) for v in values]
         if any(finite):
             keep = torch.tensor(finite, device=loss.device)
-            torch.where(keep, loss, torch.zeros_like(loss)).sum().backward()
+            total = torch.where(keep, loss, torch.zeros_like(loss)).sum()
+            grads = torch.autograd.grad(total, self.optimizer.params)
             stepping = torch.zeros(self.size, dtype=torch.bool, device=self.device)
             stepping[[i for i, ok in zip(active, finite, strict=True) if ok]] = True
-            self.optimizer.step(stepping)
-            for p in self.model.parameters():
-                p.grad = None
+            self.optimizer.step(grads, stepping)
         n = y[0].numel()
         correct_values = correct.tolist()
         return {
