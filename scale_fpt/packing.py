@@ -65,9 +65,11 @@ from scale_fpt.tasks.base import Batch, Task, TaskSpec
 from scale_fpt.trainer import (
     Evaluation,
     TrialState,
+    flush_denormals,
     precision_problems,
     resolve_device,
     restore_rng,
+    retain_freed_memory,
     rng_state,
 )
 from scale_fpt.trial import TrialRecord, error_text, trial_id_for
@@ -590,6 +592,8 @@ class Cohort:
             clip=[c.train.grad_clip for c in configs],
         )
         self.step = 0
+        flush_denormals()  # as a lone trial: Adam's moments decay into slow denormals
+        retain_freed_memory()
         # Dropout draws from torch's global generator: seed it from the members' seeds.
         torch.manual_seed(sum(c.train.seed * 1_000_003 for c in configs) % (2**63 - 1) + 2)
 
@@ -790,6 +794,7 @@ class Cohort:
 
     def close(self) -> None:
         """Free the cohort's memory (a reused Ray actor runs the next cohort here)."""
+        flush_denormals(False)
         del self.model, self.forward, self.optimizer
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

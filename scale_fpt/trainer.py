@@ -8,6 +8,7 @@ evaluation history, so a resumed trial reports exactly what an uninterrupted one
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import os
@@ -26,6 +27,7 @@ from scale_fpt.models import BuiltModel
 from scale_fpt.tasks.base import Batch, Task
 
 CHECKPOINT_TAG = "trial"
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 
 
 @dataclass
@@ -131,6 +133,21 @@ def flush_denormals(enabled: bool = True) -> None:
     torch.set_flush_denormal(enabled)
 
 
+def retain_freed_memory() -> None:
+    """Keep freed memory in the process heap instead of handing it back to the OS (glibc
+    malloc). A training step frees and re-allocates the same activation sizes every
+    iteration; glibc returned those blocks (munmap, heap trimming), so every step refaulted
+    them: 500-700 page faults and ~10% of a packed gpt2-tiny step on CPU. Blocks up to 32 MB
+    now come from the heap, and the heap keeps up to 1 GB it no longer uses. Process-wide,
+    idempotent, and a no-op without glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(M_MMAP_THRESHOLD, 32 * 2**20)
+    libc.mallopt(M_TRIM_THRESHOLD, 2**30)
+
+
 def deepspeed_config(train: TrainConfig) -> dict:
     """The DeepSpeed config of a trial, derived from its TrainConfig."""
     return {
@@ -187,6 +204,7 @@ class Trainer:
         ]
         self.state = TrialState()
         flush_denormals()
+        retain_freed_memory()
         # Dropout draws from torch's global generator: seed it for the trial.
         torch.manual_seed(train.seed + 2)
 

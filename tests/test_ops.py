@@ -1,0 +1,101 @@
+"""The fast CPU building blocks (scale_fpt.models.ops) compute what torch's own kernels
+compute, and the packed model's read-out-only last block skips exactly the FLOPs that
+``scaling.readout_flops_skipped`` says."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from scale_fpt import scaling
+from scale_fpt.models import ops
+
+
+def test_gelu_tanh_equals_torch_forward_and_backward():
+    x = (torch.randn(4096, dtype=torch.float64) * 4).requires_grad_()
+    ours = ops.gelu_tanh(x)
+    (grad_ours,) = torch.autograd.grad(ours.sum(), x)
+    theirs = F.gelu(x, approximate="tanh")
+    (grad_theirs,) = torch.autograd.grad(theirs.sum(), x)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-13)
+    torch.testing.assert_close(grad_ours, grad_theirs, rtol=0, atol=1e-13)
+
+
+def test_dropout_mask_rate_values_and_seed():
+    dropped, scale = ops.quantised_keep(0.1)
+    assert dropped == 6554 and scale == pytest.approx(1 / (1 - 6554 / 65536), rel=1e-12)
+    torch.manual_seed(0)
+    keep = ops.dropout_keep(1_000_003, 0.1)  # not a multiple of 4: the tail lanes are used
+    assert keep.shape == (1_000_003,)
+    assert keep.unique().tolist() == [0.0, pytest.approx(scale)]
+    kept = (keep > 0).double().mean().item()
+    p_keep = 1 - dropped / 65536
+    sigma = (p_keep * (1 - p_keep) / keep.numel()) ** 0.5
+    assert abs(kept - p_keep) < 5 * sigma
+    # each of the four 16-bit lanes of a draw is used, and independently so
+    lanes = (keep[:1_000_000] > 0).view(-1, 4).double()
+    assert (lanes.mean(0) - p_keep).abs().max().item() < 5 * sigma * 2
+    both = (lanes[:, 0] * lanes[:, 1]).mean().item()
+    assert abs(both - p_keep**2) < 5 * sigma * 2
+    torch.manual_seed(0)
+    assert torch.equal(ops.dropout_keep(1_000_003, 0.1), keep)
+
+
+def test_dropout_is_identity_when_off_and_scales_when_on():
+    x = torch.randn(64, 32)
+    assert ops.dropout(x, 0.0) is x and ops.dropout(x, 0.5, training=False) is x
+    torch.manual_seed(1)
+    y = ops.dropout(x, 0.5)
+    kept = y != 0
+    torch.testing.assert_close(y[kept], x[kept] * ops.quantised_keep(0.5)[1])
+    h = torch.randn(64, 32)
+    torch.manual_seed(1)
+    torch.testing.assert_close(ops.add_dropout(h, x, 0.5), h + y)
+    assert torch.equal(ops.add_dropout(h, x, 0.0), h + x)
+
+
+@pytest.mark.parametrize("T", [10, 64])
+def test_causal_attention_equals_sdpa(T):
+    q, k, v = (torch.randn(3, 2, T, 8, dtype=torch.float64, requires_grad=True) for _ in "qkv")
+    ours = ops.causal_attention(q, k, v, scale=0.3)
+    theirs = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
+    torch.testing.assert_close(ours, theirs)
+    grads_ours = torch.autograd.grad(ours.square().sum(), (q, k, v))
+    grads_theirs = torch.autograd.grad(theirs.square().sum(), (q, k, v))
+    for a, b in zip(grads_ours, grads_theirs, strict=True):
+        torch.testing.assert_close(a, b)
+    # queries at chosen positions (padding after a short sequence) are those rows
+    positions = torch.tensor([[T - 2, T - 1], [3, 4], [0, 5]])
+    picked = q.gather(2, positions[:, None, :, None].expand(-1, 2, -1, 8))
+    some = ops.causal_attention(picked, k, v, scale=0.3, query_positions=positions)
+    expected = theirs.gather(2, positions[:, None, :, None].expand(-1, 2, -1, 8))
+    torch.testing.assert_close(some, expected)
+
+
+def test_last_block_skips_exactly_the_readout_flops(tiny_gpt2_dir):
+    """FLOPs counted by torch (FlopCounterMode, forward + backward) of the last block over
+    all tokens minus the same block computing only the read-out tokens."""
+    from scale_fpt.config import TrialConfig
+    from scale_fpt.packing import Cohort, predicting_positions
+
+    config = TrialConfig.from_flat(
+        {"task": "bit-xor", "model": tiny_gpt2_dir, "init": "pretrained", "dropout": 0.0}
+    )
+    model = Cohort([config]).model
+    T, B, d = 16, 3, model.d
+    params = model.member_params(None)
+    k = 2
+
+    def counted(positions) -> int:
+        h = torch.randn(1, B * T, d, requires_grad=True)
+        with FlopCounterMode(display=False) as counter:
+            out = model._block(h, model.n_layer - 1, params, T, positions)
+            torch.autograd.grad(out.sum(), h)
+        return counter.get_total_flops()
+
+    full = counted(None)
+    readout = counted(predicting_positions(T, k, None, B, "cpu"))
+    n_inner = model.frozen[0][4].shape[1]
+    assert full - readout == scaling.readout_flops_skipped(d, n_inner, T, k, B)
