@@ -237,6 +237,21 @@ def flops_per_step(config: TrialConfig) -> int:
     return step_flops(counting_model(config, spec), spec, config.train.batch_size)[0]
 
 
+def packed_flops_per_step(config: TrialConfig) -> int:
+    """FLOPs a packed member's step executes: ``flops_per_step`` minus the last block's work
+    for the tokens that are not read out (``scaling.readout_flops_skipped``)."""
+    from scale_fpt import scaling
+    from scale_fpt.models.backbones import load_architecture
+
+    spec = task_spec(config.task)
+    arch = load_architecture(config.model)
+    n_inner = arch.n_inner or 4 * arch.n_embd
+    skipped = scaling.readout_flops_skipped(
+        arch.n_embd, n_inner, spec.n_tokens, spec.n_predicting_tokens, config.train.batch_size
+    )
+    return flops_per_step(config) - skipped
+
+
 # --------------------------------------------------------------------------- timing
 
 
