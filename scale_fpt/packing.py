@@ -232,7 +232,7 @@ class PackedFPT(nn.Module):
         )
         blocks = list(backbone.h)
         self.scales = [float(block.attn.scaling) for block in blocks]
-        self.act = fused_activation(config.activation_function, blocks[0].mlp.act)
+        self.act = blocks[0].mlp.act  # ops.GeluTanh for GPT-2 (backbones.fast_ops)
 
         def member_stack(tensors) -> nn.Parameter:
             stacked = torch.stack([t.detach().float() for t in tensors])
@@ -368,16 +368,6 @@ def predicting_positions(
     if lengths is None:
         return (offsets + T).expand(n, k)
     return (lengths.reshape(-1, 1) + offsets).clamp(min=0)
-
-
-def fused_activation(name: str, module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """GPT-2's activation as one fused kernel where torch has it (``gelu_new`` is the tanh
-    approximation of GELU, which HF computes in five elementwise passes), else the module."""
-    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
-        return ops.gelu_tanh
-    if name == "gelu":
-        return F.gelu
-    return module
 
 
 def member_losses(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

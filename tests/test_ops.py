@@ -81,7 +81,7 @@ def test_last_block_skips_exactly_the_readout_flops(tiny_gpt2_dir):
     from scale_fpt.packing import Cohort, predicting_positions
 
     config = TrialConfig.from_flat(
-        {"task": "bit-xor", "model": tiny_gpt2_dir, "init": "pretrained", "dropout": 0.0}
+        {"task": "bit-xor", "model": tiny_gpt2_dir, "init": "pretrained", "dropout": 0.1}
     )
     model = Cohort([config]).model
     T, B, d = 16, 3, model.d
@@ -99,3 +99,31 @@ def test_last_block_skips_exactly_the_readout_flops(tiny_gpt2_dir):
     readout = counted(predicting_positions(T, k, None, B, "cpu"))
     n_inner = model.frozen[0][4].shape[1]
     assert full - readout == scaling.readout_flops_skipped(d, n_inner, T, k, B)
+
+
+def test_gpt2_backbones_get_the_fast_ops_and_compute_the_same_function():
+    from transformers import AutoModel
+
+    from scale_fpt.config import ModelConfig
+    from scale_fpt.models.backbones import build_backbone, load_architecture
+
+    config = ModelConfig(model="gpt2-tiny", init="random", dropout=0.1)
+    fast, _, _ = build_backbone(config, seed=0)
+    assert not [m for m in fast.modules() if isinstance(m, torch.nn.Dropout)]
+    assert all(isinstance(block.mlp.act, ops.GeluTanh) for block in fast.h)
+    assert fast.config._attn_implementation == ops.HF_ATTENTION
+
+    plain = AutoModel.from_config(load_architecture(config)).float()  # torch's own kernels
+    plain.set_input_embeddings(None)
+    plain.load_state_dict(fast.state_dict())
+    x = torch.randn(3, 12, fast.config.n_embd)
+    fast.eval(), plain.eval()
+    torch.testing.assert_close(
+        fast(inputs_embeds=x).last_hidden_state, plain(inputs_embeds=x).last_hidden_state
+    )
+    fast.train()
+    torch.manual_seed(5)
+    first = fast(inputs_embeds=x).last_hidden_state
+    torch.manual_seed(5)
+    assert torch.equal(fast(inputs_embeds=x).last_hidden_state, first)
+    assert not torch.allclose(first, fast(inputs_embeds=x).last_hidden_state)  # new masks

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from scale_fpt.config import ConfigError, ModelConfig
+from scale_fpt.models import ops
 from scale_fpt.scaling import GPT2_SIZES, HUB_SIZES, GPT2Size
 
 CPU_PRESETS = tuple(name for name in GPT2_SIZES if name not in HUB_SIZES)
@@ -101,9 +102,29 @@ def load_architecture(config: ModelConfig, attn_implementation: str = "sdpa"):
     arch._attn_implementation = attn_implementation
     if getattr(arch, "activation_function", None) == "gelu_new":
         # The same tanh-approximated GELU as one fused kernel instead of five element-wise
-        # ops (equal to ~1e-7): the step's non-matmul time drops, on CPU by ~2x.
+        # ops (equal to ~1e-7); GPT-2 blocks then swap it for ops.GeluTanh (fast_ops).
         arch.activation_function = "gelu_pytorch_tanh"
     return arch
+
+
+def fast_ops(backbone: nn.Module, attn_implementation: str) -> None:
+    """Give a GPT-2 backbone the fast CPU dropout, GELU and (for ``sdpa``) attention of
+    ``models.ops``: the same functions, ~20x cheaper dropout masks and 2x cheaper GELU on a
+    CPU, torch's own kernels on a GPU. Other architectures are left as they are."""
+    if getattr(backbone.config, "model_type", None) != "gpt2":
+        return
+    from transformers import AttentionInterface
+
+    for parent in backbone.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, nn.Dropout):
+                setattr(parent, name, ops.Dropout(child.p))
+    if backbone.config.activation_function in ops.TANH_GELUS:
+        for block in backbone.h:
+            block.mlp.act = ops.GeluTanh()
+    if attn_implementation == "sdpa":
+        AttentionInterface.register(ops.HF_ATTENTION, ops.hf_causal_attention)
+        backbone.config._attn_implementation = ops.HF_ATTENTION
 
 
 def build_backbone(
@@ -130,6 +151,7 @@ def build_backbone(
             match_statistics(backbone, pretrained, seed)
     backbone.set_input_embeddings(None)
     backbone.requires_grad_(False)
+    fast_ops(backbone, attn_implementation)
     return backbone, arch.hidden_size, max_positions(arch)
 
 

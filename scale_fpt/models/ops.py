@@ -32,6 +32,8 @@ import torch.nn.functional as F
 LANES = 65536  # a dropout draw is one 16-bit lane of a 64-bit random integer
 GELU_C = 2.0 * math.sqrt(2.0 / math.pi)  # tanh(z) = 2 sigmoid(2z) - 1, z = sqrt(2/pi)(x + a x^3)
 GELU_A = 0.044715
+TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+"""transformers' names of the tanh approximation of GELU that ``gelu_tanh`` computes."""
 
 
 def quantised_keep(p: float) -> tuple[int, float]:
@@ -40,13 +42,16 @@ def quantised_keep(p: float) -> tuple[int, float]:
     return dropped, LANES / (LANES - dropped)
 
 
-def dropout_keep(n: int, p: float, device: torch.device | str = "cpu") -> torch.Tensor:
-    """A (n,) float mask: 0 for dropped elements, ``1 / (1 - p)`` for kept ones."""
+def dropout_keep(
+    n: int, p: float, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """A (n,) mask of ``dtype``: 0 for dropped elements, ``1 / (1 - p)`` for kept ones."""
     dropped, scale = quantised_keep(p)
     bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)
     lanes = bits.view(torch.int16)[:n].float()  # uniform integers in [-32768, 32767]
     # lane >= -32768 + dropped keeps: (lane - threshold + 1) clamped to [0, 1] is 0 or 1.
-    return lanes.sub_(dropped - 32768 - 1).clamp_(0.0, 1.0).mul_(scale)
+    keep = lanes.sub_(dropped - 32768 - 1).clamp_(0.0, 1.0).mul_(scale)
+    return keep if dtype == torch.float32 else keep.to(dtype)
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
@@ -55,7 +60,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         return x
     if x.is_cuda:
         return F.dropout(x, p, training=True)
-    return x * dropout_keep(x.numel(), p, x.device).view(x.shape)
+    return x * dropout_keep(x.numel(), p, x.device, x.dtype).view(x.shape)
 
 
 def add_dropout(h: torch.Tensor, x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
@@ -64,7 +69,7 @@ def add_dropout(h: torch.Tensor, x: torch.Tensor, p: float, training: bool = Tru
         return h + x
     if x.is_cuda:
         return h + F.dropout(x, p, training=True)
-    return torch.addcmul(h, x, dropout_keep(x.numel(), p, x.device).view(x.shape))
+    return torch.addcmul(h, x, dropout_keep(x.numel(), p, x.device, x.dtype).view(x.shape))
 
 
 class _SigmoidGelu(torch.autograd.Function):
@@ -107,7 +112,8 @@ def causal_attention(
     Dropout on the attention probabilities as in GPT-2.
     """
     T = k.shape[-2]
-    if q.is_cuda and query_positions is None:
+    if query_positions is None and (q.is_cuda or dropout_p == 0.0):
+        # torch's fused kernels (flash attention on a CPU too) when no CPU dropout is needed
         return F.scaled_dot_product_attention(
             q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale
         )
@@ -125,3 +131,52 @@ def causal_attention(
     if dropout_p > 0.0:
         probs = dropout(probs, dropout_p)
     return torch.matmul(probs, v)
+
+
+class Dropout(torch.nn.Module):
+    """``nn.Dropout`` with the fast CPU mask (``dropout``)."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class GeluTanh(torch.nn.Module):
+    """GPT-2's activation as a module (``gelu_tanh``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu_tanh(x)
+
+
+def hf_causal_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """``causal_attention`` behind transformers' attention interface (registered as
+    ``HF_ATTENTION``): (B, H, T, hd) in, (B, T, H, hd) out. Anything but plain causal
+    self-attention (a padding mask, cross-attention) goes to transformers' SDPA."""
+    if attention_mask is not None or not getattr(module, "is_causal", False):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = causal_attention(query, key, value, scale, dropout)
+    return out.transpose(1, 2).contiguous(), None
+
+
+HF_ATTENTION = "scale_fpt_causal"
+"""The name ``hf_causal_attention`` is registered under with transformers."""
