@@ -128,7 +128,10 @@ def main(argv=None) -> int:
                     gc.collect()
                     peak_after, _ = h.matmul_peak(args.peak_seconds)
                     peak = max(peak_before, peak_after)
-                    flops = h.flops_per_step(config)
+                    # the packed path skips the last block's work for tokens not read out
+                    flops = (h.packed_flops_per_step if path == "packed" else h.flops_per_step)(
+                        config
+                    )
                     tokens = batch * task.spec.n_tokens
                     rows.append(
                         {
@@ -161,7 +164,8 @@ def main(argv=None) -> int:
     h.print_table(rows, list(rows[0]))
     print()
     print("MFU = (training FLOPs of the step / step time) / matmul peak; FLOPs from")
-    print("scale_fpt.scaling (4N + attention with the body frozen, 6N + attention full).")
+    print("scale_fpt.scaling (4N + attention with the body frozen, 6N + attention full; the")
+    print("packed path's executed FLOPs: minus scaling.readout_flops_skipped).")
     frozen = [
         r for r in rows if r["model"] == "gpt2" and r["tokens"] == 64 and r["finetune"] == "fpt"
     ]

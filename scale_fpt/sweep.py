@@ -532,8 +532,9 @@ def connect_ray(runtime_env: dict | None = None, **init_kwargs) -> None:
 
 
 def prebuild_ops() -> None:
-    """DeepSpeed JIT-builds its CPU communication op on first use; concurrent first builds by
-    several trials can hang, so build it once here before any trial starts."""
+    """DeepSpeed JIT-builds its CPU communication op on first use, and scale_fpt its fused
+    CPU kernels (``models.ops``); concurrent first builds by several trials can hang or
+    queue, so build both once here before any trial starts."""
     import torch
 
     if torch.cuda.is_available():
@@ -541,7 +542,10 @@ def prebuild_ops() -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from deepspeed.ops.op_builder import ShareMemCommBuilder
 
+    from scale_fpt.models.ops import fused_kernels
+
     ShareMemCommBuilder().load(verbose=False)
+    fused_kernels()
 
 
 @dataclass

@@ -13,17 +13,32 @@ from scale_fpt import scaling
 from scale_fpt.models import ops
 
 
-def test_gelu_tanh_equals_torch_forward_and_backward():
-    x = (torch.randn(4096, dtype=torch.float64) * 4).requires_grad_()
+@pytest.fixture(params=["fused", "torch-ops"])
+def cpu_backend(request, monkeypatch):
+    """Each CPU form: the fused kernels (built on first use) and the torch-op compositions."""
+    if request.param == "fused":
+        assert ops.fused_kernels() is not None, "the fused CPU kernels failed to build"
+    else:
+        monkeypatch.setattr(ops, "_fused", lambda *tensors: None)
+    return request.param
+
+
+def test_gelu_tanh_equals_torch_forward_and_backward(cpu_backend):
+    x64 = (torch.randn(100_000, dtype=torch.float64) * 4).requires_grad_()
+    theirs = F.gelu(x64, approximate="tanh")
+    (grad_theirs,) = torch.autograd.grad(theirs.sum(), x64)
+    if cpu_backend == "fused":  # float32 kernels: float32 rounding of torch's own
+        x = x64.detach().float().requires_grad_()
+        tolerance = {"rtol": 0, "atol": 1e-5}
+    else:
+        x, tolerance = x64, {"rtol": 0, "atol": 1e-13}
     ours = ops.gelu_tanh(x)
     (grad_ours,) = torch.autograd.grad(ours.sum(), x)
-    theirs = F.gelu(x, approximate="tanh")
-    (grad_theirs,) = torch.autograd.grad(theirs.sum(), x)
-    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-13)
-    torch.testing.assert_close(grad_ours, grad_theirs, rtol=0, atol=1e-13)
+    torch.testing.assert_close(ours.double(), theirs, **tolerance)
+    torch.testing.assert_close(grad_ours.double(), grad_theirs, **tolerance)
 
 
-def test_dropout_mask_rate_values_and_seed():
+def test_torch_op_dropout_mask_rate_values_and_seed():
     dropped, scale = ops.quantised_keep(0.1)
     assert dropped == 6554 and scale == pytest.approx(1 / (1 - 6554 / 65536), rel=1e-12)
     torch.manual_seed(0)
@@ -43,16 +58,47 @@ def test_dropout_mask_rate_values_and_seed():
     assert torch.equal(ops.dropout_keep(1_000_003, 0.1), keep)
 
 
-def test_dropout_is_identity_when_off_and_scales_when_on():
-    x = torch.randn(64, 32)
+def test_fused_dropout_mask_rate_independence_seed_and_threads():
+    assert ops.fused_kernels() is not None
+    ones = torch.ones(1_000_000)
+    torch.manual_seed(0)
+    y = ops.dropout(ones, 0.1)
+    assert y.unique().tolist() == [0.0, pytest.approx(1 / 0.9)]
+    kept = (y > 0).double()
+    sigma = (0.9 * 0.1 / kept.numel()) ** 0.5
+    assert abs(kept.mean().item() - 0.9) < 5 * sigma
+    pairs = kept.view(-1, 2)  # neighbouring elements are independent
+    assert abs((pairs[:, 0] * pairs[:, 1]).mean().item() - 0.81) < 10 * sigma
+    torch.manual_seed(0)
+    assert torch.equal(ops.dropout(ones, 0.1), y)
+    assert not torch.equal(ops.dropout(ones, 0.1), y)  # the next call draws a new seed
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        torch.manual_seed(0)
+        assert torch.equal(ops.dropout(ones, 0.1), y)  # the mask does not depend on threads
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_dropout_is_identity_when_off_and_scales_when_on(cpu_backend):
+    x = torch.randn(64, 32, requires_grad=True)
     assert ops.dropout(x, 0.0) is x and ops.dropout(x, 0.5, training=False) is x
     torch.manual_seed(1)
     y = ops.dropout(x, 0.5)
     kept = y != 0
-    torch.testing.assert_close(y[kept], x[kept] * ops.quantised_keep(0.5)[1])
-    h = torch.randn(64, 32)
+    assert 0.3 < kept.double().mean().item() < 0.7
+    torch.testing.assert_close(y[kept], x[kept] * 2, rtol=1e-4, atol=0)
+    # the backward pass uses the forward's mask
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(grad, kept * 2.0, rtol=1e-4, atol=0)
+    h = torch.randn(64, 32, requires_grad=True)
     torch.manual_seed(1)
-    torch.testing.assert_close(ops.add_dropout(h, x, 0.5), h + y)
+    z = ops.add_dropout(h, x, 0.5)
+    torch.testing.assert_close(z, h + y)
+    grad_h, grad_x = torch.autograd.grad(z.square().sum(), (h, x))
+    torch.testing.assert_close(grad_h, 2 * z)
+    torch.testing.assert_close(grad_x, 2 * z * kept * 2.0, rtol=1e-4, atol=1e-6)
     assert torch.equal(ops.add_dropout(h, x, 0.0), h + x)
 
 

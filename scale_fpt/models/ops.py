@@ -2,38 +2,113 @@
 
 With the attention and feed-forward matrices frozen, a small-batch step's matrix products
 run near the machine's peak and the rest of the step is element-wise work that torch's CPU
-kernels do slowly (torch 2.13, AVX-512; microbenchmarks on 640 x 512 floats, one thread):
+kernels do slowly (torch 2.13, AVX-512): dropout draws one Mersenne-Twister number per
+element (~6 ns) and multiplies by a bool mask that is not vectorised; GPT-2's tanh-GELU is
+bound by ``tanh`` (~2.5 ns per element); ``torch.softmax`` over rows of 10-64 keys is 5x
+slower than its own composition. Here:
 
-- dropout: ``bernoulli_`` costs ~6 ns per element (one Mersenne-Twister draw each) and the
-  bool-mask product is not vectorised; ``dropout_keep`` draws 64 random bits per 4 elements
-  and builds the mask with float arithmetic: ~0.3 ns per element, 20x less;
-- tanh-GELU: ``tanh`` is ~2.5 ns per element here while ``sigmoid`` is 0.4; GPT-2's
-  ``0.5 x (1 + tanh(z))`` is exactly ``x sigmoid(2z)``, so ``gelu_tanh`` computes that
-  (forward and backward 2x faster than ``F.gelu(approximate="tanh")``);
-- softmax over short rows (10-64 keys): ``torch.softmax`` is 5x slower than its own
-  composition from ``amax``/``exp``/``sum``, so ``causal_attention`` composes it.
+- float32 on a CPU: fused kernels (``csrc/fused_cpu.cpp``, built with torch's C++
+  extension loader on first use, cached in ~/.cache/torch_extensions): GELU forward and
+  backward in one vectorised pass each (sigmoid form, below); ``h + dropout(x)`` in one
+  pass whose mask comes from a counter-based generator (SplitMix64 of (seed, element)), so
+  the backward recomputes the mask instead of storing it. The seed of each call is drawn
+  from torch's default generator: ``torch.manual_seed`` and the trainer's saved RNG state
+  make masks reproducible. Dropout keeps with probability ``1 - p`` quantised to 2^-32.
+- other CPU dtypes (bf16), or where the kernels cannot be built (no compiler; the loader
+  warns once): compositions of torch ops. Dropout draws 64 random bits per 4 elements and
+  builds the mask with float arithmetic, p quantised to 1/65536 (p = 0.1 drops
+  6554/65536 = 0.100006); GELU is ``x sigmoid(u)`` in in-place passes.
+- on a GPU: torch's own kernels (``F.dropout``, ``F.gelu``, SDPA).
 
-On a GPU every function here is torch's own fused kernel (``F.dropout``, ``F.gelu``,
-``F.scaled_dot_product_attention``); the CPU forms are the same functions of their inputs.
-
-Dropout keeps an element with probability ``1 - p`` quantised to 1/65536 (p = 0.1 drops
-6554/65536 = 0.100006) and scales kept elements by the exact ``1 / (1 - p_quantised)``, so
-the expected activation is unchanged. Masks come from torch's default generator, so
-``torch.manual_seed`` and the trainer's saved RNG state make them reproducible.
+Kept elements are scaled by the exact ``1 / (1 - p_quantised)``, so the expected activation
+is unchanged. GPT-2's ``0.5 x (1 + tanh(z))`` is exactly ``x sigmoid(2z)``: the sigmoid form
+is the same function. ``SCALE_FPT_FUSED_CPU=0`` turns the fused kernels off.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
+import os
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-LANES = 65536  # a dropout draw is one 16-bit lane of a 64-bit random integer
+LANES = 65536  # a torch-op dropout draw is one 16-bit lane of a 64-bit random integer
 GELU_C = 2.0 * math.sqrt(2.0 / math.pi)  # tanh(z) = 2 sigmoid(2z) - 1, z = sqrt(2/pi)(x + a x^3)
 GELU_A = 0.044715
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 """transformers' names of the tanh approximation of GELU that ``gelu_tanh`` computes."""
+KERNEL_SOURCE = Path(__file__).parent / "csrc" / "fused_cpu.cpp"
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def fused_kernels():
+    """The fused CPU kernels module, built on first use; None when turned off or when it
+    cannot be built here (one warning names why; the torch-op forms are used instead)."""
+    if os.environ.get("SCALE_FPT_FUSED_CPU", "1") == "0":
+        return None
+    from torch.utils.cpp_extension import load
+
+    try:
+        return load(
+            name="scale_fpt_fused_cpu",
+            sources=[str(KERNEL_SOURCE)],
+            # -fno-trapping-math lets the compiler vectorise the branch-free selects
+            extra_cflags=["-O3", "-fno-trapping-math"],
+            verbose=False,
+        )
+    except Exception as e:  # a missing compiler or headers: slower, never broken
+        log.warning(
+            "scale_fpt: fused CPU kernels unavailable (%s: %s); using torch ops (slower)",
+            type(e).__name__,
+            str(e).splitlines()[0] if str(e) else "",
+        )
+        return None
+
+
+def _fused(*tensors: torch.Tensor | None):
+    """The fused kernels if every tensor is float32 on a CPU, else None."""
+    if any(t is not None and (t.device.type != "cpu" or t.dtype != torch.float32) for t in tensors):
+        return None
+    return fused_kernels()
+
+
+def _seed() -> int:
+    return int(torch.empty((), dtype=torch.int64).random_())
+
+
+class _FusedDropoutAdd(torch.autograd.Function):
+    """``h + dropout(x)`` (``h`` may be None); the mask is recomputed from the seed."""
+
+    @staticmethod
+    def forward(ctx, h, x, p, seed):
+        ctx.p, ctx.seed, ctx.has_h = p, seed, h is not None
+        kernels = fused_kernels()
+        return kernels.dropout_add(None if h is None else h.contiguous(), x.contiguous(), p, seed)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        grad_x = fused_kernels().dropout_add(None, grad, ctx.p, ctx.seed)
+        return (grad if ctx.has_h else None), grad_x, None, None
+
+
+class _FusedGelu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x = x.contiguous()
+        ctx.save_for_backward(x)
+        return fused_kernels().gelu_forward(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return fused_kernels().gelu_backward(grad.contiguous(), x)
 
 
 def quantised_keep(p: float) -> tuple[int, float]:
@@ -60,6 +135,8 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         return x
     if x.is_cuda:
         return F.dropout(x, p, training=True)
+    if _fused(x):
+        return _FusedDropoutAdd.apply(None, x, p, _seed())
     return x * dropout_keep(x.numel(), p, x.device, x.dtype).view(x.shape)
 
 
@@ -69,6 +146,8 @@ def add_dropout(h: torch.Tensor, x: torch.Tensor, p: float, training: bool = Tru
         return h + x
     if x.is_cuda:
         return h + F.dropout(x, p, training=True)
+    if h.shape == x.shape and _fused(h, x):
+        return _FusedDropoutAdd.apply(h, x, p, _seed())
     return torch.addcmul(h, x, dropout_keep(x.numel(), p, x.device, x.dtype).view(x.shape))
 
 
@@ -94,6 +173,8 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """GPT-2's activation (``gelu_new``: the tanh approximation of GELU)."""
     if x.is_cuda:
         return F.gelu(x, approximate="tanh")
+    if _fused(x):
+        return _FusedGelu.apply(x)
     return _SigmoidGelu.apply(x)
 
 
