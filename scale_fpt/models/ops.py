@@ -58,8 +58,10 @@ def fused_kernels():
         return load(
             name="scale_fpt_fused_cpu",
             sources=[str(KERNEL_SOURCE)],
-            # -fno-trapping-math lets the compiler vectorise the branch-free selects
-            extra_cflags=["-O3", "-fno-trapping-math"],
+            # -fno-trapping-math lets the compiler vectorise the branch-free selects;
+            # -fopenmp makes at::parallel_for parallel. libgomp is not linked in: its symbols
+            # resolve to the OpenMP runtime torch has loaded, so one thread pool serves both.
+            extra_cflags=["-O3", "-fno-trapping-math", "-fopenmp"],
             verbose=False,
         )
     except Exception as e:  # a missing compiler or headers: slower, never broken
