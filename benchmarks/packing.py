@@ -61,7 +61,8 @@ def worker(packed, model, task, k, batch, dropout, steps, warmup, threads, barri
     if packed:
         from scale_fpt.packing import Cohort
 
-        runner = Cohort(member_configs(model, task, k, batch, dropout), task=data)
+        configs = member_configs(model, task, k, batch, dropout)
+        runner = Cohort(configs, task=data, compile=h.CUDA)  # torch.compile on a GPU only
         step = runner.train_step
     else:
         from scale_fpt.models import build_model
