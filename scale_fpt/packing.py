@@ -10,9 +10,12 @@ K-times-taller product would do. A *cohort* runs them together:
     one cohort --Cohort--> PackedFPT: frozen block weights once, trained tensors (K, ...)
         x (K, B, T, W) -> input (per member) + wpe (per member) -> for each block:
             LN (per member gains) -> one GEMM on the (K*B*T, d) stacked rows (frozen)
-            -> SDPA on (K*B, H, T, T) causal -> one GEMM -> LN -> two GEMMs (frozen)
-        -> ln_f (per member) -> last tokens -> output head (per member) -> (K, B, k, m, C)
-    PackedAdam: Adam over the stacked tensors with each member's own learning rate,
+            -> causal attention on (K*B, H, T, T) -> one GEMM -> LN -> two GEMMs (frozen)
+            (the last block: keys and values for all T tokens, everything else only for
+            the k read-out tokens, whose outputs are all the head reads)
+        -> ln_f (per member) -> output head (per member) -> (K, B, k, m, C)
+    PackedAdam: Adam over one (K, P) tensor of every trained parameter (the parameters
+        are views of it) with each member's own learning rate,
         its own gradient-norm clipping (norm over its own slice, like DeepSpeed's clip of a
         solo trial) and its own trained groups (a member that does not train ``pos`` gets
         zero gradient there, hence exactly zero Adam updates)
