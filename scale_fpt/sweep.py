@@ -267,8 +267,9 @@ def trial_resources(flat: dict, sweep: SweepConfig, gpus: bool) -> dict:
 
 
 def cohort_resources(members: list[dict], sweep: SweepConfig, gpus: bool) -> dict:
-    """Ray resources of a packed cohort: its CPUs (more threads than a lone trial, since the
-    cohort's matrix products are K times taller), or a GPU share sized by its memory."""
+    """Ray resources of a packed cohort: the CPUs of a lone trial (a cohort's products are
+    K times taller, not more numerous; one cohort per core is the fastest placement on a
+    CPU, benchmarks/packing.py), or a GPU share sized by its memory."""
     if not gpus:
         return {"CPU": sweep.cpus_per_trial}
     from scale_fpt.packing import cohort_memory_bytes
