@@ -173,3 +173,22 @@ def test_gpt2_backbones_get_the_fast_ops_and_compute_the_same_function():
     torch.manual_seed(5)
     assert torch.equal(fast(inputs_embeds=x).last_hidden_state, first)
     assert not torch.allclose(first, fast(inputs_embeds=x).last_hidden_state)  # new masks
+
+
+def test_kernels_that_cannot_build_warn_once_and_torch_ops_take_over(tmp_path, monkeypatch, caplog):
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setattr(ops, "KERNEL_SOURCE", broken)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "build"))
+    ops.fused_kernels.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger=ops.__name__):
+            assert ops.fused_kernels() is None
+            assert ops.fused_kernels() is None
+        warnings = [r for r in caplog.records if "fused CPU kernels unavailable" in r.message]
+        assert len(warnings) == 1 and "\n" not in warnings[0].getMessage()
+        x = torch.randn(8, 16, requires_grad=True)
+        torch.testing.assert_close(ops.gelu_tanh(x), F.gelu(x, approximate="tanh"))
+        assert ops.dropout(x, 0.5).shape == x.shape
+    finally:
+        ops.fused_kernels.cache_clear()  # the next caller loads the real kernels again

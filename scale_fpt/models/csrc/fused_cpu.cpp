@@ -28,7 +28,11 @@ constexpr float kGeluC = 1.5957691216057308f;  // 2 sqrt(2 / pi)
 constexpr float kGeluA = 0.044715f;
 constexpr int64_t kGrain = 16384;
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define SCALE_FPT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else  // other compilers and CPUs: one build for the compiler's default target
+#define SCALE_FPT_CLONES
+#endif
 
 inline float bits_to_float(int32_t bits) {
   float f;
