@@ -290,6 +290,12 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
         print("| " + " | ".join(v.ljust(w) for v, w in zip(t, widths, strict=True)) + " |")
 
 
+def print_target(what: str, value: float, target: float, fmt: str) -> None:
+    """One line: a measured figure against its target, e.g. ``fmt=".1%"``."""
+    verdict = "meets" if value >= target else "misses"
+    print(f"target: {what} {value:{fmt}} {verdict} >= {target:{fmt}}")
+
+
 def quiet() -> None:
     """Keep library chatter (DeepSpeed, transformers) out of the printed tables."""
     import logging

@@ -338,20 +338,20 @@ class PackedFPT(nn.Module):
         (Ka*B, k) only those tokens' outputs -> (Ka, B*k, d)."""
         w_qkv, b_qkv, w_o, b_o, w_fc, b_fc, w_p, b_p = self.frozen[layer]
         Ka, d, H = h.shape[0], self.d, self.n_head
-        heads = (-1, H, d // H)
+        hd = d // H
         train = self.training
         a = self._ln(h, p["ln_1_weight"][:, layer], p["ln_1_bias"][:, layer]).reshape(-1, d)
         if positions is None:
-            qkv = torch.addmm(b_qkv, a, w_qkv).view(-1, T, 3, *heads[1:])  # one GEMM, all K
+            qkv = torch.addmm(b_qkv, a, w_qkv).view(-1, T, 3, H, hd)  # one GEMM, all K
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (Ka*B, H, T, hd)
         else:
-            kv = torch.addmm(b_qkv[d:], a, w_qkv[:, d:]).view(-1, T, 2, *heads[1:])
+            kv = torch.addmm(b_qkv[d:], a, w_qkv[:, d:]).view(-1, T, 2, H, hd)
             k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)
             rows = positions + torch.arange(0, len(positions) * T, T, device=h.device)[:, None]
             rows = rows.reshape(-1)  # (Ka*B*k,) rows of the read-out tokens
             h = h.reshape(-1, d).index_select(0, rows).view(Ka, -1, d)
             q = torch.addmm(b_qkv[:d], a.index_select(0, rows), w_qkv[:, :d])
-            q = q.view(len(positions), -1, *heads[1:]).transpose(1, 2)  # (Ka*B, H, k, hd)
+            q = q.view(len(positions), -1, H, hd).transpose(1, 2)  # (Ka*B, H, k, hd)
         o = ops.causal_attention(
             q, k, v, self.scales[layer], self.attn_p if train else 0.0, positions
         )

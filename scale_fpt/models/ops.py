@@ -133,24 +133,28 @@ def dropout_keep(
 
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """``F.dropout`` with the fast CPU mask."""
-    if not training or p == 0.0:
-        return x
-    if x.is_cuda:
-        return F.dropout(x, p, training=True)
-    if _fused(x):
-        return _FusedDropoutAdd.apply(None, x, p, _seed())
-    return x * dropout_keep(x.numel(), p, x.device, x.dtype).view(x.shape)
+    return _dropout_then_add(None, x, p, training)
 
 
 def add_dropout(h: torch.Tensor, x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """The residual update ``h + dropout(x)`` in one pass over the rows."""
+    return _dropout_then_add(h, x, p, training)
+
+
+def _dropout_then_add(
+    h: torch.Tensor | None, x: torch.Tensor, p: float, training: bool
+) -> torch.Tensor:
+    """``dropout(x)``, plus ``h`` unless it is None: torch's kernel on a GPU, the fused
+    kernel for float32 on a CPU, the torch-op mask otherwise."""
     if not training or p == 0.0:
-        return h + x
+        return x if h is None else h + x
     if x.is_cuda:
-        return h + F.dropout(x, p, training=True)
-    if h.shape == x.shape and _fused(h, x):
+        dropped = F.dropout(x, p, training=True)
+        return dropped if h is None else h + dropped
+    if (h is None or h.shape == x.shape) and _fused(h, x):
         return _FusedDropoutAdd.apply(h, x, p, _seed())
-    return torch.addcmul(h, x, dropout_keep(x.numel(), p, x.device, x.dtype).view(x.shape))
+    keep = dropout_keep(x.numel(), p, x.device, x.dtype).view(x.shape)
+    return x * keep if h is None else torch.addcmul(h, x, keep)
 
 
 class _SigmoidGelu(torch.autograd.Function):
@@ -202,12 +206,11 @@ def causal_attention(
         )
     keys = torch.arange(T, device=q.device)
     if query_positions is None:
-        visible = keys[None, :] <= keys[:, None]  # (T, T)
+        hidden = keys[None, :] > keys[:, None]  # (T, T): keys after the query
     else:
-        visible = (keys <= query_positions[..., None]).unsqueeze(1)  # (N, 1, Tq, T)
-    bias = torch.zeros(visible.shape, dtype=q.dtype, device=q.device)
-    bias.masked_fill_(~visible, float("-inf"))
-    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(bias)  # (N, H, Tq, T)
+        hidden = (keys > query_positions[..., None]).unsqueeze(1)  # (N, 1, Tq, T)
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)  # (N, H, Tq, T)
+    scores = scores.masked_fill(hidden, float("-inf"))
     # The max is a constant shift (softmax is invariant to it): no gradient through it.
     probs = (scores - scores.detach().amax(-1, keepdim=True)).exp()
     probs = probs / probs.sum(-1, keepdim=True)
