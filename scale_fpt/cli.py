@@ -23,6 +23,10 @@ SUMMARY_KEYS = (
     "trial_id",
     "status",
     "steps_done",
+    "stop_reason",
+    "selected_step",
+    "val_accuracy",
+    "test_accuracy",
     "final_test_accuracy",
     "best_test_accuracy",
     "final_test_loss",
@@ -163,39 +167,39 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(args: argparse.Namespace, config: TrialConfig) -> int:
+    from scale_fpt.loop import CheckpointDir
     from scale_fpt.results import ResultsError, ResultsWriter
-    from scale_fpt.trainer import CheckpointDir
-    from scale_fpt.trial import Trial
+    from scale_fpt.trial import TrialRun
 
-    trial = Trial(config, sweep=args.sweep)
+    trial = TrialRun([config], sweep=args.sweep)
+    (trial_id,) = trial.trial_ids
     writer = ResultsWriter(args.results, args.sweep)
     # One subdirectory per trial: a directory reused with other flags never resumes (and
     # reports) a different trial.
     checkpoints = (
-        CheckpointDir(str(Path(args.checkpoint_dir) / trial.record.trial_id))
-        if args.checkpoint_dir
-        else None
+        CheckpointDir(str(Path(args.checkpoint_dir) / trial_id)) if args.checkpoint_dir else None
     )
     if checkpoints and checkpoints.latest():
-        trial.trainer.restore(checkpoints.latest())
-    bar = progress_bar(config, trial.trainer.state.step, disable=args.no_progress)
+        trial.restore(checkpoints.latest())
+    bar = progress_bar(config, trial.position, disable=args.no_progress)
 
-    def on_eval(curve_row: dict, trial_row: dict) -> None:
-        writer.write_curve(curve_row["trial_id"], [curve_row])
-        writer.write_trial(trial_row)
+    def on_eval(curve_rows: list[dict], trial_rows: list[dict]) -> None:
+        for curve_row in curve_rows:
+            writer.write_curve(trial_id, [curve_row])
+            bar.set_postfix(
+                val_acc=f"{curve_row['val_accuracy']:.3f}",
+                train_loss=f"{curve_row['train_loss']:.4f}",
+            )
+        writer.write_trial(trial_rows[0])
         if checkpoints:
-            checkpoints.save(trial.trainer, curve_row["step"])
-        bar.set_postfix(test_acc=f"{curve_row['test_accuracy']:.3f}")
-
-    def on_step(step: int, loss: float) -> None:
-        bar.update(1)
-        bar.set_postfix_str(f"loss={loss:.4f}", refresh=False)
+            checkpoints.save(trial.save, trial.position)
 
     try:
-        row = trial.run(on_eval=on_eval, progress=on_step)
+        (row,) = trial.run(on_eval=on_eval, progress=lambda position: bar.update(1))
         code = 0
     except KeyboardInterrupt:
-        row = {**trial.record.trial_row(trial.trainer.state), "status": "stopped"}
+        (row,) = trial.trial_rows()
+        row = {**row, "status": "stopped"}
         code = 130
     except ResultsError:
         # The results directory failed (full, unwritable), not the trial: say that, once
@@ -203,7 +207,7 @@ def train(args: argparse.Namespace, config: TrialConfig) -> int:
         trial.close()
         raise
     except Exception as e:  # recorded as a failed trial, not re-raised: the row is the record
-        row = trial.failed_row(e)
+        (row,) = trial.failed_rows(e)
         print(f"scale-fpt: trial failed: {row['error']}", file=sys.stderr)
         code = 1
     finally:

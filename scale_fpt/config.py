@@ -3,7 +3,7 @@
 Every field name is unique across the three dataclasses, so a trial's configuration is also a
 flat ``{name: value}`` dict. The command-line flags (``--batch-size`` for ``batch_size``), the
 Ray Tune param space and the Parquet columns all use these same names; DeepSpeed's config and
-Ray's resource requests are derived from them (``trainer.deepspeed_config``,
+Ray's resource requests are derived from them (``steps.engine.deepspeed_config``,
 ``sweep.trial_resources``), never restated.
 
 Validation collects every problem and raises one :class:`ConfigError` naming each flag.
@@ -156,7 +156,14 @@ class TrainConfig:
     max_steps: int = 3000
     """Gradient steps to train (``--steps``)."""
     eval_every: int = 500
-    """Evaluate on the fixed test set every this many steps (and after the last)."""
+    """Evaluate on the fixed validation and test sets every this many steps (and after the
+    last)."""
+    log_evals: bool = True
+    """Also evaluate at log-spaced steps (100, 150, 200, 300, 500, 700, 1000, 1500, ...;
+    ``loop.evaluation_steps``), so steps-to-threshold resolves early differences."""
+    patience: int = 0
+    """Stop after this many evaluations without a better validation accuracy (0 = off:
+    train the whole budget). The trials row records why a trial ended (``stop_reason``)."""
     eval_batch_size: int = 32
     """Examples per evaluation batch."""
     seed: int = 0
@@ -168,7 +175,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     """Gradient-norm clipping (paper: 1.0; 0 disables)."""
     accuracy_threshold: float = 0.9
-    """``steps_to_threshold`` is the first evaluated step with test accuracy >= this."""
+    """``steps_to_threshold`` is the first evaluated step with validation accuracy >= this."""
     accelerator: str = "auto"
     """Where the trial runs: auto (CUDA if present), cpu or cuda. (The trials column
     ``device`` records the device that actually ran it.)"""
@@ -188,6 +195,8 @@ class TrainConfig:
         for name in ("batch_size", "max_steps", "eval_every", "eval_batch_size"):
             if getattr(self, name) < 1:
                 out.append(f"{flag(name)}: must be >= 1, got {getattr(self, name)}")
+        if self.patience < 0:
+            out.append(f"--patience: must be >= 0 (0 = off), got {self.patience}")
         if self.grad_clip < 0:
             out.append(f"--grad-clip: must be >= 0, got {self.grad_clip}")
         if not 0.0 <= self.accuracy_threshold <= 1.0:

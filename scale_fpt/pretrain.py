@@ -174,7 +174,7 @@ def python_docstrings(limit: int) -> bytes:
 def pretrain_language(preset, text: bytes, steps, batch_size, seq_len, lr, seed):
     from transformers import GPT2LMHeadModel
 
-    from scale_fpt.trainer import flush_denormals
+    from scale_fpt.runtime import flush_denormals
 
     flush_denormals()
     torch.manual_seed(seed)
@@ -202,7 +202,7 @@ def pretrain_on_bit_memory(preset, steps, lr, seed):
     """Train a whole FPT on Bit Memory through the normal trial path; keep its backbone."""
     from torch import nn
 
-    from scale_fpt.trial import Trial
+    from scale_fpt.trial import TrialRun
 
     config = TrialConfig.from_flat(
         {
@@ -213,14 +213,15 @@ def pretrain_on_bit_memory(preset, steps, lr, seed):
             "lr": min(lr, 1e-4),
             "max_steps": steps,
             "eval_every": steps,
+            "log_evals": False,
             "seed": seed,
         }
     )
-    trial = Trial(config, sweep="pretrain")
+    trial = TrialRun([config], sweep="pretrain")
     with contextlib.ExitStack() as stack:
         stack.callback(trial.close)
-        row = trial.run()
-        backbone = trial.trainer.built.module.backbone
+        (row,) = trial.run()
+        backbone = trial.step.engine.module.backbone
         # The word embedding was dropped (never used); give the saved model an untrained one
         # so it loads like any save_pretrained GPT-2.
         backbone.set_input_embeddings(

@@ -20,8 +20,10 @@ from pathlib import Path
 
 from scale_fpt import scaling
 from scale_fpt.config import FIELD_TYPES, ConfigError, TrialConfig, flag
+from scale_fpt.loop import evaluation_steps
+from scale_fpt.packing import cohort_memory_bytes, cohorts
 from scale_fpt.results import ResultsError, ResultsWriter
-from scale_fpt.trial import Trial, error_text, git_sha, provenance, trial_id_for
+from scale_fpt.trial import TrialRun, error_text, git_sha, provenance, trial_id_for
 
 SEARCH_KINDS = ("loguniform", "uniform", "int", "choice")
 
@@ -272,8 +274,6 @@ def cohort_resources(members: list[dict], sweep: SweepConfig, gpus: bool) -> dic
     CPU, benchmarks/packing.py), or a GPU share sized by its memory."""
     if not gpus:
         return {"CPU": sweep.cpus_per_trial}
-    from scale_fpt.packing import cohort_memory_bytes
-
     memory = cohort_memory_bytes(members)
     return {
         "CPU": sweep.cpus_per_trial,
@@ -284,68 +284,97 @@ def cohort_resources(members: list[dict], sweep: SweepConfig, gpus: bool) -> dic
 # --------------------------------------------------------------------------- the trainable
 
 
-def tune_trial(flat: dict) -> None:
-    """Ray Tune function trainable: one trial, resumed from Tune's checkpoint when retried."""
+def tune_trial(tune_config: dict) -> None:
+    """The Ray Tune function trainable of one trial or one packed cohort: config ``{"sweep":
+    name, "members": [flat, ...], **shared}`` (the shared keys apply to every member; a
+    search puts its suggested values there; no ``members``: one trial of the shared keys).
+    Each report carries the ``curve_rows`` of the members evaluated and the ``trial_rows``
+    of all; a retried trial resumes from Tune's checkpoint. A member whose config is bad
+    gets a failed row and the others train."""
     from ray import tune
 
-    flat = dict(flat)
-    sweep = flat.pop("sweep")
-    flat.update(flat.pop("arm", {}))
-    try:
-        config = TrialConfig.from_flat(flat)
-        trial = Trial(config, sweep=sweep)
-    except ConfigError as e:
-        # A bad combination fails the same way on every retry: record it, do not retry.
-        row = config_only_row(sweep, flat, "failed", error_text(e))
-        tune.report({"step": 0, **final_metrics(row), "trial_rows": [row], "final": True})
+    sweep, compile_model, members = tune_members(tune_config)
+    failed: list[dict] = []
+    configs: list[tuple[dict, TrialConfig]] = []
+    for member in members:
+        try:
+            configs.append((member, TrialConfig.from_flat(member)))
+        except ConfigError as e:
+            failed.append(config_only_row(sweep, member, "failed", error_text(e)))
+    run = None
+    if configs:
+        try:
+            run = TrialRun([c for _, c in configs], sweep=sweep, compile=compile_model)
+        except ConfigError as e:
+            # A bad combination fails the same way on every retry: record it, do not retry.
+            failed += [config_only_row(sweep, m, "failed", error_text(e)) for m, _ in configs]
+    if run is None:
+        tune.report({"step": 0, **report_metrics(failed), "trial_rows": failed, "final": True})
         return
     try:
         checkpoint = tune.get_checkpoint()
         if checkpoint:
             with checkpoint.as_directory() as directory:
-                trial.trainer.restore(directory)
+                run.restore(directory)
+        reported_final = False
 
-        def on_eval(curve_row: dict, trial_row: dict) -> None:
+        def on_eval(curve_rows: list[dict], trial_rows: list[dict]) -> None:
+            nonlocal reported_final
+            reported_final = run.finished
             with tempfile.TemporaryDirectory(prefix="scale_fpt_ckpt_") as directory:
-                trial.trainer.save(directory)
+                run.save(directory)
                 tune.report(
                     {
-                        "step": curve_row["step"],
-                        "test_accuracy": curve_row["test_accuracy"],
-                        "best_test_accuracy": trial_row["best_test_accuracy"],
-                        "curve_rows": [curve_row],
-                        "trial_rows": [trial_row],
-                        "final": trial_row["status"] != "running",
+                        "step": run.position,
+                        **report_metrics(trial_rows),
+                        "curve_rows": curve_rows,
+                        "trial_rows": failed + trial_rows,
+                        "final": reported_final,
                     },
                     checkpoint=tune.Checkpoint.from_directory(directory),
                 )
 
-        final_row = trial.run(on_eval=on_eval)
-        if final_row["status"] == "diverged":  # no evaluation reported the end: report it
+        rows = run.run(on_eval=on_eval)
+        if not reported_final:  # restored when already finished: report the end once more
             tune.report(
                 {
-                    "step": final_row["steps_done"],
-                    **final_metrics(final_row),
-                    "trial_rows": [final_row],
+                    "step": run.position,
+                    **report_metrics(rows),
+                    "trial_rows": failed + rows,
                     "final": True,
                 }
             )
     finally:
-        trial.close()
+        run.close()
 
 
-def final_metrics(row: dict) -> dict:
-    """The scheduler-facing metrics of a trial's last report. Tune rejects a result without
-    the sweep's metric (and stops the whole sweep), so a trial that ends before any
-    evaluation (diverged at once, a bad combination) reports them as NaN."""
-    return {
-        "test_accuracy": nan_if_none(row.get("final_test_accuracy")),
-        "best_test_accuracy": nan_if_none(row.get("best_test_accuracy")),
-    }
+def tune_members(tune_config: dict) -> tuple[str, bool, list[dict]]:
+    """(sweep name, compile flag, every member's flat config) of a Tune trial config."""
+    shared = dict(tune_config)
+    sweep = shared.pop("sweep")
+    compile_model = bool(shared.pop("compile", False))
+    members = shared.pop("members", None) or [{}]
+    return sweep, compile_model, [{**shared, **m} for m in members]
 
 
-def nan_if_none(value) -> float:
-    return float("nan") if value is None else float(value)
+REPORTED_METRICS = {
+    "val_accuracy": "val_accuracy",
+    "best_val_accuracy": "best_val_accuracy",
+    "test_accuracy": "test_accuracy",
+    "best_test_accuracy": "best_test_accuracy",
+}
+"""Scheduler-facing metric -> trials column it reports (at the selected evaluation)."""
+
+
+def report_metrics(rows: list[dict]) -> dict:
+    """The scheduler-facing metrics of a trial or cohort: its best member's (ASHA stops
+    whole cohorts). Tune rejects a result without the sweep's metric (and stops the whole
+    sweep), so a trial without any evaluation yet reports them as NaN."""
+    out = {}
+    for metric, column in REPORTED_METRICS.items():
+        values = [float(r[column]) for r in rows if r.get(column) is not None]
+        out[metric] = max(values, default=float("nan"))
+    return out
 
 
 def config_only_row(sweep: str, flat: dict, status: str, error: str | None) -> dict:
@@ -359,6 +388,7 @@ def config_only_row(sweep: str, flat: dict, status: str, error: str | None) -> d
         "trial_id": trial_id,
         **flat,
         "status": status,
+        "stop_reason": "failed" if status == "failed" else None,
         "steps_done": 0,
         "error": error,
         **provenance(),
@@ -428,21 +458,20 @@ def results_callback_class():
             checkpoint = trial.checkpoint.path if trial.checkpoint else None
             for row in self.reported_rows(trial):
                 # "running" at the end: stopped by the scheduler before its last step.
-                status = "stopped" if row["status"] == "running" else row["status"]
-                self.writer.write_trial({**row, "status": status, "checkpoint": checkpoint})
+                if row["status"] == "running":
+                    row = {**row, "status": "stopped", "stop_reason": "scheduler"}
+                self.writer.write_trial({**row, "checkpoint": checkpoint})
 
         def write_error(self, trial):
             error = trial_error_text(trial)
             rows = self.reported_rows(trial)
-            if not rows and "members" in trial.config:  # a packed cohort that never reported
-                from scale_fpt.packing import cohort_failed_rows
-
-                rows = cohort_failed_rows(trial.config, error)
-            elif not rows:
-                rows = [config_only_row(self.sweep, trial_flat(trial.config), "failed", error)]
+            if not rows:  # never reported: every member fails with the trial's error
+                _, _, members = tune_members(trial.config)
+                rows = [config_only_row(self.sweep, m, "failed", error) for m in members]
             for row in rows:
                 if row["status"] in ("running", "failed"):
-                    self.writer.write_trial({**row, "status": "failed", "error": error})
+                    failed = {"status": "failed", "stop_reason": "failed", "error": error}
+                    self.writer.write_trial({**row, **failed})
 
     return ResultsCallback
 
@@ -470,13 +499,6 @@ def fit_reporting_write_failures(tuner):
         if WRITE_FAILURES:
             raise WRITE_FAILURES[0] from None
         raise
-
-
-def trial_flat(tune_config: dict) -> dict:
-    """The flat trial config inside a Tune trial's config (``sweep`` and ``arm`` unwrapped)."""
-    flat = {k: v for k, v in tune_config.items() if k not in ("sweep", "arm")}
-    flat.update(tune_config.get("arm", {}))
-    return flat
 
 
 def trial_error_text(trial) -> str:
@@ -612,21 +634,15 @@ def run_experiment(sweep: SweepConfig, experiment: str, arms: list[dict], gpus: 
 
     path = os.path.join(sweep.ray_storage, experiment)
 
-    packed = sweep.pack > 1 and not sweep.search
-
     def resources(config: dict) -> tune.PlacementGroupFactory:
-        if "members" in config:
-            request = cohort_resources(config["members"], sweep, gpus)
+        _, _, members = tune_members(config)
+        if len(members) > 1:
+            request = cohort_resources(members, sweep, gpus)
         else:
-            request = trial_resources(trial_flat(config), sweep, gpus)
+            request = trial_resources(members[0], sweep, gpus)
         return tune.PlacementGroupFactory([request])
 
-    if packed:
-        from scale_fpt.packing import cohorts, tune_cohort
-
-        trainable = tune.with_resources(tune_cohort, resources)
-    else:
-        trainable = tune.with_resources(tune_trial, resources)
+    trainable = tune.with_resources(tune_trial, resources)
     if resume and tune.Tuner.can_restore(path):
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True)
         return fit_reporting_write_failures(tuner)
@@ -641,19 +657,15 @@ def run_experiment(sweep: SweepConfig, experiment: str, arms: list[dict], gpus: 
         num_samples = sweep.search_trials
     else:
         search_alg, num_samples = None, 1
-        # One grid axis over whole arm configs: exactly arms(), overrides included.
-        if packed:
-            param_space = {
-                "sweep": sweep.name,
-                "members": tune.grid_search(cohorts(arms, sweep.pack)),
-            }
-        else:
-            param_space = {"sweep": sweep.name, "arm": tune.grid_search(arms)}
+        # One grid axis over whole member lists: exactly arms(), overrides included, in
+        # cohorts of up to ``pack`` compatible arms (pack 1: one arm per Tune trial).
+        groups = cohorts(arms, sweep.pack)
+        param_space = {"sweep": sweep.name, "members": tune.grid_search(groups)}
     scheduler = None
     if sweep.asha:
+        trains = [TrialConfig.from_flat(a).train for a in arms]
         max_evals = max(
-            TrialConfig.from_flat(a).train.max_steps // TrialConfig.from_flat(a).train.eval_every
-            for a in arms
+            len(evaluation_steps(t.max_steps, t.eval_every, t.log_evals)) for t in trains
         )
         scheduler = tune.schedulers.ASHAScheduler(
             time_attr="training_iteration",

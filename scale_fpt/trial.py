@@ -1,8 +1,11 @@
-"""One trial, one plain path: config in -> build task and model -> fit -> rows out.
+"""One trial or one cohort, one plain path: configs in -> task, step, states -> ``loop.fit``
+-> rows out.
 
-``scale-fpt train`` and every sweep trial run exactly this (``run_trial``); only what happens
-at each evaluation differs (a progress line and Parquet on the command line, a
-``ray.tune.report`` with a checkpoint in a sweep).
+``scale-fpt train``, every sweep trial and every packed cohort run exactly this
+(``TrialRun``); only what happens at each evaluation differs (a progress line and Parquet
+on the command line, a ``ray.tune.report`` with a checkpoint in a sweep). Each member keeps
+its own id (``trial_id_for(sweep, config.to_flat())``, the same packed or alone), rows
+(``TrialRecord``), status and evaluation history.
 """
 
 from __future__ import annotations
@@ -23,12 +26,16 @@ from pathlib import Path
 import torch
 
 from scale_fpt import scaling
-from scale_fpt.config import TrialConfig
+from scale_fpt.config import ConfigError, TrialConfig
+from scale_fpt.loop import Evaluation, TrialState, fit, restore_checkpoint, save_checkpoint
 from scale_fpt.models import BuiltModel, build_model
+from scale_fpt.packing import STEP_KINDS, step_kind
 from scale_fpt.results import SCHEMA_VERSION
+from scale_fpt.seeding import seed_streams
+from scale_fpt.steps.cohort import CohortStep
+from scale_fpt.steps.engine import EngineStep
 from scale_fpt.tasks import build_task
-from scale_fpt.tasks.base import TaskSpec
-from scale_fpt.trainer import Evaluation, Trainer, TrialState
+from scale_fpt.tasks.base import Task, TaskSpec
 
 STACK = ("scale-fpt", "torch", "transformers", "deepspeed", "ray", "optuna", "datasets", "pyarrow")
 
@@ -121,6 +128,15 @@ def device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device == "cuda" else "cpu"
 
 
+@functools.lru_cache(maxsize=64)
+def counting_model(config: TrialConfig, spec: TaskSpec) -> BuiltModel:
+    """The trial's model built on the meta device (no memory, no weights read): its
+    parameter counts, trained groups and FLOPs, the same whichever step trains it."""
+    shape_only = config.replace(init="random", weights="")
+    with torch.device("meta"):
+        return build_model(shape_only, spec)
+
+
 @dataclass
 class TrialRecord:
     """What is known about a trial before it trains; turns its progress into rows."""
@@ -142,14 +158,19 @@ class TrialRecord:
 
     def trial_row(self, state: TrialState, error: str | None = None) -> dict:
         train = self.config.train
-        last = state.last
+        last, selected = state.last, state.selected()
         flops = self.flops_per_step
         return {
             "sweep": self.sweep,
             "trial_id": self.trial_id,
             **self.config.to_flat(),
             "status": "failed" if error else state.status,
+            "stop_reason": "failed" if error else state.stop_reason,
             "steps_done": state.step,
+            "best_val_accuracy": selected.val_accuracy if selected else None,
+            "selected_step": selected.step if selected else None,
+            "val_accuracy": selected.val_accuracy if selected else None,
+            "test_accuracy": selected.test_accuracy if selected else None,
             "final_test_accuracy": last.test_accuracy if last else None,
             "best_test_accuracy": state.best_test_accuracy() if last else None,
             "final_test_loss": last.test_loss if last else None,
@@ -174,45 +195,95 @@ class TrialRecord:
         }
 
 
-class Trial:
-    """A built trial: task, model, engine. ``run`` trains it and returns its final row."""
+class TrialRun:
+    """K >= 1 trials built on one step: ``run`` trains them through ``loop.fit``.
 
-    def __init__(self, config: TrialConfig, sweep: str = "train", trial_id: str | None = None):
-        self.config = config
-        task = build_task(config.task, config.train.seed)
-        built = build_model(config, task.spec)
-        self.trainer = Trainer(config.train, task, built)
-        self.record = TrialRecord(
-            sweep=sweep,
-            trial_id=trial_id or trial_id_for(sweep, config.to_flat()),
-            config=config,
-            built=built,
-            spec=task.spec,
-            device=self.trainer.device,
-        )
+    ``configs``: one trial, or the members of a cohort (``packing.cohorts``). ``kind``:
+    ``cohort`` or ``engine`` (default ``packing.step_kind``; a cohort of K > 1 is always
+    ``cohort``). ``task``: a prebuilt task (benchmarks pass synthetic data); by default
+    built from the first config. ``compile``: ``torch.compile`` the packed model."""
+
+    def __init__(
+        self,
+        configs: list[TrialConfig],
+        sweep: str = "train",
+        kind: str | None = None,
+        task: Task | None = None,
+        compile: bool = False,
+    ):
+        first = configs[0]
+        self.kind = kind or ("cohort" if len(configs) > 1 else step_kind(first))
+        if self.kind not in STEP_KINDS or (self.kind == "engine" and len(configs) > 1):
+            raise ValueError(f"step kind {self.kind!r} for {len(configs)} trial(s)")
+        task = task if task is not None else build_task(first.task, first.train.seed)
+        # What draws from torch's global generator (non-GPT-2 and LSTM dropout) starts from
+        # the trial's dropout stream; GPT-2 dropout is keyed and does not draw from it.
+        torch.manual_seed(seed_streams(first.train.seed).dropout)
+        if self.kind == "engine":
+            self.step = EngineStep(first.train, task, build_model(first, task.spec))
+        else:
+            self.step = CohortStep(configs, task, compile=compile)
+        self.train = first.train
+        self.records = [
+            TrialRecord(
+                sweep=sweep,
+                trial_id=trial_id_for(sweep, config.to_flat()),
+                config=config,
+                built=counting_model(config, task.spec),
+                spec=task.spec,
+                device=self.step.device,
+            )
+            for config in configs
+        ]
+        ids = self.trial_ids
+        if len(set(ids)) != len(ids):
+            self.step.close()
+            raise ConfigError(["a cohort holds the same trial twice (identical configs)"])
+        self.states = [TrialState() for _ in configs]
+        self.position = 0
+
+    @property
+    def trial_ids(self) -> list[str]:
+        return [r.trial_id for r in self.records]
+
+    @property
+    def finished(self) -> bool:
+        return not any(s.running for s in self.states)
 
     def run(
         self,
-        on_eval: Callable[[dict, dict], None] | None = None,
-        progress: Callable[[int, float], None] | None = None,
-    ) -> dict:
-        """Train to the end (or divergence). ``on_eval(curve_row, trial_row)`` at each
-        evaluation, where ``trial_row`` is the trial as it stands (status ``running`` until
-        the last). Exceptions propagate: the caller decides between retry and a failed row."""
-        record = self.record
+        on_eval: Callable[[list[dict], list[dict]], None] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[dict]:
+        """Train every member to its end. ``on_eval(curve_rows, trial_rows)`` after each
+        evaluation: the curve rows of the members evaluated, the trial rows of all (status
+        ``running`` until their last). Returns the final trial rows. Exceptions propagate:
+        the caller decides between retry and failed rows."""
 
-        def report(evaluation: Evaluation) -> None:
+        def report(position: int, evaluated: list[int]) -> None:
+            self.position = position
             if on_eval:
-                on_eval(record.curve_row(evaluation), record.trial_row(self.trainer.state))
+                curves = [self.records[i].curve_row(self.states[i].history[-1]) for i in evaluated]
+                on_eval(curves, self.trial_rows())
 
-        state = self.trainer.fit(on_eval=report, progress=progress)
-        return record.trial_row(state)
+        self.position = fit(self.step, self.states, self.train, self.position, report, progress)
+        return self.trial_rows()
 
-    def failed_row(self, error: BaseException) -> dict:
-        return self.record.trial_row(self.trainer.state, error=error_text(error))
+    def trial_rows(self, error: str | None = None) -> list[dict]:
+        rows = [r.trial_row(s, error) for r, s in zip(self.records, self.states, strict=True)]
+        return [{**row, "cohort_size": len(rows)} for row in rows]
+
+    def failed_rows(self, error: BaseException) -> list[dict]:
+        return self.trial_rows(error=error_text(error))
+
+    def save(self, directory: str) -> None:
+        save_checkpoint(directory, self.step, self.states, self.trial_ids, self.position)
+
+    def restore(self, directory: str) -> None:
+        self.states, self.position = restore_checkpoint(directory, self.step, self.trial_ids)
 
     def close(self) -> None:
-        self.trainer.close()
+        self.step.close()
 
 
 def error_text(error: BaseException, limit: int = 4000) -> str:

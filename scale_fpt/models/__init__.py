@@ -56,12 +56,19 @@ def build_model(
                 "a model with more positions"
             ]
         )
-    # Seed the heads separately from the backbone so that changing only the backbone
-    # (pretrained vs random) leaves the input/output initialisation identical.
-    torch.manual_seed(seed + 1)
-    module = FPT(spec, backbone, d_model)
+    module = build_heads(spec, d_model, seed)
+    module.backbone = backbone
     trained = freeze(module, config.train.finetune)
     return BuiltModel(module, trained, group_counts(module), n_layer, d_model)
 
 
-__all__ = ["FPT", "BuiltModel", "build_model"]
+def build_heads(spec: TaskSpec, d_model: int, seed: int) -> FPT:
+    """The input and output layers of trial ``seed`` around an empty backbone (``build_model``
+    and packed cohorts both initialise heads here, so a packed member starts as it would
+    alone). Seeded apart from the backbone, so that changing only the backbone (pretrained
+    vs random) leaves the heads identical."""
+    torch.manual_seed(seed + 1)
+    return FPT(spec, nn.Identity(), d_model)
+
+
+__all__ = ["FPT", "BuiltModel", "build_heads", "build_model"]

@@ -139,7 +139,7 @@ def build_backbone(
     arch = load_architecture(config, attn_implementation)
     torch.manual_seed(seed)
     # Built in fp32 whatever dtype the checkpoint was saved in (transformers keeps a bf16
-    # checkpoint in bf16, next to fp32 input/output layers); the trainer casts for --precision.
+    # checkpoint in bf16, next to fp32 input/output layers); the step casts for --precision.
     if config.init == "random":
         backbone = AutoModel.from_config(arch).float()
     else:

@@ -11,14 +11,24 @@ slower than its own composition. Here:
   extension loader on first use, cached in ~/.cache/torch_extensions): GELU forward and
   backward in one vectorised pass each (sigmoid form, below); ``h + dropout(x)`` in one
   pass whose mask comes from a counter-based generator (SplitMix64 of (seed, element)), so
-  the backward recomputes the mask instead of storing it. The seed of each call is drawn
-  from torch's default generator: ``torch.manual_seed`` and the trainer's saved RNG state
-  make masks reproducible. Dropout keeps with probability ``1 - p`` quantised to 2^-32.
+  the backward recomputes the mask instead of storing it. Dropout keeps with probability
+  ``1 - p`` quantised to 2^-32.
 - other CPU dtypes (bf16), or where the kernels cannot be built (no compiler; the loader
   warns once): compositions of torch ops. Dropout draws 64 random bits per 4 elements and
   builds the mask with float arithmetic, p quantised to 1/65536 (p = 0.1 drops
   6554/65536 = 0.100006); GELU is ``x sigmoid(u)`` in in-place passes.
 - on a GPU: torch's own kernels (``F.dropout``, ``F.gelu``, SDPA).
+
+Keyed masks (``dropout_keys``): inside ``with dropout_keys(member_seeds, step)`` every
+dropout call is a *site* (numbered in call order within the forward pass: the embedding,
+then per layer the attention probabilities and the two residual branches), and the mask of
+member m at a site is a function of (member m's dropout seed, step, site) alone. The leading
+dimension of the tensor is split into one equal chunk per member (a packed cohort's (K, ...)
+or (K*B, ...) layout, where a member's chunk is laid out as its tensor when it runs alone),
+so a packed member draws exactly the masks it draws alone: the fused kernel takes one seed
+per chunk; the torch-op and GPU forms draw each chunk from a generator seeded with its key.
+Outside ``dropout_keys`` (``pretrain``, other callers) the seed of a call comes from torch's
+default generator.
 
 Kept elements are scaled by the exact ``1 / (1 - p_quantised)``, so the expected activation
 is unchanged. GPT-2's ``0.5 x (1 + tanh(z))`` is exactly ``x sigmoid(2z)``: the sigmoid form
@@ -27,10 +37,14 @@ is the same function. ``SCALE_FPT_FUSED_CPU=0`` turns the fused kernels off.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import logging
 import math
 import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -80,23 +94,68 @@ def _fused(*tensors: torch.Tensor | None):
     return fused_kernels()
 
 
-def _seed() -> int:
-    return int(torch.empty((), dtype=torch.int64).random_())
+MASK64 = 2**64 - 1
+
+
+def mix64(a: int, b: int) -> int:
+    """A 63-bit key from two integers: SplitMix64's finaliser of ``a + (b + 1) * golden``
+    (distinct inputs give unrelated keys)."""
+    z = (a + (b + 1) * 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+@dataclass
+class _Keys:
+    """The per-member keys of one forward pass and the number of sites drawn so far."""
+
+    step_keys: list[int]
+    sites: int = field(default=0)
+
+    def next_site(self) -> list[int]:
+        site = self.sites
+        self.sites += 1
+        return [mix64(key, site) for key in self.step_keys]
+
+
+_KEYS: contextvars.ContextVar[_Keys | None] = contextvars.ContextVar("dropout_keys", default=None)
+
+
+@contextlib.contextmanager
+def dropout_keys(member_seeds: Sequence[int], step: int) -> Iterator[None]:
+    """Key every dropout mask drawn inside on (member seed, ``step``, site): see the module
+    docstring. ``member_seeds``: one per member chunk of the tensors, in order."""
+    token = _KEYS.set(_Keys([mix64(seed, step) for seed in member_seeds]))
+    try:
+        yield
+    finally:
+        _KEYS.reset(token)
+
+
+def _site_seeds() -> list[int] | None:
+    """The member keys of the next dropout site, or None outside ``dropout_keys``."""
+    keys = _KEYS.get()
+    return None if keys is None else keys.next_site()
+
+
+def _global_seed() -> list[int]:
+    return [int(torch.empty((), dtype=torch.int64).random_())]
 
 
 class _FusedDropoutAdd(torch.autograd.Function):
-    """``h + dropout(x)`` (``h`` may be None); the mask is recomputed from the seed."""
+    """``h + dropout(x)`` (``h`` may be None); the mask is recomputed from the seeds."""
 
     @staticmethod
-    def forward(ctx, h, x, p, seed):
-        ctx.p, ctx.seed, ctx.has_h = p, seed, h is not None
+    def forward(ctx, h, x, p, seeds):
+        ctx.p, ctx.seeds, ctx.has_h = p, seeds, h is not None
         kernels = fused_kernels()
-        return kernels.dropout_add(None if h is None else h.contiguous(), x.contiguous(), p, seed)
+        return kernels.dropout_add(None if h is None else h.contiguous(), x.contiguous(), p, seeds)
 
     @staticmethod
     def backward(ctx, grad):
         grad = grad.contiguous()
-        grad_x = fused_kernels().dropout_add(None, grad, ctx.p, ctx.seed)
+        grad_x = fused_kernels().dropout_add(None, grad, ctx.p, ctx.seeds)
         return (grad if ctx.has_h else None), grad_x, None, None
 
 
@@ -120,11 +179,17 @@ def quantised_keep(p: float) -> tuple[int, float]:
 
 
 def dropout_keep(
-    n: int, p: float, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    n: int,
+    p: float,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """A (n,) mask of ``dtype``: 0 for dropped elements, ``1 / (1 - p)`` for kept ones."""
+    """A (n,) mask of ``dtype``: 0 for dropped elements, ``1 / (1 - p)`` for kept ones,
+    drawn from ``generator`` (None: torch's default generator)."""
     dropped, scale = quantised_keep(p)
-    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)
+    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device)
+    bits.random_(-(2**63), None, generator=generator)
     lanes = bits.view(torch.int16)[:n].float()  # uniform integers in [-32768, 32767]
     # lane >= -32768 + dropped keeps: (lane - threshold + 1) clamped to [0, 1] is 0 or 1.
     keep = lanes.sub_(dropped - 32768 - 1).clamp_(0.0, 1.0).mul_(scale)
@@ -148,13 +213,27 @@ def _dropout_then_add(
     kernel for float32 on a CPU, the torch-op mask otherwise."""
     if not training or p == 0.0:
         return x if h is None else h + x
-    if x.is_cuda:
+    seeds = _site_seeds()
+    if seeds is None and x.is_cuda:
         dropped = F.dropout(x, p, training=True)
         return dropped if h is None else h + dropped
     if (h is None or h.shape == x.shape) and _fused(h, x):
-        return _FusedDropoutAdd.apply(h, x, p, _seed())
-    keep = dropout_keep(x.numel(), p, x.device, x.dtype).view(x.shape)
+        return _FusedDropoutAdd.apply(h, x, p, seeds or _global_seed())
+    keep = keyed_keep(x, p, seeds).view(x.shape)
     return x * keep if h is None else torch.addcmul(h, x, keep)
+
+
+def keyed_keep(x: torch.Tensor, p: float, seeds: list[int] | None) -> torch.Tensor:
+    """The torch-op mask of ``x`` (flat): one chunk per seed, each from a generator seeded
+    with its key (None: one draw from torch's default generator)."""
+    if seeds is None:
+        return dropout_keep(x.numel(), p, x.device, x.dtype)
+    chunk = x.numel() // len(seeds)
+    masks = [
+        dropout_keep(chunk, p, x.device, x.dtype, torch.Generator(x.device).manual_seed(seed))
+        for seed in seeds
+    ]
+    return masks[0] if len(masks) == 1 else torch.cat(masks)
 
 
 class _SigmoidGelu(torch.autograd.Function):
@@ -199,8 +278,9 @@ def causal_attention(
     Dropout on the attention probabilities as in GPT-2.
     """
     T = k.shape[-2]
-    if query_positions is None and (q.is_cuda or dropout_p == 0.0):
-        # torch's fused kernels (flash attention on a CPU too) when no CPU dropout is needed
+    if query_positions is None and (dropout_p == 0.0 or (q.is_cuda and _KEYS.get() is None)):
+        # torch's fused kernels (flash attention on a CPU too) when no CPU or keyed dropout
+        # is needed
         return F.scaled_dot_product_attention(
             q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale
         )

@@ -5,12 +5,14 @@
 //
 //   gelu_forward(x) -> x * sigmoid(u),  u = C x (1 + A x^2)   (= 0.5 x (1 + tanh(u / 2)))
 //   gelu_backward(g, x) -> g * d/dx[x sigmoid(u)]             (sigmoid recomputed from x)
-//   dropout_add(h, x, p, seed) -> h + x * keep_i / (1 - p)    (h optional)
+//   dropout_add(h, x, p, seeds) -> h + x * keep_i / (1 - p)   (h optional)
 //
-// keep_i is drawn from a counter-based generator: SplitMix64's output for state ``seed`` at
-// step i + 1, kept when its top 32 bits are >= round(p * 2^32). The mask is a function of
-// (seed, i) alone, so the backward pass recomputes it instead of storing it, and the result
-// does not depend on the number of threads.
+// x is split into len(seeds) equal consecutive chunks (one per member of a packed cohort);
+// keep_i of element i = c * chunk + j is drawn from a counter-based generator: SplitMix64's
+// output for state ``seeds[c]`` at step j + 1, kept when its top 32 bits are >=
+// round(p * 2^32). The mask of a chunk is a function of (its seed, j) alone: the same as
+// that member's mask when it runs alone, recomputed by the backward pass instead of stored,
+// and independent of the number of threads.
 //
 // Loops are branch-free so the compiler vectorises them; target_clones builds AVX-512 and
 // AVX2 versions beside the baseline, chosen at load time for the machine it runs on.
@@ -21,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -125,8 +128,12 @@ at::Tensor gelu_backward(const at::Tensor& g, const at::Tensor& x) {
 }
 
 at::Tensor dropout_add(const c10::optional<at::Tensor>& h, const at::Tensor& x, double p,
-                       int64_t seed) {
+                       const std::vector<int64_t>& seeds) {
   check(x, "x");
+  const int64_t chunks = static_cast<int64_t>(seeds.size());
+  TORCH_CHECK(chunks > 0 && x.numel() % chunks == 0, "x of ", x.numel(),
+              " elements does not split into ", chunks, " equal chunks");
+  const int64_t chunk = x.numel() / chunks;
   TORCH_CHECK(p >= 0.0 && p < 1.0, "dropout probability must be in [0, 1), got ", p);
   const float* hp = nullptr;
   if (h.has_value()) {
@@ -139,9 +146,13 @@ at::Tensor dropout_add(const c10::optional<at::Tensor>& h, const at::Tensor& x, 
   auto out = at::empty_like(x);
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
-    dropout_add_kernel(hp, xp, op, begin, end, static_cast<uint64_t>(seed), threshold, scale);
-  });
+  for (int64_t c = 0; c < chunks; c++) {
+    const int64_t offset = c * chunk;
+    at::parallel_for(0, chunk, kGrain, [&](int64_t begin, int64_t end) {
+      dropout_add_kernel(hp ? hp + offset : nullptr, xp + offset, op + offset, begin, end,
+                         static_cast<uint64_t>(seeds[c]), threshold, scale);
+    });
+  }
   return out;
 }
 
@@ -151,5 +162,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gelu_forward", &gelu_forward, "x sigmoid(u): GPT-2's tanh-GELU");
   m.def("gelu_backward", &gelu_backward, "gradient of gelu_forward");
   m.def("dropout_add", &dropout_add, "h + dropout(x) with a counter-based mask",
-        pybind11::arg("h"), pybind11::arg("x"), pybind11::arg("p"), pybind11::arg("seed"));
+        pybind11::arg("h"), pybind11::arg("x"), pybind11::arg("p"), pybind11::arg("seeds"));
 }

@@ -1,0 +1,206 @@
+"""K FPT models over one frozen GPT-2 body (a packed cohort's model).
+
+    x (K, B, T, W) -> input (per member) + wpe (per member) -> for each block:
+        LN (per member gains) -> one GEMM on the (K*B*T, d) stacked rows (frozen)
+        -> causal attention on (K*B, H, T, T) -> one GEMM -> LN -> two GEMMs (frozen)
+        (the last block: keys and values for all T tokens, everything else only for
+        the k read-out tokens, whose outputs are all the head reads)
+    -> ln_f (per member) -> output head (per member) -> (K, B, k, m, C)
+
+A member's rows are one contiguous chunk of every activation (the member axis leads), laid
+out as its tensors are when it runs alone (K = 1): keyed dropout (``ops.dropout_keys``)
+then draws each member the masks it draws alone.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scale_fpt.models import ops
+from scale_fpt.models.fpt import FPT
+from scale_fpt.tasks.base import TaskSpec
+
+# Trained tensors of PackedFPT and the fine-tuning group each belongs to.
+PARAM_GROUPS = {
+    "input_weight": "input",
+    "input_bias": "input",
+    "input_embedding": "input",
+    "wpe": "pos",
+    "ln_1_weight": "ln",
+    "ln_1_bias": "ln",
+    "ln_2_weight": "ln",
+    "ln_2_bias": "ln",
+    "ln_f_weight": "ln",
+    "ln_f_bias": "ln",
+    "output_weight": "output",
+    "output_bias": "output",
+}
+
+
+class PackedFPT(nn.Module):
+    """K FPT models over one frozen GPT-2 body.
+
+    The frozen block weights (attention and MLP matrices) are held once, in the compute
+    dtype; every trained tensor has a leading member axis and is kept in fp32 (the master
+    copy; cast to the compute dtype in ``forward`` for bf16).
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        spec: TaskSpec,
+        heads: list[FPT],
+        n_tokens: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ):
+        super().__init__()
+        config = backbone.config
+        self.spec, self.K, self.dtype = spec, len(heads), dtype
+        self.d, self.n_layer, self.n_head = config.n_embd, config.n_layer, config.n_head
+        self.eps = config.layer_norm_epsilon
+        self.embd_p, self.resid_p, self.attn_p = (
+            config.embd_pdrop,
+            config.resid_pdrop,
+            config.attn_pdrop,
+        )
+        blocks = list(backbone.h)
+        self.scales = [float(block.attn.scaling) for block in blocks]
+        self.act = blocks[0].mlp.act  # ops.GeluTanh for GPT-2 (backbones.fast_ops)
+
+        def member_stack(tensors) -> nn.Parameter:
+            stacked = torch.stack([t.detach().float() for t in tensors])
+            return nn.Parameter(stacked.to(device).contiguous())
+
+        def shared(tensor: torch.Tensor) -> nn.Parameter:  # the backbone's value, per member
+            return member_stack([tensor] * self.K)
+
+        if spec.discrete:
+            self.input_embedding = member_stack([h.input.weight for h in heads])  # (K, V, d)
+        else:
+            self.input_weight = member_stack([h.input.weight for h in heads])  # (K, d, W)
+            self.input_bias = member_stack([h.input.bias for h in heads])  # (K, d)
+        self.wpe = shared(backbone.wpe.weight[:n_tokens])  # (K, T, d): rows past T never train
+        for name in ("ln_1", "ln_2"):
+            for part in ("weight", "bias"):
+                layers = torch.stack([getattr(getattr(b, name), part) for b in blocks])
+                setattr(self, f"{name}_{part}", shared(layers))  # (K, L, d)
+        self.ln_f_weight = shared(backbone.ln_f.weight)  # (K, d)
+        self.ln_f_bias = shared(backbone.ln_f.bias)
+        self.output_weight = member_stack([h.output.weight for h in heads])  # (K, O, d)
+        self.output_bias = member_stack([h.output.bias for h in heads])  # (K, O)
+
+        # Frozen body: plain tensors (not parameters, never in the optimiser or checkpoints).
+        def frozen(t: torch.Tensor) -> torch.Tensor:
+            return t.detach().to(device=device, dtype=dtype)
+
+        self.frozen = [
+            (
+                frozen(b.attn.c_attn.weight),  # Conv1D: (d, 3d), y = x @ W + b
+                frozen(b.attn.c_attn.bias),
+                frozen(b.attn.c_proj.weight),
+                frozen(b.attn.c_proj.bias),
+                frozen(b.mlp.c_fc.weight),
+                frozen(b.mlp.c_fc.bias),
+                frozen(b.mlp.c_proj.weight),
+                frozen(b.mlp.c_proj.bias),
+            )
+            for b in blocks
+        ]
+
+    def trained_names(self) -> list[str]:
+        return [name for name, _ in self.named_parameters()]
+
+    def member_params(self, members: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, p in self.named_parameters():
+            t = p if members is None else p.index_select(0, members)
+            out[name] = t.to(self.dtype) if self.dtype != torch.float32 else t
+        return out
+
+    def _ln(self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """Layer norm of (Ka, N, d) rows with each member's gain and bias (Ka, d)."""
+        normed = F.layer_norm(h, (self.d,), eps=self.eps)
+        return torch.addcmul(bias.unsqueeze(1), normed, weight.unsqueeze(1))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        members: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x (Ka, B, T, W) float or (Ka, B, T) long for the members ``members`` (indices into
+        K; None: all K) -> logits (Ka, B, k, m, C)."""
+        p = self.member_params(members)
+        spec, d = self.spec, self.d
+        Ka, B, T = x.shape[:3]
+        if spec.discrete:
+            vocab = p["input_embedding"].shape[1]
+            offsets = torch.arange(Ka, device=x.device).view(Ka, 1, 1) * vocab
+            h = F.embedding(x + offsets, p["input_embedding"].reshape(Ka * vocab, d))
+        else:
+            h = torch.baddbmm(
+                p["input_bias"].unsqueeze(1),
+                x.reshape(Ka, B * T, x.shape[-1]).to(self.dtype),
+                p["input_weight"].transpose(1, 2),
+            ).view(Ka, B, T, d)
+        h = ops.dropout(h + p["wpe"][:, None, :T], self.embd_p, self.training)
+        h = h.reshape(Ka, B * T, d)
+        k = spec.n_predicting_tokens
+        # Only the last k (real) tokens are read out: the last block computes its queries,
+        # attention output and MLP for those rows alone (keys and values for all T).
+        positions = predicting_positions(T, k, lengths, Ka * B, x.device)  # (Ka*B, k)
+        for layer in range(self.n_layer):
+            last = layer == self.n_layer - 1
+            h = self._block(h, layer, p, T, positions if last else None)  # (Ka, B*T or B*k, d)
+        h = self._ln(h, p["ln_f_weight"], p["ln_f_bias"])  # (Ka, B*k, d)
+        logits = torch.baddbmm(p["output_bias"].unsqueeze(1), h, p["output_weight"].transpose(1, 2))
+        return logits.view(Ka, B, k, spec.outputs_per_token, spec.n_classes)
+
+    def _block(
+        self,
+        h: torch.Tensor,
+        layer: int,
+        p: dict[str, torch.Tensor],
+        T: int,
+        positions: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """One GPT-2 block over (Ka, N = B*T, d) rows -> (Ka, N, d); with ``positions``
+        (Ka*B, k) only those tokens' outputs -> (Ka, B*k, d)."""
+        w_qkv, b_qkv, w_o, b_o, w_fc, b_fc, w_p, b_p = self.frozen[layer]
+        Ka, d, H = h.shape[0], self.d, self.n_head
+        hd = d // H
+        train = self.training
+        a = self._ln(h, p["ln_1_weight"][:, layer], p["ln_1_bias"][:, layer]).reshape(-1, d)
+        if positions is None:
+            qkv = torch.addmm(b_qkv, a, w_qkv).view(-1, T, 3, H, hd)  # one GEMM, all K
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (Ka*B, H, T, hd)
+        else:
+            kv = torch.addmm(b_qkv[d:], a, w_qkv[:, d:]).view(-1, T, 2, H, hd)
+            k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)
+            rows = positions + torch.arange(0, len(positions) * T, T, device=h.device)[:, None]
+            rows = rows.reshape(-1)  # (Ka*B*k,) rows of the read-out tokens
+            h = h.reshape(-1, d).index_select(0, rows).view(Ka, -1, d)
+            q = torch.addmm(b_qkv[:d], a.index_select(0, rows), w_qkv[:, :d])
+            q = q.view(len(positions), -1, H, hd).transpose(1, 2)  # (Ka*B, H, k, hd)
+        o = ops.causal_attention(
+            q, k, v, self.scales[layer], self.attn_p if train else 0.0, positions
+        )
+        o = torch.addmm(b_o, o.transpose(1, 2).reshape(-1, d), w_o)
+        h = ops.add_dropout(h, o.view_as(h), self.resid_p, train)
+        a = self._ln(h, p["ln_2_weight"][:, layer], p["ln_2_bias"][:, layer]).reshape(-1, d)
+        f = torch.addmm(b_p, self.act(torch.addmm(b_fc, a, w_fc)), w_p)
+        return ops.add_dropout(h, f.view_as(h), self.resid_p, train)
+
+
+def predicting_positions(
+    T: int, k: int, lengths: torch.Tensor | None, n: int, device: torch.device
+) -> torch.Tensor:
+    """(n, k) positions of the tokens read out: the last k, or the last k real ones before
+    padding (as ``fpt.last_tokens``)."""
+    offsets = torch.arange(-k, 0, device=device)
+    if lengths is None:
+        return (offsets + T).expand(n, k)
+    return (lengths.reshape(-1, 1) + offsets).clamp(min=0)

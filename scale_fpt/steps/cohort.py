@@ -1,0 +1,206 @@
+"""CohortStep: K >= 1 trials over one shared frozen backbone, in plain torch.
+
+A frozen GPT-2 (FPT: ``input+output+ln+pos`` trained, attention and feed-forward frozen) is
+the same for every trial of a grid that differs only in learning rate, seed (pretrained
+weights) or the trained subset of input/output/ln/pos. One ``PackedFPT`` holds the frozen
+weights once and every member's trained tensors with a leading member axis; one
+``PackedAdam`` updates them all with each member's own learning rate, gradient clipping
+and trained groups. ``packing`` decides which configs may share a cohort.
+
+Each member is still its own trial: it draws its own training batches from its own seed,
+its heads are initialised exactly as ``build_model`` does for its seed, and its dropout
+masks are keyed on (its dropout seed, step, site) (``ops.dropout_keys``), so a member's
+curve equals the same trial run alone (K = 1) to floating-point tolerance, at any dropout.
+An unpacked packable trial is this step with K = 1: no DeepSpeed bookkeeping, no host sync.
+
+The step never reads a value on the host: losses, accuracies and divergence accumulate on
+the device (``MemberMetrics``). A member whose loss is not finite contributes no update
+from that step on (``torch.where`` masks, not branches); the loop reads the divergence at
+its next evaluation and then leaves the member out of the forward pass (``set_active``).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import torch
+import torch.nn.functional as F
+
+from scale_fpt.config import ConfigError, TrialConfig, parse_finetune
+from scale_fpt.models import build_heads, ops
+from scale_fpt.models.backbones import build_backbone
+from scale_fpt.models.packed import PARAM_GROUPS, PackedFPT
+from scale_fpt.packing import cohort_problems
+from scale_fpt.runtime import DTYPES, flush_denormals, retain_freed_memory, trial_device
+from scale_fpt.seeding import seed_streams
+from scale_fpt.steps import MemberMetrics, evaluation_sums, member_losses
+from scale_fpt.steps.adam import PackedAdam
+from scale_fpt.tasks.base import Batch, Task
+
+CHECKPOINT_FILE = "cohort.pt"
+
+
+class CohortStep:
+    """The step of K compatible trials on one PackedFPT (see the module docstring).
+
+    ``task``: the task built for the first member; each member reads its own training
+    stream from a copy carrying its own seed (the fixed evaluation sets are shared)."""
+
+    def __init__(self, configs: list[TrialConfig], task: Task, compile: bool = False):
+        if not configs:
+            raise ValueError("a cohort needs at least one member")
+        problems = cohort_problems(configs)
+        if problems:
+            raise ConfigError(problems)
+        first = configs[0]
+        self.train_config = first.train
+        self.device = trial_device(first.train)
+        self.dtype = DTYPES[first.train.precision]
+        spec = task.spec
+        backbone, d_model, n_positions = build_backbone(first.model, first.train.seed)
+        if spec.n_tokens > n_positions:
+            raise ConfigError(
+                [
+                    f"--task {first.task.task}: sequences of {spec.n_tokens} tokens exceed the "
+                    f"{n_positions} positions of {first.model.model}"
+                ]
+            )
+        heads = [build_heads(spec, d_model, c.train.seed) for c in configs]
+        self.model = PackedFPT(
+            backbone, spec, heads, spec.n_tokens, dtype=self.dtype, device=self.device
+        )
+        del backbone, heads
+        self.forward = torch.compile(self.model) if compile else self.model
+        self.tasks = []
+        for config in configs:
+            member_task = copy.copy(task)
+            member_task.seed = config.train.seed
+            self.tasks.append(member_task)
+
+        params = dict(self.model.named_parameters())
+        groups = [parse_finetune(c.train.finetune) for c in configs]
+        trains = {}
+        for name, p in params.items():
+            mask = [PARAM_GROUPS[name] in g for g in groups]
+            trains[name] = torch.tensor(mask, device=self.device)
+            p.requires_grad_(any(mask))  # no member trains it: no backward through it
+        self.optimizer = PackedAdam(
+            params,
+            trains,
+            lr=[c.train.lr for c in configs],
+            clip=[c.train.grad_clip for c in configs],
+        )
+        self.dropout_seeds = [seed_streams(c.train.seed).dropout for c in configs]
+        self.metrics = MemberMetrics(len(configs), self.device)
+        self.set_active(list(range(len(configs))))
+        flush_denormals()  # as a lone trial: Adam's moments decay into slow denormals
+        retain_freed_memory()
+
+    @property
+    def size(self) -> int:
+        return len(self.tasks)
+
+    def set_active(self, members: list[int]) -> None:
+        """Train and evaluate only ``members`` from now on (the others have ended)."""
+        self.active = list(members)
+        everyone = len(self.active) == self.size
+        self.index = None if everyone else torch.tensor(self.active, device=self.device)
+        self.keys = [self.dropout_seeds[i] for i in self.active]
+
+    # ----------------------------------------------------------------- data
+
+    def _stack(
+        self, batches: list[Batch]
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Stack members' batches: x (Ka, B, T, ...), lengths (Ka, B) or None, y (Ka, B, k, m).
+        Variable-length batches are right-padded to the longest (causal attention: padding
+        after a sequence never changes its real tokens)."""
+        T = max(b.x.shape[1] for b in batches)
+        xs = []
+        for b in batches:
+            x = b.x
+            if x.shape[1] < T:
+                pad = [0, 0] * (x.dim() - 2) + [0, T - x.shape[1]]
+                x = F.pad(x, pad)
+            xs.append(x)
+        x = torch.stack(xs).to(self.device, non_blocking=True)
+        y = torch.stack([b.y for b in batches]).to(self.device, non_blocking=True)
+        lengths = None
+        if any(b.lengths is not None for b in batches):
+            lengths = torch.stack(
+                [
+                    b.lengths if b.lengths is not None else torch.full((len(b),), b.x.shape[1])
+                    for b in batches
+                ]
+            ).to(self.device, non_blocking=True)
+        if x.dtype != torch.long:
+            x = x.to(self.dtype)
+        return x, lengths, y
+
+    # ----------------------------------------------------------------- steps
+
+    def train_step(self, step: int) -> None:
+        """One step of every active member; nothing is read on the host."""
+        batch_size = self.train_config.batch_size
+        x, lengths, y = self._stack(
+            [self.tasks[i].train_batch(step, batch_size) for i in self.active]
+        )
+        self.model.train()
+        with ops.dropout_keys(self.keys, step):
+            logits = self.forward(x, lengths, self.index)  # (Ka, B, k, m, C)
+        loss, correct = member_losses(logits, y)  # (Ka,), (Ka,)
+        counts = self.metrics.record(step, loss, correct, y[0].numel(), self.index)
+        total = torch.where(counts, loss, 0.0).sum()  # a diverged member's NaNs stay out
+        grads = torch.autograd.grad(total, self.optimizer.params)
+        if self.index is None:
+            stepping = counts
+        else:
+            stepping = torch.zeros(self.size, dtype=torch.bool, device=self.device)
+            stepping.index_copy_(0, self.index, counts)
+        self.optimizer.step(grads, stepping)
+
+    @torch.no_grad()
+    def evaluate(self, split: str) -> torch.Tensor:
+        """(Ka, 2) [loss, accuracy] of the active members on the shared fixed ``split``."""
+        self.model.eval()
+        Ka = len(self.active)
+
+        def forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+            x, lengths, y = self._stack([batch])
+            x = x.expand(Ka, *x.shape[1:])
+            lengths = None if lengths is None else lengths.expand(Ka, -1)
+            return self.forward(x, lengths, self.index), y.expand(Ka, *y.shape[1:])
+
+        batches = self.tasks[self.active[0]].eval_batches(split, self.train_config.eval_batch_size)
+        return evaluation_sums(batches, forward, Ka, self.device)
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def save(self, directory: str) -> None:
+        """Trained tensors, optimiser state and divergence (the frozen body is rebuilt from
+        the config)."""
+        payload = {
+            "params": {n: p.detach().cpu() for n, p in self.model.named_parameters()},
+            "optimizer": self.optimizer.state_dict(),
+            "metrics": self.metrics.state_dict(),
+        }
+        torch.save(payload, os.path.join(directory, CHECKPOINT_FILE))
+
+    def restore(self, directory: str) -> None:
+        payload = torch.load(os.path.join(directory, CHECKPOINT_FILE), weights_only=False)
+        with torch.no_grad():
+            for n, p in self.model.named_parameters():
+                p.copy_(payload["params"][n])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.metrics.load_state_dict(payload["metrics"])
+
+    def close(self) -> None:
+        """Free the cohort's memory (a reused Ray actor runs the next trial here)."""
+        flush_denormals(False)
+        del self.model, self.forward, self.optimizer
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+__all__ = ["CohortStep"]
