@@ -63,6 +63,7 @@ from scale_fpt.config import ConfigError, TrialConfig, parse_finetune
 from scale_fpt.models import BuiltModel, build_model, ops
 from scale_fpt.models.backbones import build_backbone, load_architecture
 from scale_fpt.models.fpt import FPT
+from scale_fpt.seeding import seed_streams
 from scale_fpt.tasks import build_task
 from scale_fpt.tasks.base import Batch, Task, TaskSpec
 from scale_fpt.trainer import (
@@ -543,7 +544,7 @@ class Cohort:
             )
         heads = []
         for config in configs:
-            torch.manual_seed(config.train.seed + 1)  # exactly build_model's head init
+            torch.manual_seed(seed_streams(config.train.seed).heads)  # as build_model
             heads.append(FPT(spec, nn.Identity(), d_model))
         self.model = PackedFPT(
             backbone, spec, heads, spec.n_tokens, dtype=self.dtype, device=self.device
@@ -587,8 +588,8 @@ class Cohort:
         self.step = 0
         flush_denormals()  # as a lone trial: Adam's moments decay into slow denormals
         retain_freed_memory()
-        # Dropout draws from torch's global generator: seed it from the members' seeds.
-        torch.manual_seed(sum(c.train.seed * 1_000_003 for c in configs) % (2**63 - 1) + 2)
+        # Dropout draws from torch's global generator: seed it from the members' dropout streams.
+        torch.manual_seed(sum(seed_streams(c.train.seed).dropout for c in configs) % (2**63 - 1))
 
     @property
     def size(self) -> int:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from scale_fpt.config import ConfigError, TrainConfig
 from scale_fpt.models import BuiltModel
+from scale_fpt.seeding import seed_streams
 from scale_fpt.tasks.base import Batch, Task
 
 CHECKPOINT_TAG = "trial"
@@ -206,7 +207,7 @@ class Trainer:
         flush_denormals()
         retain_freed_memory()
         # Dropout draws from torch's global generator: seed it for the trial.
-        torch.manual_seed(train.seed + 2)
+        torch.manual_seed(seed_streams(train.seed).dropout)
 
     def inputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         batch = batch.to(self.engine.device)

@@ -11,6 +11,7 @@ from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.models.backbones import build_backbone
 from scale_fpt.models.fpt import FPT, LSTMBackbone
 from scale_fpt.models.groups import freeze, group_counts
+from scale_fpt.seeding import seed_streams
 from scale_fpt.tasks.base import TaskSpec
 
 
@@ -38,7 +39,8 @@ def build_model(
 ) -> BuiltModel:
     """Backbone (by init) + input/output layers for ``spec``, frozen by ``config.train.finetune``.
 
-    Everything random is drawn from ``config.train.seed``.
+    Everything random is drawn from ``config.train.seed``'s streams (``seed_streams``): the
+    backbone from ``backbone``, the input/output layers from ``heads``.
     """
     model_config, seed = config.model, config.train.seed
     if model_config.model == "lstm":
@@ -56,9 +58,9 @@ def build_model(
                 "a model with more positions"
             ]
         )
-    # Seed the heads separately from the backbone so that changing only the backbone
-    # (pretrained vs random) leaves the input/output initialisation identical.
-    torch.manual_seed(seed + 1)
+    # The heads have their own stream, so changing only the backbone (pretrained vs random)
+    # leaves the input/output initialisation identical.
+    torch.manual_seed(seed_streams(seed).heads)
     module = FPT(spec, backbone, d_model)
     trained = freeze(module, config.train.finetune)
     return BuiltModel(module, trained, group_counts(module), n_layer, d_model)
