@@ -167,7 +167,8 @@ class TrainConfig:
     eval_batch_size: int = 32
     """Examples per evaluation batch."""
     seed: int = 0
-    """Seeds model init, data order, dropout and synthetic data."""
+    """Seeds model init, data order, dropout and synthetic data, each from its own
+    independent stream (``scale_fpt.seeding.seed_streams``); must be >= 0."""
     precision: str = "fp32"
     """fp32, bf16 or fp16 (fp16 needs a CUDA GPU)."""
     zero_stage: int = 0
@@ -197,6 +198,8 @@ class TrainConfig:
                 out.append(f"{flag(name)}: must be >= 1, got {getattr(self, name)}")
         if self.patience < 0:
             out.append(f"--patience: must be >= 0 (0 = off), got {self.patience}")
+        if self.seed < 0:
+            out.append(f"--seed: must be >= 0, got {self.seed}")
         if self.grad_clip < 0:
             out.append(f"--grad-clip: must be >= 0, got {self.grad_clip}")
         if not 0.0 <= self.accuracy_threshold <= 1.0:

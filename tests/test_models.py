@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 from scale_fpt import scaling
 from scale_fpt.config import TASKS, ConfigError, TaskConfig, TrialConfig
 from scale_fpt.models import build_model
-from scale_fpt.models.fpt import last_tokens
+from scale_fpt.models.fpt import FPT, last_tokens
+from scale_fpt.seeding import STREAMS, seed_streams
 from scale_fpt.tasks import build_task, task_spec
 
 GPT2_TINY = scaling.GPT2_SIZES["gpt2-tiny"]
@@ -286,6 +287,38 @@ def test_heads_do_not_depend_on_backbone_init(tiny_gpt2_dir):
         b = getattr(random.module, name).state_dict()
         assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(pretrained.module.backbone.wpe.weight, random.module.backbone.wpe.weight)
+
+
+def test_seed_streams_are_reproducible_and_independent():
+    import numpy as np
+
+    # The documented derivation, word for word: child i of SeedSequence(seed), top bit dropped.
+    children = np.random.SeedSequence(7).spawn(4)
+    expected = [int(c.generate_state(1, dtype=np.uint64)[0]) >> 1 for c in children]
+    assert [getattr(seed_streams(7), name) for name in STREAMS] == expected
+    assert seed_streams(7) == seed_streams(7)
+    # No stream of one seed is any stream of another (seed + 1 used to be seed's heads).
+    values = [getattr(seed_streams(s), name) for s in range(200) for name in STREAMS]
+    assert len(set(values)) == len(values)
+    assert all(0 <= v < 2**63 for v in values)
+    with pytest.raises(ConfigError, match="--seed: must be >= 0"):
+        trial(seed=-1)
+
+
+def test_heads_are_drawn_from_the_heads_stream():
+    config = trial(task="bit-xor", model="gpt2-tiny", init="random", seed=2)
+    spec = task_spec(config.task)
+    built = build_model(config, spec)
+    torch.manual_seed(seed_streams(2).heads)
+    heads = FPT(spec, torch.nn.Identity(), GPT2_TINY.n_embd)
+    for name in ("input", "output"):
+        a = getattr(built.module, name).state_dict()
+        b = getattr(heads, name).state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    # Seed 1's backbone no longer shares its stream with seed 0's heads.
+    torch.manual_seed(seed_streams(1).backbone)
+    other = FPT(spec, torch.nn.Identity(), GPT2_TINY.n_embd)
+    assert not torch.equal(other.input.weight, built.module.input.weight)
 
 
 def assert_loaded_exactly(built, directory):

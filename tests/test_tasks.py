@@ -448,7 +448,7 @@ def test_augmentation(cifar_data, name):
     assert not torch.equal(a.x, plain.x)
     assert float(a.x.min()) >= 0 and float(a.x.max()) <= 1 + 1e-5
     # augment=False gives the stored images themselves.
-    indices = epoch_indices(off.seed, 3, 12, len(off.train_images))
+    indices = epoch_indices(off.data_seed, 3, 12, len(off.train_images))
     assert torch.equal(plain.x, off.tokens(off.train_images[indices]))
     for t, u in zip(on.test_batches(4), off.test_batches(4), strict=True):
         assert torch.equal(t.x, u.x)

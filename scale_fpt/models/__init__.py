@@ -11,6 +11,7 @@ from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.models.backbones import build_backbone
 from scale_fpt.models.fpt import FPT, LSTMBackbone
 from scale_fpt.models.groups import freeze, group_counts
+from scale_fpt.seeding import seed_streams
 from scale_fpt.tasks.base import TaskSpec
 
 
@@ -38,7 +39,8 @@ def build_model(
 ) -> BuiltModel:
     """Backbone (by init) + input/output layers for ``spec``, frozen by ``config.train.finetune``.
 
-    Everything random is drawn from ``config.train.seed``.
+    Everything random is drawn from ``config.train.seed``'s streams (``seed_streams``): the
+    backbone from ``backbone``, the input/output layers from ``heads``.
     """
     model_config, seed = config.model, config.train.seed
     if model_config.model == "lstm":
@@ -65,9 +67,9 @@ def build_model(
 def build_heads(spec: TaskSpec, d_model: int, seed: int) -> FPT:
     """The input and output layers of trial ``seed`` around an empty backbone (``build_model``
     and packed cohorts both initialise heads here, so a packed member starts as it would
-    alone). Seeded apart from the backbone, so that changing only the backbone (pretrained
+    alone). The heads have their own seed stream, so changing only the backbone (pretrained
     vs random) leaves the heads identical."""
-    torch.manual_seed(seed + 1)
+    torch.manual_seed(seed_streams(seed).heads)
     return FPT(spec, nn.Identity(), d_model)
 
 

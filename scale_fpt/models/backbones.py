@@ -19,6 +19,7 @@ from torch import nn
 from scale_fpt.config import ConfigError, ModelConfig
 from scale_fpt.models import ops
 from scale_fpt.scaling import GPT2_SIZES, HUB_SIZES, GPT2Size
+from scale_fpt.seeding import seed_streams
 
 CPU_PRESETS = tuple(name for name in GPT2_SIZES if name not in HUB_SIZES)
 DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout")
@@ -132,11 +133,13 @@ def build_backbone(
 ) -> tuple[nn.Module, int, int]:
     """The backbone module, its width and its maximum number of positions.
 
-    Random tensors come from ``seed``: the same config and seed give the same weights.
+    Random tensors come from the backbone stream of trial ``seed`` (``seed_streams``): the
+    same config and seed give the same weights.
     """
     from transformers import AutoModel
 
     arch = load_architecture(config, attn_implementation)
+    seed = seed_streams(seed).backbone
     torch.manual_seed(seed)
     # Built in fp32 whatever dtype the checkpoint was saved in (transformers keeps a bf16
     # checkpoint in bf16, next to fp32 input/output layers); the step casts for --precision.

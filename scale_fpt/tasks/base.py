@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from scale_fpt.config import ConfigError, TaskConfig
+from scale_fpt.seeding import seed_streams
 
 
 class DataUnavailable(ConfigError):
@@ -87,10 +88,17 @@ class Task(ABC):
     def __init__(self, config: TaskConfig, seed: int):
         self.config = config
         self.seed = seed
+        """The trial seed; training data reads its ``data`` stream (:attr:`data_seed`)."""
+
+    @property
+    def data_seed(self) -> int:
+        """Seed of the training data (order, fresh draws, augmentation): the trial seed's
+        ``data`` stream, so it is independent of the model's streams and of other seeds."""
+        return seed_streams(self.seed).data
 
     @abstractmethod
     def train_batch(self, step: int, batch_size: int) -> Batch:
-        """The training batch of ``step``; a pure function of (seed, step, batch_size)."""
+        """The training batch of ``step``; a pure function of (data_seed, step, batch_size)."""
 
     @abstractmethod
     def test_batches(self, batch_size: int) -> Iterator[Batch]:

@@ -34,7 +34,7 @@ class _FreshRandomTask(Task):
         raise NotImplementedError
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
-        return self._sample(batch_size, step_generator(self.seed, step, DATA_STREAM))
+        return self._sample(batch_size, step_generator(self.data_seed, step, DATA_STREAM))
 
     def test_batches(self, batch_size: int) -> Iterator[Batch]:
         if self._test is None:

@@ -155,7 +155,7 @@ class RemoteHomology(Task):
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
         x, lengths, y = self._train
-        indices = epoch_indices(self.seed, step, batch_size, len(x))
+        indices = epoch_indices(self.data_seed, step, batch_size, len(x))
         return _batch(x[indices], lengths[indices], y[indices])
 
     def test_batches(self, batch_size: int) -> Iterator[Batch]:

@@ -264,8 +264,8 @@ class ImageClassification(Task):
         return patchify(x, PATCH[self.name])
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
-        indices = epoch_indices(self.seed, step, batch_size, len(self.train_images))
-        g = step_generator(self.seed, step, AUGMENT_STREAM) if self.augment else None
+        indices = epoch_indices(self.data_seed, step, batch_size, len(self.train_images))
+        g = step_generator(self.data_seed, step, AUGMENT_STREAM) if self.augment else None
         x = self.tokens(self.train_images[indices], g)
         return Batch(x, self.train_labels[indices].view(-1, 1, 1))
 

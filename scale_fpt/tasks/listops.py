@@ -287,7 +287,7 @@ class ListOps(Task):
         return Batch(x, y.view(-1, 1, 1), lengths)
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
-        indices = epoch_indices(self.seed, step, batch_size, self.n_train)
+        indices = epoch_indices(self.data_seed, step, batch_size, self.n_train)
         if not self.config.data_dir:
             return self._generated_batch("train", TRAIN_POOL_SEED, indices.tolist())
         x, lengths, y = self._train
