@@ -230,8 +230,7 @@ def trial_config(model: str, task: str, finetune: str, batch_size: int, **extra)
 def flops_per_step(config: TrialConfig) -> int:
     """Training FLOPs of one step of ``config`` (4N + attention frozen, 6N full), counted by
     ``scale_fpt.trial.step_flops`` on the model built on the meta device."""
-    from scale_fpt.packing import counting_model
-    from scale_fpt.trial import step_flops
+    from scale_fpt.trial import counting_model, step_flops
 
     spec = task_spec(config.task)
     return step_flops(counting_model(config, spec), spec, config.train.batch_size)[0]

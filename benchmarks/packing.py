@@ -7,9 +7,9 @@ For each model, task and K, the machine runs what a sweep runs on it: P processe
 side (P = the core count on a CPU, each with cores / P threads, as Ray places trials of one
 CPU each; one process on a GPU), and each process trains either
 
-- packed: one ``scale_fpt.packing.Cohort`` of K frozen-body trials (finetune fpt, batch 4
+- packed: one ``scale_fpt.steps.cohort.CohortStep`` of K frozen-body trials (finetune fpt, batch 4
   each, learning rates spread over the cohort) over one shared frozen backbone, or
-- unpacked: one trial, ``scale_fpt.trainer.Trainer`` on DeepSpeed (the trial path).
+- unpacked: one trial, ``scale_fpt.steps.engine.EngineStep`` on DeepSpeed.
 
 trial-steps/s = training steps per second summed over trials and processes, from each
 process's median step time (the median resists bursts of other load on a shared machine):
@@ -59,16 +59,16 @@ def worker(packed, model, task, k, batch, dropout, steps, warmup, threads, barri
     torch.set_num_threads(threads)
     data = h.SyntheticTask(TaskConfig(task=task), seed=0)
     if packed:
-        from scale_fpt.packing import Cohort
+        from scale_fpt.steps.cohort import CohortStep
 
         configs = member_configs(model, task, k, batch, dropout)
-        runner = Cohort(configs, task=data, compile=h.CUDA)  # torch.compile on a GPU only
+        runner = CohortStep(configs, data, compile=h.CUDA)  # torch.compile on a GPU only
     else:
         from scale_fpt.models import build_model
-        from scale_fpt.trainer import Trainer
+        from scale_fpt.steps.engine import EngineStep
 
         config = member_configs(model, task, 1, batch, dropout)[0]
-        runner = Trainer(config.train, data, build_model(config, data.spec))
+        runner = EngineStep(config.train, data, build_model(config, data.spec))
     step = runner.train_step
     for i in range(warmup):
         step(i)

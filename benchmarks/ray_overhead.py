@@ -6,7 +6,7 @@
 Runs N tiny trials (gpt2-tiny, bit-xor, one evaluation each) the way a sweep does (local
 ``ray.init`` through ``scale_fpt.sweep.connect_ray``, ``tune_trial`` per arm, the Parquet
 results callback, ``reuse_actors=True``), then the same N trials as one packed cohort
-(``scale_fpt.packing.tune_cohort``), and prints
+(the same ``tune_trial`` with every member in one config), and prints
 
 - ray.init: seconds to start the local Ray instance;
 - sweep start -> first result: from before ``ray.init`` to the first report of any trial
@@ -126,7 +126,6 @@ def main(argv=None) -> int:
         f"{args.trials} trials of gpt2-tiny bit-xor, {args.steps} steps + 1 evaluation each, "
         f"{concurrent} at a time, reuse_actors=True, 1 CPU per trial"
     )
-    from scale_fpt.packing import tune_cohort
     from scale_fpt.sweep import connect_ray, prebuild_ops, tune_trial
 
     prebuild_ops()  # DeepSpeed's one-time op build is not a per-sweep cost
@@ -141,7 +140,7 @@ def main(argv=None) -> int:
         configs = arms(args.trials, args.steps)
         timing, fit_start, fit_end = run(
             tune_trial,
-            {"sweep": "bench", "arm": tune.grid_search(configs)},
+            {"sweep": "bench", "members": tune.grid_search([[c] for c in configs])},
             "unpacked",
             os.path.join(work, "ray"),
             os.path.join(work, "results"),
@@ -150,7 +149,7 @@ def main(argv=None) -> int:
         first = min(timing.first_result.values())
         startups = timing.startups()
         packed_timing, packed_start, packed_end = run(
-            tune_cohort,
+            tune_trial,
             {"sweep": "bench-packed", "members": configs},
             "packed",
             os.path.join(work, "ray"),

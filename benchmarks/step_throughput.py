@@ -7,8 +7,9 @@ peak measured in the same run.
 
 Rows: GPT-2 presets (random init) x tasks (bit-xor 10 tokens, cifar10 64, cifar10-lra 1024)
 x fine-tuning (fpt: frozen body, 4N + attention FLOPs; full: 6N + attention) x path:
-``trial`` is what an unpacked sweep trial runs (``scale_fpt.trainer.Trainer``, one DeepSpeed
-engine), ``packed`` is the packed-cohort path (``scale_fpt.packing.Cohort``) with one member.
+``trial`` is the DeepSpeed step (``scale_fpt.steps.engine.EngineStep``: what trials that
+need an engine run), ``packed`` is the cohort step (``scale_fpt.steps.cohort.CohortStep``)
+with one member: what an unpacked packable trial runs.
 On a GPU: bf16, SDPA attention, data made on the device, ``torch.compile`` for the packed
 path; on a CPU: fp32.
 """
@@ -32,11 +33,11 @@ TARGET_MFU = 0.8
 
 def run_trial_path(config, task, steps: int, warmup: int) -> tuple[float, int]:
     from scale_fpt.models import build_model
-    from scale_fpt.trainer import Trainer
+    from scale_fpt.steps.engine import EngineStep
 
     with h.PeakMemory() as mem:
         built = build_model(config, task.spec)
-        trainer = Trainer(config.train, task, built)
+        trainer = EngineStep(config.train, task, built)
         try:
             seconds = h.time_steps(trainer.train_step, steps, warmup)
         finally:
@@ -46,10 +47,10 @@ def run_trial_path(config, task, steps: int, warmup: int) -> tuple[float, int]:
 
 
 def run_packed_path(config, task, steps: int, warmup: int, compile_model: bool):
-    from scale_fpt.packing import Cohort
+    from scale_fpt.steps.cohort import CohortStep
 
     with h.PeakMemory() as mem:
-        cohort = Cohort([config], task=task, compile=compile_model)
+        cohort = CohortStep([config], task, compile=compile_model)
         try:
             seconds = h.time_steps(cohort.train_step, steps, warmup)
         finally:

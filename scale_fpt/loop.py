@@ -22,9 +22,11 @@ The step protocol (``Step`` below): the loop never looks inside a step, and a st
 decides when to evaluate, stop or checkpoint.
 
 Checkpoints (one format for both step kinds): a directory with the step's own files
-(``step.save``: trained tensors and optimiser state, never the frozen body) and
-``progress.pt`` (written last): format version, the members' trial ids, the loop position,
-every member's TrialState and torch's global RNG state. Resuming at an evaluation gives
+(``step.save``: trained tensors and optimiser state, never the frozen body, what resuming
+needs), ``weights-<trial_id>.pt`` per member (``{"module": trained tensors named as in the
+trial's own ``build_model`` module}``: what the report rebuilds a trial from, whichever step
+trained it) and ``progress.pt`` (written last): format version, the members' trial ids, the
+loop position, every member's TrialState and torch's global RNG state. Resuming at an evaluation gives
 exactly the curve of an uninterrupted run (data and dropout masks are functions of
 (seed, step), not of process state).
 """
@@ -79,6 +81,10 @@ class Step(Protocol):
     def save(self, directory: str) -> None:
         """Write the step's tensors (trained weights, optimiser state, metrics) to
         ``directory``."""
+
+    def member_weights(self, member: int) -> dict[str, torch.Tensor]:
+        """The member's trained tensors under the names of its ``build_model`` module (CPU,
+        float32): what ``weights-<trial_id>.pt`` holds for tools that rebuild one trial."""
 
     def restore(self, directory: str) -> None:
         """Read back what ``save`` wrote."""
@@ -256,6 +262,9 @@ def save_checkpoint(
     """The step's tensors, then ``progress.pt`` (see the module docstring)."""
     os.makedirs(directory, exist_ok=True)
     step.save(directory)
+    for member, trial_id in enumerate(trial_ids):
+        weights = {"module": step.member_weights(member)}
+        torch.save(weights, os.path.join(directory, weights_file(trial_id)))
     progress = {
         "format": CHECKPOINT_FORMAT,
         "trial_ids": trial_ids,
@@ -264,6 +273,11 @@ def save_checkpoint(
         **rng_state(),
     }
     torch.save(progress, os.path.join(directory, PROGRESS_FILE))
+
+
+def weights_file(trial_id: str) -> str:
+    """The file of one member's trained weights in a checkpoint directory."""
+    return f"weights-{trial_id}.pt"
 
 
 def restore_checkpoint(

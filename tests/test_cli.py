@@ -53,7 +53,7 @@ CURVE_COLUMNS = [
     "samples_per_s",
     "wall_time_s",
 ]
-METRICS = ["train_loss", "train_accuracy", "test_loss", "test_accuracy"]
+METRICS = ["train_loss", "train_accuracy", "val_loss", "val_accuracy", "test_loss", "test_accuracy"]
 BIT_XOR = [
     "--task",
     "bit-xor",
@@ -287,16 +287,16 @@ KILL_AT_STEP_30 = textwrap.dedent(
     """
     import os, signal, sys
     from scale_fpt import cli
-    from scale_fpt.trainer import Trainer
+    from scale_fpt.steps.cohort import CohortStep
 
-    original = Trainer.train_step
+    original = CohortStep.train_step
 
     def train_step(self, step):
         if step == 30:  # after the checkpoint of step 20, in the middle of the next segment
             os.kill(os.getpid(), signal.SIGKILL)
         return original(self, step)
 
-    Trainer.train_step = train_step
+    CohortStep.train_step = train_step
     sys.exit(cli.main(sys.argv[1:]))
     """
 )

@@ -55,7 +55,7 @@ TINY = {
     "test_batches": 2,
     "accelerator": "cpu",  # never a CUDA context, whose address space is beyond RLIMIT_AS
 }
-METRICS = ["train_loss", "train_accuracy", "test_loss", "test_accuracy"]
+METRICS = ["train_loss", "train_accuracy", "val_loss", "val_accuracy", "test_loss", "test_accuracy"]
 WORKER_ADDRESS_SPACE = 16 * 2**30
 """RLIMIT_AS of the module's Ray workers: ~4x what a tiny trial's worker maps (3.5 GiB)."""
 HUGE_BATCH = 2**30
@@ -109,7 +109,8 @@ def tune_trial_dir(sweep: SweepConfig, **arm) -> Path | None:
             params = json.loads((directory / "params.json").read_text())
         except (OSError, ValueError):
             continue
-        if all(params.get("arm", {}).get(k) == v for k, v in arm.items()):
+        members = params.get("members", [{}])
+        if len(members) == 1 and all(members[0].get(k) == v for k, v in arm.items()):
             return directory
     return None
 
@@ -214,13 +215,13 @@ def steps_by_pid(trial_dir: Path) -> dict[int, list[int]]:
 
 def uninterrupted_curve(sweep: SweepConfig, **arm) -> pd.DataFrame:
     """The curve the trial of ``arm`` has when nothing interrupts it (run here, in-process)."""
-    from scale_fpt.trial import Trial
+    from scale_fpt.trial import TrialRun
 
     (flat,) = [a for a in sweep.arms() if all(a.get(k) == v for k, v in arm.items())]
-    trial = Trial(TrialConfig.from_flat(flat), sweep=sweep.name)
+    trial = TrialRun([TrialConfig.from_flat(flat)], sweep=sweep.name)
     rows: list[dict] = []
     try:
-        trial.run(on_eval=lambda curve_row, trial_row: rows.append(curve_row))
+        trial.run(on_eval=lambda curve_rows, trial_rows: rows.extend(curve_rows))
     finally:
         trial.close()
     return pd.DataFrame(rows)
@@ -1091,7 +1092,7 @@ def test_interleaved_retries_and_driver_restarts_keep_one_row_per_key(events):
     curve row per (trial, step) reached, whatever the interleaving."""
     from ray import cloudpickle
 
-    from scale_fpt.sweep import results_callback_class, trial_flat
+    from scale_fpt.sweep import results_callback_class, tune_members
     from scale_fpt.trial import trial_id_for
 
     root = Path(tempfile.mkdtemp(prefix="faults-prop-"))
@@ -1102,7 +1103,7 @@ def test_interleaved_retries_and_driver_restarts_keep_one_row_per_key(events):
         tune_trials = [
             SimpleNamespace(
                 trial_id=f"tune_{i}",
-                config={"sweep": PROP_SWEEP, "arm": arm},
+                config={"sweep": PROP_SWEEP, "members": [arm]},
                 last_result={},
                 checkpoint=None,
                 error_file=None,
@@ -1117,7 +1118,7 @@ def test_interleaved_retries_and_driver_restarts_keep_one_row_per_key(events):
             step = progress[i]
             reached[i] = max(reached[i], step)
             last_reported[i] = step
-            flat = trial_flat(tune_trials[i].config)
+            (flat,) = tune_members(tune_trials[i].config)[2]
             curve = {"trial_id": ids[i], "step": step, "test_accuracy": prop_value(i, step)}
             row = {"sweep": PROP_SWEEP, "trial_id": ids[i], **flat, "status": status}
             row.update(steps_done=step, final_test_accuracy=prop_value(i, step))

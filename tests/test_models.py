@@ -178,12 +178,12 @@ def test_unknown_finetune_group_is_a_config_error():
 
 @pytest.mark.parametrize("finetune", ["fpt", "output", "fpt+attn"])
 def test_optimizer_holds_only_trainable_parameters(finetune):
-    from scale_fpt.trainer import Trainer
+    from scale_fpt.steps.engine import EngineStep
 
     config = trial(task="bit-xor", model="gpt2-tiny", init="random", finetune=finetune)
     task = build_task(config.task, config.train.seed)
     built = build_model(config, task.spec)
-    trainer = Trainer(config.train, task, built)
+    trainer = EngineStep(config.train, task, built)
     try:
         optimizer = trainer.engine.optimizer
         trainable = {id(p) for p in built.module.parameters() if p.requires_grad}
@@ -199,13 +199,13 @@ def test_optimizer_holds_only_trainable_parameters(finetune):
 
 
 def test_training_changes_trained_weights_only():
-    from scale_fpt.trainer import Trainer
+    from scale_fpt.steps.engine import EngineStep
 
     config = trial(task="bit-xor", model="gpt2-tiny", init="random", finetune="fpt", lr=1e-2)
     task = build_task(config.task, config.train.seed)
     built = build_model(config, task.spec)
     before = {n: p.detach().clone() for n, p in built.module.named_parameters()}
-    trainer = Trainer(config.train, task, built)
+    trainer = EngineStep(config.train, task, built)
     try:
         for step in range(3):
             trainer.train_step(step)

@@ -124,12 +124,15 @@ def test_last_block_skips_exactly_the_readout_flops(tiny_gpt2_dir):
     """FLOPs counted by torch (FlopCounterMode, forward + backward) of the last block over
     all tokens minus the same block computing only the read-out tokens."""
     from scale_fpt.config import TrialConfig
-    from scale_fpt.packing import Cohort, predicting_positions
+    from scale_fpt.models.packed import predicting_positions
+    from scale_fpt.steps.cohort import CohortStep
+    from scale_fpt.tasks import build_task
 
     config = TrialConfig.from_flat(
         {"task": "bit-xor", "model": tiny_gpt2_dir, "init": "pretrained", "dropout": 0.1}
     )
-    model = Cohort([config]).model
+    step = CohortStep([config], build_task(config.task, config.train.seed))
+    model = step.model
     T, B, d = 16, 3, model.d
     params = model.member_params(None)
     k = 2
@@ -144,6 +147,7 @@ def test_last_block_skips_exactly_the_readout_flops(tiny_gpt2_dir):
     full = counted(None)
     readout = counted(predicting_positions(T, k, None, B, "cpu"))
     n_inner = model.frozen[0][4].shape[1]
+    step.close()
     assert full - readout == scaling.readout_flops_skipped(d, n_inner, T, k, B)
 
 

@@ -1,21 +1,24 @@
-"""Trial packing: a packed member trains exactly as the same trial alone (DeepSpeed, one
-process), diverges alone, resumes exactly, is grouped only with compatible trials, and a
-packed cohort run by Ray Tune writes every member's rows once."""
+"""Trial packing: a packed member trains exactly as the same trial alone (on DeepSpeed at
+dropout 0, and as a K = 1 cohort at the paper's dropout 0.1: keyed masks), diverges alone,
+resumes exactly, is grouped only with compatible trials, and a packed cohort run by Ray
+Tune writes every member's rows once."""
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from scale_fpt.config import ConfigError, TrialConfig
-from scale_fpt.packing import Cohort, cohorts, pack_problem
+from scale_fpt.packing import cohorts, pack_problem, step_kind
 from scale_fpt.results import CURVE_SCHEMA, TRIAL_SCHEMA, table
-from scale_fpt.trial import Trial, trial_id_for
+from scale_fpt.trial import TrialRun, trial_id_for
 
 RTOL = 1e-4
 SWEEP = "packing-test"
+METRICS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "test_loss", "test_accuracy")
 
 # Members differ in lr, seed and the trained subset of input/output/ln/pos.
 MEMBERS = [
@@ -48,24 +51,39 @@ def config(base: dict, member: dict) -> TrialConfig:
     return TrialConfig.from_flat({**base, **member})
 
 
+def run_alone(cfg: TrialConfig, kind: str | None = None):
+    """The trial run by itself: (state, row)."""
+    trial = TrialRun([cfg], sweep=SWEEP, kind=kind)
+    try:
+        (row,) = trial.run()
+        return trial.states[0], row
+    finally:
+        trial.close()
+
+
 @pytest.fixture(scope="module")
 def solo(base):
-    """Each member run alone through the ordinary trial path (DeepSpeed): (state, row)."""
-    out = {}
-    for member in [*MEMBERS, DIVERGING]:
-        cfg = config(base, member)
-        trial = Trial(cfg, sweep=SWEEP)
-        try:
-            row = trial.run()
-            out[cfg] = (trial.trainer.state, row)
-        finally:
-            trial.close()
-    return out
+    """Each member run alone on a DeepSpeed engine (the other step kind): (state, row)."""
+    return {config(base, m): run_alone(config(base, m), "engine") for m in [*MEMBERS, DIVERGING]}
+
+
+class Cohort(TrialRun):
+    """A packed run with each member's state and config at hand."""
+
+    @property
+    def members(self):
+        return [
+            SimpleNamespace(config=r.config, state=s)
+            for r, s in zip(self.records, self.states, strict=True)
+        ]
 
 
 def run_cohort(base, members) -> Cohort:
     cohort = Cohort([config(base, m) for m in members], sweep=SWEEP)
-    cohort.fit()
+    try:
+        cohort.run()
+    finally:
+        cohort.close()
     return cohort
 
 
@@ -75,7 +93,7 @@ def assert_same_curve(packed_state, solo_state):
     assert len(packed_state.history) == len(solo_state.history)
     for p, s in zip(packed_state.history, solo_state.history, strict=True):
         assert p.step == s.step
-        for name in ("train_loss", "train_accuracy", "test_loss", "test_accuracy"):
+        for name in METRICS:
             assert getattr(p, name) == pytest.approx(getattr(s, name), rel=RTOL), (name, p.step)
 
 
@@ -86,6 +104,23 @@ def test_packed_members_match_their_solo_runs(base, solo):
         assert member.state.status == "completed"
         assert len(member.state.history) == 10
         assert_same_curve(member.state, solo_state)
+
+
+def test_packed_members_match_their_solo_runs_at_dropout(base):
+    """At the paper's dropout 0.1, for 20 steps: each member's masks are keyed on (its
+    dropout seed, step, site), so its curve in a cohort of 3 equals its run alone (K = 1)
+    and is not the curve it would have with another member's masks."""
+    at_dropout = {**base, "dropout": 0.1, "max_steps": 20, "eval_every": 1}
+    cohort = run_cohort(at_dropout, MEMBERS)
+    for member in cohort.members:
+        assert step_kind(member.config) == "cohort"
+        alone, _ = run_alone(member.config)
+        assert len(alone.history) == 20
+        assert_same_curve(member.state, alone)
+    # Dropout is on and matters: without it the curve differs.
+    no_dropout, _ = run_alone(config({**at_dropout, "dropout": 0.0}, MEMBERS[0]))
+    losses = [e.train_loss for e in cohort.members[0].state.history]
+    assert losses != pytest.approx([e.train_loss for e in no_dropout.history], rel=RTOL)
 
 
 def test_a_diverging_member_ends_alone(base, solo):
@@ -106,14 +141,17 @@ def test_packed_rows_are_the_solo_rows(base, solo):
         _, solo_row = solo[member.config]
         assert row["trial_id"] == trial_id_for(SWEEP, member.config.to_flat())
         assert row["trial_id"] == solo_row["trial_id"]
-        same = ["status", "steps_done", "trainable_params", "total_params", "trained_groups"]
+        same = ["status", "stop_reason", "steps_done", "trainable_params", "total_params"]
+        same += ["trained_groups", "selected_step"]
         same += ["group_params", "n_layer", "d_model", "n_tokens", "flops_per_step", "device"]
         same += ["lr", "seed", "finetune", "model", "task", "samples_seen"]
         assert {k: row[k] for k in same} == {k: solo_row[k] for k in same}
         assert row["final_test_accuracy"] == pytest.approx(solo_row["final_test_accuracy"])
     # The rows fit the Parquet schemas as they are.
     assert table(rows, TRIAL_SCHEMA).num_rows == 2
-    curves = [cohort.curve_row(i) for i in range(2)]
+    curves = [
+        r.curve_row(s.history[-1]) for r, s in zip(cohort.records, cohort.states, strict=True)
+    ]
     assert table(curves, CURVE_SCHEMA).num_rows == 2
 
 
@@ -125,18 +163,20 @@ def test_resumed_cohort_matches_uninterrupted(base, tmp_path):
 
     first = Cohort([config(base, m) for m in MEMBERS], sweep=SWEEP)
 
-    def stop_at_4(step, evaluated):
-        if step == 4:
+    def stop_at_4(curve_rows, trial_rows):
+        if first.position == 4:
             first.save(str(tmp_path / "ckpt"))
             raise Stop
 
     with pytest.raises(Stop):
-        first.fit(stop_at_4)
+        first.run(stop_at_4)
     first.close()
     resumed = Cohort([config(base, m) for m in MEMBERS], sweep=SWEEP)
     torch.manual_seed(999)  # the checkpoint's RNG state must win over whatever came before
     resumed.restore(str(tmp_path / "ckpt"))
-    resumed.fit()
+    assert resumed.position == 4
+    resumed.run()
+    resumed.close()
     for a, b in zip(whole.members, resumed.members, strict=True):
         assert [e.step for e in a.state.history] == [e.step for e in b.state.history]
         assert [e.train_loss for e in a.state.history] == pytest.approx(
@@ -193,7 +233,17 @@ def test_cohort_refuses_incompatible_members(base):
     with pytest.raises(ConfigError, match="differ"):
         Cohort([config(base, MEMBERS[0]), config({**base, "batch_size": 8}, MEMBERS[1])])
     with pytest.raises(ConfigError, match="ff"):
-        Cohort([config(base, {**MEMBERS[0], "finetune": "fpt+ff"})])
+        Cohort([config(base, {**MEMBERS[0], "finetune": "fpt+ff"})], kind="cohort")
+
+
+def test_step_kind_of_each_config(base):
+    """Packable trials take the cohort step (K = 1 alone); the rest a DeepSpeed engine."""
+    assert step_kind(config(base, MEMBERS[0])) == "cohort"
+    for unpackable in ({"finetune": "fpt+ff"}, {"zero_stage": 2}, {"model": "lstm"}):
+        flat = {**base, **MEMBERS[0], **unpackable}
+        if unpackable.get("model") == "lstm":
+            flat["init"] = "random"
+        assert step_kind(TrialConfig.from_flat(flat)) == "engine", unpackable
 
 
 # --------------------------------------------------------------------------- Ray Tune
@@ -205,20 +255,19 @@ def test_tune_cohort_writes_every_member_once(base, tmp_path, monkeypatch):
     import pandas as pd
     from ray import tune
 
-    from scale_fpt.packing import tune_cohort
-    from scale_fpt.sweep import results_callback_class
+    from scale_fpt.sweep import results_callback_class, tune_trial
 
     monkeypatch.setenv("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     flat = {**base, "max_steps": 6, "eval_every": 3}
     packed = [{**flat, **m} for m in MEMBERS]
-    unpackable = [{**flat, **MEMBERS[0], "finetune": "fpt+ff"}]  # runs through tune_trial
+    unpackable = [{**flat, **MEMBERS[0], "finetune": "fpt+ff"}]  # alone, on an engine
     results_dir = tmp_path / "results"
     started_here = not ray.is_initialized()  # another test module may have started it
     if started_here:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         tuner = tune.Tuner(
-            tune.with_resources(tune_cohort, {"cpu": 1}),
+            tune.with_resources(tune_trial, {"cpu": 1}),
             param_space={"sweep": SWEEP, "members": tune.grid_search([packed, unpackable])},
             tune_config=tune.TuneConfig(reuse_actors=True),
             run_config=tune.RunConfig(
@@ -252,19 +301,20 @@ def test_packed_token_inputs_match_solo_runs(base):
     members = [MEMBERS[0], {**MEMBERS[1], "finetune": "input+ln"}]
     cohort = run_cohort(listops, members)
     for member in cohort.members:
-        trial = Trial(member.config, sweep=SWEEP)
-        try:
-            trial.run()
-            assert_same_curve(member.state, trial.trainer.state)
-        finally:
-            trial.close()
+        assert_same_curve(member.state, run_alone(member.config, "engine")[0])
 
 
 def test_bf16_cohort_trains(base):
     """bf16: the body in bf16, fp32 master copies of the trained tensors (as DeepSpeed)."""
-    cohort = run_cohort({**base, "precision": "bf16", "max_steps": 3, "eval_every": 3}, MEMBERS)
-    assert cohort.model.frozen[0][0].dtype == torch.bfloat16
-    assert cohort.model.ln_f_weight.dtype == torch.float32
+    cohort = Cohort(
+        [config({**base, "precision": "bf16", "max_steps": 3, "eval_every": 3}, m) for m in MEMBERS]
+    )
+    try:
+        assert cohort.step.model.frozen[0][0].dtype == torch.bfloat16
+        assert cohort.step.model.ln_f_weight.dtype == torch.float32
+        cohort.run()
+    finally:
+        cohort.close()
     for member in cohort.members:
         assert member.state.status == "completed"
         assert math.isfinite(member.state.last.test_loss)

@@ -373,9 +373,11 @@ def test_relevant_positions_follow_the_task_layout():
 
 
 @pytest.mark.slow
-def test_trained_checkpoint_attention_in_report(tmp_path):
-    """Train a gpt2-tiny bit-xor FPT a few steps, checkpoint it, and report its attention."""
-    from scale_fpt.trial import Trial
+@pytest.mark.parametrize("kind", ["cohort", "engine"])
+def test_trained_checkpoint_attention_in_report(tmp_path, kind):
+    """Train a gpt2-tiny bit-xor FPT a few steps on either step kind, checkpoint it, and
+    report its attention from the checkpoint's trained weights."""
+    from scale_fpt.trial import TrialRun
 
     config = TrialConfig.from_flat(
         {
@@ -388,17 +390,23 @@ def test_trained_checkpoint_attention_in_report(tmp_path):
             "test_batches": 1,
         }
     )
-    trial = Trial(config, sweep="attn")
-    row = trial.run()
-    trial.trainer.save(str(tmp_path / "ckpt"))
+    trial = TrialRun([config], sweep="attn", kind=kind)
+    (row,) = trial.run()
+    trial.save(str(tmp_path / "ckpt"))
     row["checkpoint"] = str(tmp_path / "ckpt")
     ResultsWriter(tmp_path / "results", "attn").write_trial(row)
-    trained = trial.trainer.engine.module
+    if kind == "engine":
+        trained = trial.step.engine.module.eval()
+    else:  # the packed model of one member: (1, B, ...) in, (1, B, ...) out
+        packed = trial.step.model.eval()
+
+        def trained(x):
+            return packed(x[None])[0]
+
     # the rebuilt model (frozen weights from config + seed, trained ones from the file) is
     # the trained one
     rebuilt, task = report.load_trial_model(row)
     x = attention.test_inputs(task, 8)
-    trained.eval()
     with torch.no_grad():
         torch.testing.assert_close(rebuilt(x), trained(x), atol=1e-5, rtol=1e-4)
     trial.close()
@@ -422,10 +430,9 @@ def test_missing_checkpoint_is_reported_not_fatal(tmp_path):
     write(writer, "t", 0.6, init="random", checkpoint=str(tmp_path / "gone"))
     # a pretrained CPU preset whose weights this machine lacks: the reason, in one line
     write(writer, "p", 0.6, weights=str(tmp_path / "no-weights"), checkpoint=str(tmp_path))
-    (tmp_path / "trial").mkdir()
-    (tmp_path / "trial" / "mp_rank_00_model_states.pt").write_bytes(b"")
+    (tmp_path / "weights-p.pt").write_bytes(b"")
     text = report.build_report(tmp_path, tmp_path / "out").read_text()
-    assert "Not analysed: no trial/mp_rank_00_model_states.pt under checkpoint" in text
+    assert "Not analysed: no weights-t.pt under checkpoint" in text
     assert "Not analysed: --init pretrained: weights" in text
 
 

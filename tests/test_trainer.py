@@ -1,5 +1,6 @@
-"""The trainer and the trial path on CPU: determinism, exact resume under ZeRO 0-3, checkpoints
-without frozen weights, real divergence, precisions, metrics, and the trial row.
+"""The loop and the trial path on CPU: determinism, exact resume under ZeRO 0-3, checkpoints
+without frozen weights, real divergence on both step kinds, precisions, metrics, selection,
+patience, the evaluation schedule, and the trial row.
 
 Every trial is gpt2-tiny (random init, no download) on Bit XOR with a two-chunk test set and a
 few dozen steps. The first engine of the process pays for the gloo rendezvous (~3 s); later
@@ -21,9 +22,11 @@ import pytest
 import torch
 
 from scale_fpt.config import ConfigError, TrialConfig
+from scale_fpt.loop import Evaluation, TrialState, evaluation_steps
 from scale_fpt.results import TRIAL_SCHEMA, ResultsWriter, load_results
-from scale_fpt.trainer import CHECKPOINT_TAG, Evaluation, TrialState, compute_loss
-from scale_fpt.trial import Trial
+from scale_fpt.steps import member_losses
+from scale_fpt.steps.engine import CHECKPOINT_TAG
+from scale_fpt.trial import TrialRun
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING_FIELDS = ("samples_per_s", "wall_time_s")
@@ -56,11 +59,15 @@ def config(**overrides) -> TrialConfig:
     return TrialConfig.from_flat(flat)
 
 
-def run(cfg: TrialConfig, on_eval=None, progress=None) -> tuple[dict, TrialState]:
-    trial = Trial(cfg, sweep="t")
+def trial_run(cfg: TrialConfig, kind: str | None = None) -> TrialRun:
+    return TrialRun([cfg], sweep="t", kind=kind)
+
+
+def run(cfg: TrialConfig, on_eval=None, progress=None, kind=None) -> tuple[dict, TrialState]:
+    trial = trial_run(cfg, kind)
     try:
-        row = trial.run(on_eval=on_eval, progress=progress)
-        return row, trial.trainer.state
+        (row,) = trial.run(on_eval=on_eval, progress=progress)
+        return row, trial.states[0]
     finally:
         trial.close()
 
@@ -109,11 +116,12 @@ def trainable_names(engine) -> set[str]:
 # ------------------------------------------------------------------------------ determinism
 
 
-def test_same_seed_same_curve_other_seed_differs():
+@pytest.mark.parametrize("kind", ["cohort", "engine"])
+def test_same_seed_same_curve_other_seed_differs(kind):
     cfg = config(max_steps=20)
-    _, first = run(cfg)
-    _, again = run(cfg)
-    _, other = run(cfg.replace(seed=1))
+    _, first = run(cfg, kind=kind)
+    _, again = run(cfg, kind=kind)
+    _, other = run(cfg.replace(seed=1), kind=kind)
     assert [e.step for e in first.history] == [10, 20]
     assert curve(first) == curve(again)
     assert curve(first) != curve(other)
@@ -140,25 +148,25 @@ RESUME_CASES = [
 @pytest.mark.parametrize(("zero_stage", "precision"), RESUME_CASES)
 def test_resume_mid_way_is_identical_to_uninterrupted(tmp_path, zero_stage, precision):
     cfg = config(zero_stage=zero_stage, precision=precision, dropout=0.1)
-    _, uninterrupted = run(cfg)
+    _, uninterrupted = run(cfg, kind="engine")
     assert [e.step for e in uninterrupted.history] == [10, 20, 30]
 
     # B: checkpoints at step 10, then its process "dies".
     checkpoint = str(tmp_path / "ckpt")
-    crashing = Trial(cfg, sweep="t")
-    initial = weights(crashing.trainer.engine)
+    crashing = trial_run(cfg, "engine")
+    initial = weights(crashing.step.engine)
     saved: dict = {}
 
-    def save_then_crash(curve_row, trial_row):
-        assert curve_row["step"] == 10
-        crashing.trainer.save(checkpoint)
-        saved["weights"] = weights(crashing.trainer.engine)
-        saved["moments"] = adam_moments(crashing.trainer.engine)
+    def save_then_crash(curve_rows, trial_rows):
+        assert [r["step"] for r in curve_rows] == [10]
+        crashing.save(checkpoint)
+        saved["weights"] = weights(crashing.step.engine)
+        saved["moments"] = adam_moments(crashing.step.engine)
         raise Crash
 
     with pytest.raises(Crash):
         crashing.run(on_eval=save_then_crash)
-    trainable = trainable_names(crashing.trainer.engine)
+    trainable = trainable_names(crashing.step.engine)
     crashing.close()
     assert trainable and len(trainable) < len(initial)
     # Training never touches frozen weights (deepspeed 4776: ZeRO updated frozen ones).
@@ -167,21 +175,21 @@ def test_resume_mid_way_is_identical_to_uninterrupted(tmp_path, zero_stage, prec
     assert any(not torch.equal(saved["weights"][n], initial[n]) for n in trainable)
 
     # C: a fresh process rebuilds the trial from its config and restores the checkpoint.
-    resumed = Trial(cfg, sweep="t")
+    resumed = trial_run(cfg, "engine")
     try:
-        rebuilt = weights(resumed.trainer.engine)
-        resumed.trainer.restore(checkpoint)
-        restored = weights(resumed.trainer.engine)
+        rebuilt = weights(resumed.step.engine)
+        resumed.restore(checkpoint)
+        restored = weights(resumed.step.engine)
         for name, value in restored.items():
             expected = saved["weights"][name] if name in trainable else rebuilt[name]
             assert value.dtype == expected.dtype and torch.equal(value, expected), name
-        for got, want in zip(adam_moments(resumed.trainer.engine), saved["moments"], strict=True):
+        for got, want in zip(adam_moments(resumed.step.engine), saved["moments"], strict=True):
             assert torch.equal(got, want)
-        assert resumed.trainer.state.step == 10
-        assert curve(resumed.trainer.state) == curve(uninterrupted)[:1]
+        assert resumed.states[0].step == resumed.position == 10
+        assert curve(resumed.states[0]) == curve(uninterrupted)[:1]
 
-        row = resumed.run()
-        state = resumed.trainer.state
+        (row,) = resumed.run()
+        state = resumed.states[0]
     finally:
         resumed.close()
     assert curve(state) == curve(uninterrupted)
@@ -202,17 +210,17 @@ def test_checkpoint_holds_trainable_state_only(tmp_path, zero_stage):
     ).save_pretrained(arch)
     cfg = config(model=str(arch), max_steps=4, eval_every=4, zero_stage=zero_stage)
 
-    trial = Trial(cfg, sweep="t")
+    trial = trial_run(cfg, "engine")
     try:
         trial.run()
-        engine = trial.trainer.engine
+        engine = trial.step.engine
         trainable = trainable_names(engine)
         params = dict(engine.module.named_parameters())
         model_bytes = sum(p.numel() * p.element_size() for p in params.values())
         trainable_bytes = sum(params[n].numel() * params[n].element_size() for n in trainable)
         assert trainable_bytes < model_bytes / 100  # fpt on this model: ~0.2% trains
         moments = adam_moments(engine)
-        trial.trainer.save(str(tmp_path / "ckpt"))
+        trial.save(str(tmp_path / "ckpt"))
     finally:
         trial.close()
 
@@ -227,25 +235,41 @@ def test_checkpoint_holds_trainable_state_only(tmp_path, zero_stage):
     assert set(saved["module"]) == trainable
     assert not saved.get("frozen_param_fragments") and not saved.get("frozen_param_shapes")
 
-    restored = Trial(cfg, sweep="t")
+    restored = trial_run(cfg, "engine")
     try:
         # A fresh engine has no optimiser state until it steps; the checkpoint brings it.
-        restored.trainer.restore(str(tmp_path / "ckpt"))
-        for got, want in zip(adam_moments(restored.trainer.engine), moments, strict=True):
+        restored.restore(str(tmp_path / "ckpt"))
+        for got, want in zip(adam_moments(restored.step.engine), moments, strict=True):
             assert torch.equal(got, want)
-        assert restored.trainer.state.step == 4
-        assert restored.trainer.state.status == "completed"
+        assert restored.states[0].step == 4
+        assert restored.states[0].status == "completed"
     finally:
         restored.close()
 
 
-def test_restore_from_an_empty_directory_says_so(tmp_path):
-    trial = Trial(config(max_steps=2, eval_every=2), sweep="t")
+@pytest.mark.parametrize("kind", ["cohort", "engine"])
+def test_restore_from_an_empty_directory_says_so(tmp_path, kind):
+    trial = trial_run(config(max_steps=2, eval_every=2), kind)
     try:
         with pytest.raises(RuntimeError, match="no trial checkpoint"):
-            trial.trainer.restore(str(tmp_path))
+            trial.restore(str(tmp_path))
     finally:
         trial.close()
+
+
+def test_restore_of_another_trial_is_refused(tmp_path):
+    first = trial_run(config(max_steps=2, eval_every=2))
+    try:
+        first.run()
+        first.save(str(tmp_path / "ckpt"))
+    finally:
+        first.close()
+    other = trial_run(config(max_steps=2, eval_every=2, lr=0.05))
+    try:
+        with pytest.raises(RuntimeError, match="belongs to other trials"):
+            other.restore(str(tmp_path / "ckpt"))
+    finally:
+        other.close()
 
 
 # -------------------------------------------------------------------------------- divergence
@@ -259,15 +283,27 @@ def test_real_divergence_keeps_the_curve_up_to_it(tmp_path):
     writer = ResultsWriter(tmp_path, "t")
     curve_rows: list[dict] = []
 
-    def on_eval(curve_row, trial_row):
-        curve_rows.append(curve_row)
-        writer.write_curve(curve_row["trial_id"], [curve_row])
-        writer.write_trial(trial_row)
+    def on_eval(curves, trial_rows):
+        for curve_row in curves:
+            curve_rows.append(curve_row)
+            writer.write_curve(curve_row["trial_id"], [curve_row])
+        writer.write_trial(trial_rows[0])
 
-    row, state = run(cfg, on_eval=on_eval, progress=lambda step, loss: losses.append(loss))
+    trial = trial_run(cfg)
+    assert trial.kind == "engine"  # attention trains: DeepSpeed
+    try:
+        # Reading the step's device loss after every step syncs: a test may, the loop does not.
+        (row,) = trial.run(
+            on_eval=on_eval, progress=lambda _: losses.append(trial.step.metrics.last_loss.item())
+        )
+        state = trial.states[0]
+    finally:
+        trial.close()
     writer.write_trial(row)
 
     assert state.status == "diverged" and row["status"] == "diverged"
+    assert row["stop_reason"] == "diverged"
+    assert all(math.isfinite(v) for v in losses[: state.step])  # steps_done: finite steps
     assert 1 <= row["steps_done"] == state.step < cfg.train.max_steps
     assert max(losses) > 1e6  # it really blew up before going non-finite
     history = state.history
@@ -278,6 +314,7 @@ def test_real_divergence_keeps_the_curve_up_to_it(tmp_path):
     assert row["final_test_accuracy"] == history[-1].test_accuracy
     assert row["final_test_loss"] == history[-1].test_loss
     assert row["best_test_accuracy"] == max(e.test_accuracy for e in history)
+    assert row["best_val_accuracy"] == max(e.val_accuracy for e in history)
     assert len(curve_rows) == len(history)
 
     results = load_results(tmp_path)
@@ -286,24 +323,29 @@ def test_real_divergence_keeps_the_curve_up_to_it(tmp_path):
     assert list(results.curves["step"]) == [e.step for e in history]
 
 
+@pytest.mark.parametrize("kind", ["cohort", "engine"])
 @pytest.mark.parametrize("poison_step", [4, 6])
-def test_update_that_poisons_the_weights_is_divergence(poison_step):
+def test_update_that_poisons_the_weights_is_divergence(poison_step, kind):
     """A step whose loss was finite but whose update made the weights non-finite: the next
     evaluation is NaN. That evaluation is not a result (final_test_accuracy stays the last
     finite one), and the trial is diverged, even when it was the last step."""
 
-    def poison(step, loss):
+    def poison(step):
         if step == poison_step:
             with torch.no_grad():
-                trial.trainer.engine.module.output.weight.fill_(float("nan"))
+                if kind == "engine":
+                    trial.step.engine.module.output.weight.fill_(float("nan"))
+                else:
+                    trial.step.model.output_weight.fill_(float("nan"))
 
-    trial = Trial(config(max_steps=6, eval_every=2), sweep="t")
+    trial = trial_run(config(max_steps=6, eval_every=2), kind)
     try:
-        row = trial.run(progress=poison)
-        state = trial.trainer.state
+        (row,) = trial.run(progress=poison)
+        state = trial.states[0]
     finally:
         trial.close()
     assert state.status == "diverged" and row["status"] == "diverged"
+    assert row["stop_reason"] == "diverged" and row["steps_done"] == poison_step
     assert [e.step for e in state.history] == list(range(2, poison_step, 2))
     assert row["final_test_accuracy"] == state.history[-1].test_accuracy
     assert math.isfinite(row["final_test_loss"])
@@ -312,32 +354,87 @@ def test_update_that_poisons_the_weights_is_divergence(poison_step):
 # ---------------------------------------------------------------------------------- metrics
 
 
-def test_steps_to_threshold_and_best_accuracy():
-    def at(step, accuracy):
-        return Evaluation(step, 0.5, 0.5, 0.5, accuracy, 1.0, 1.0)
+def at(step: int, val_accuracy: float, test_accuracy: float = 0.5) -> Evaluation:
+    return Evaluation(step, 0.5, 0.5, 0.5, val_accuracy, 0.5, test_accuracy, 1.0, 1.0)
 
+
+def test_steps_to_threshold_selection_and_best_accuracy():
+    """Selection and steps-to-threshold read validation accuracy; test accuracy is reported
+    at the selected evaluation (the earliest of equally good ones)."""
     state = TrialState(
-        step=50,
+        step=60,
         status="completed",
-        history=[at(10, 0.5), at(20, 0.89), at(30, 0.9), at(40, 0.95), at(50, 0.7)],
+        history=[
+            at(10, 0.5, 0.6),
+            at(20, 0.89, 0.99),  # the best test accuracy is not what selection reads
+            at(30, 0.9, 0.7),
+            at(40, 0.95, 0.8),
+            at(50, 0.7, 0.75),
+            at(60, 0.95, 0.9),  # as good as step 40 on validation: the earlier one stays
+        ],
     )
     assert state.steps_to_threshold(0.9) == 30  # the first reaching it, >= inclusive
     assert state.steps_to_threshold(0.95) == 40
     assert state.steps_to_threshold(0.5) == 10
     assert state.steps_to_threshold(0.96) is None
-    assert state.best_test_accuracy() == 0.95
+    assert state.selected().step == 40 and state.best_val_accuracy() == 0.95
+    assert state.evaluations_since_best() == 2
+    assert state.best_test_accuracy() == 0.99
     assert math.isnan(TrialState().best_test_accuracy())
+    assert math.isnan(TrialState().best_val_accuracy())
     assert TrialState().steps_to_threshold(0.0) is None
 
-    trial = Trial(config(accuracy_threshold=0.9, max_steps=50), sweep="t")
+    trial = trial_run(config(accuracy_threshold=0.9, max_steps=60))
     try:
-        row = trial.record.trial_row(state)
-        never = trial.record.trial_row(TrialState(step=50, history=[at(50, 0.1)]))
+        row = trial.records[0].trial_row(state)
+        never = trial.records[0].trial_row(TrialState(step=50, history=[at(50, 0.1)]))
     finally:
         trial.close()
     assert row["steps_to_threshold"] == 30
-    assert row["best_test_accuracy"] == 0.95 and row["final_test_accuracy"] == 0.7
+    assert (row["selected_step"], row["val_accuracy"], row["test_accuracy"]) == (40, 0.95, 0.8)
+    assert row["best_val_accuracy"] == 0.95
+    assert row["best_test_accuracy"] == 0.99 and row["final_test_accuracy"] == 0.9
     assert never["steps_to_threshold"] is None
+
+
+def test_evaluation_schedule_is_regular_plus_log_spaced():
+    assert evaluation_steps(30, 10, log_evals=True) == [10, 20, 30]
+    assert evaluation_steps(25, 10, log_evals=False) == [10, 20, 25]  # and the last step
+    assert evaluation_steps(5000, 1000, log_evals=False) == [1000, 2000, 3000, 4000, 5000]
+    assert evaluation_steps(5000, 1000, log_evals=True) == [
+        100, 150, 200, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000
+    ]  # fmt: skip
+    many = evaluation_steps(100_000, 10_000, log_evals=True)
+    assert many[:8] == [100, 150, 200, 300, 500, 700, 1000, 1500]
+    assert {7000, 10_000, 15_000, 20_000, 70_000, 100_000} <= set(many)
+    assert many == sorted(set(many)) and many[-1] == 100_000
+
+
+@pytest.mark.parametrize("kind", ["cohort", "engine"])
+def test_every_evaluation_measures_validation_and_test(kind):
+    """Both splits are measured at every scheduled step, log-spaced ones included, and the
+    row selects on validation."""
+    row, state = run(config(max_steps=200, eval_every=200, log_evals=True), kind=kind)
+    assert [e.step for e in state.history] == [100, 150, 200]
+    for e in state.history:
+        assert 0.0 <= e.val_accuracy <= 1.0 and 0.0 <= e.test_accuracy <= 1.0
+        assert math.isfinite(e.val_loss) and math.isfinite(e.test_loss)
+    selected = state.selected()
+    assert row["selected_step"] == selected.step
+    assert (row["val_accuracy"], row["test_accuracy"]) == (
+        selected.val_accuracy,
+        selected.test_accuracy,
+    )
+    assert (row["status"], row["stop_reason"]) == ("completed", "budget")
+
+
+def test_patience_stops_after_evaluations_without_improvement():
+    """lr 0 never improves after the first evaluation: patience 2 stops two evaluations
+    later, completed with stop_reason patience and the steps actually taken."""
+    row, state = run(config(lr=1e-12, max_steps=100, eval_every=10, patience=2))
+    assert [e.step for e in state.history] == [10, 20, 30]
+    assert (row["status"], row["stop_reason"], row["steps_done"]) == ("completed", "patience", 30)
+    assert row["selected_step"] == 10
 
 
 def test_accuracy_counts_every_bit():
@@ -353,7 +450,7 @@ def test_accuracy_counts_every_bit():
     for index in wrong:
         predicted[index] = 1 - predicted[index]
     logits = torch.nn.functional.one_hot(predicted, 2).float() * 3.0 - 1.0  # margin 3
-    loss, correct = compute_loss(logits, targets)
+    loss, correct = (t[0] for t in member_losses(logits[None], targets[None]))
     assert correct.item() == targets.numel() - len(wrong) == 19
     assert correct.item() / targets.numel() == pytest.approx(19 / 24)
     # Cross-entropy of a margin-3 two-class logit pair, right or wrong.
@@ -361,7 +458,7 @@ def test_accuracy_counts_every_bit():
     expected = (19 * right_ce + 5 * wrong_ce) / 24
     assert loss.item() == pytest.approx(expected, rel=1e-6)
     # bf16 logits are scored in float32.
-    loss16, correct16 = compute_loss(logits.bfloat16(), targets)
+    loss16, correct16 = (t[0] for t in member_losses(logits.bfloat16()[None], targets[None]))
     assert correct16.item() == 19 and loss16.dtype == torch.float32
 
 
@@ -369,17 +466,17 @@ def test_accuracy_counts_every_bit():
 
 
 def test_bf16_trains_on_cpu_with_fp32_master_weights():
-    trial = Trial(config(precision="bf16", max_steps=4, eval_every=2), sweep="t")
+    trial = trial_run(config(precision="bf16", max_steps=4, eval_every=2), "engine")
     try:
-        row = trial.run()
-        engine = trial.trainer.engine
+        (row,) = trial.run()
+        engine = trial.step.engine
         module_dtypes = {p.dtype for p in engine.module.parameters()}
         frozen = [p for p in engine.module.parameters() if not p.requires_grad]
         master = [p for g in engine.basic_optimizer.param_groups for p in g["params"]]
     finally:
         trial.close()
     assert row["status"] == "completed" and math.isfinite(row["final_test_loss"])
-    assert all(math.isfinite(e.train_loss) for e in trial.trainer.state.history)
+    assert all(math.isfinite(e.train_loss) for e in trial.states[0].history)
     # DeepSpeed casts the whole module, frozen weights included, to bf16 (half their memory) ...
     assert frozen and module_dtypes == {torch.bfloat16}
     # ... and keeps an fp32 master copy of exactly the trained parameters for the optimiser.
@@ -390,7 +487,7 @@ def test_bf16_trains_on_cpu_with_fp32_master_weights():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is allowed where CUDA is")
 def test_fp16_without_cuda_is_a_config_error():
     with pytest.raises(ConfigError) as info:
-        Trial(config(precision="fp16"), sweep="t")
+        trial_run(config(precision="fp16"))
     assert "CUDA" in str(info.value) and "--precision fp16" in str(info.value)
     assert len(info.value.problems) == 1
 
@@ -430,10 +527,10 @@ def step_flops_by_hand(batch: int, trained_matmul: int) -> int:
 )
 def test_trial_row_contents(tmp_path, finetune, trained_groups, trained_matmul):
     cfg = config(finetune=finetune, max_steps=4, eval_every=2, batch_size=4)
-    trial = Trial(cfg, sweep="t")
+    trial = trial_run(cfg, "engine")
     try:
-        row = trial.run()
-        module = trial.trainer.engine.module
+        (row,) = trial.run()
+        module = trial.step.engine.module
         trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
         total = sum(p.numel() for p in module.parameters())
     finally:

@@ -39,6 +39,20 @@ PARAM_GROUPS = {
 }
 
 
+FPT_NAMES = {
+    "input_weight": "input.weight",
+    "input_bias": "input.bias",
+    "input_embedding": "input.weight",
+    "wpe": "backbone.wpe.weight",
+    "ln_f_weight": "backbone.ln_f.weight",
+    "ln_f_bias": "backbone.ln_f.bias",
+    "output_weight": "output.weight",
+    "output_bias": "output.bias",
+}
+"""PackedFPT tensor -> the name of the same tensor in a member's FPT module (the per-layer
+``ln_1``/``ln_2`` stacks map to ``backbone.h.<layer>.ln_<n>.<part>``)."""
+
+
 class PackedFPT(nn.Module):
     """K FPT models over one frozen GPT-2 body.
 
@@ -112,6 +126,21 @@ class PackedFPT(nn.Module):
 
     def trained_names(self) -> list[str]:
         return [name for name, _ in self.named_parameters()]
+
+    def member_state(self, member: int) -> dict[str, torch.Tensor]:
+        """Member ``member``'s trained tensors under the names of its own FPT module
+        (``build_model``), on the CPU. ``backbone.wpe.weight`` holds the task's T rows only
+        (the rows past T never train)."""
+        out = {}
+        for name, p in self.named_parameters():
+            value = p.detach()[member].cpu().clone()
+            if name.startswith(("ln_1", "ln_2")):
+                layer_norm, part = name.rsplit("_", 1)
+                for layer in range(self.n_layer):
+                    out[f"backbone.h.{layer}.{layer_norm}.{part}"] = value[layer]
+            else:
+                out[FPT_NAMES.get(name, name)] = value
+        return out
 
     def member_params(self, members: torch.Tensor | None) -> dict[str, torch.Tensor]:
         out = {}

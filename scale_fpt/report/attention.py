@@ -24,11 +24,10 @@ import pandas as pd
 import torch
 
 from scale_fpt.config import FIELD_TYPES, TrialConfig
+from scale_fpt.loop import weights_file
 from scale_fpt.tasks.bits import BitMemory, BitXor
 
 ATTENTION_TASKS = ("bit-xor", "bit-memory")
-MODEL_STATES = "mp_rank_00_model_states.pt"
-CHECKPOINT_TAG = "trial"
 
 
 def relevant_positions(task: str) -> dict[int, list[int]]:
@@ -81,17 +80,18 @@ def attention_shares(maps: np.ndarray, relevant: dict[int, list[int]]) -> pd.Dat
     return pd.DataFrame(rows)
 
 
-def model_states_path(checkpoint: str, results_dir: str | Path | None = None) -> Path:
-    """The DeepSpeed model-states file of a trial's ``checkpoint`` directory (absolute, or
-    relative to the results directory)."""
+def trained_weights_path(row, results_dir: str | Path | None = None) -> Path:
+    """The trial's trained-weights file (``loop.weights_file``) in its ``checkpoint``
+    directory (absolute, or relative to the results directory)."""
+    checkpoint = row["checkpoint"]
     bases = [Path(checkpoint)]
     if results_dir is not None and not Path(checkpoint).is_absolute():
         bases.append(Path(results_dir) / checkpoint)
+    name = weights_file(row["trial_id"])
     for base in bases:
-        for candidate in (base / CHECKPOINT_TAG / MODEL_STATES, base / MODEL_STATES):
-            if candidate.is_file():
-                return candidate
-    raise FileNotFoundError(f"no {CHECKPOINT_TAG}/{MODEL_STATES} under checkpoint {checkpoint}")
+        if (base / name).is_file():
+            return base / name
+    raise FileNotFoundError(f"no {name} under checkpoint {checkpoint}")
 
 
 def trial_config(row) -> TrialConfig:
@@ -113,15 +113,22 @@ def load_trial_model(row, results_dir: str | Path | None = None):
     from scale_fpt.models import build_model
     from scale_fpt.tasks import build_task
 
-    path = model_states_path(row["checkpoint"], results_dir)
+    path = trained_weights_path(row, results_dir)
     config = trial_config(row)
     task = build_task(config.task, config.train.seed)
     built = build_model(config, task.spec, attn_implementation="eager")
-    saved = torch.load(path, map_location="cpu", weights_only=False)["module"]
-    state = {k.removeprefix("module."): v for k, v in saved.items()}
+    state = torch.load(path, map_location="cpu", weights_only=False)["module"]
+    wpe = "backbone.wpe.weight"
+    if wpe in state:  # a packed trial keeps the task's T rows; the rows past T never train
+        rows = state.pop(wpe)
+        with torch.no_grad():
+            built.module.get_parameter(wpe)[: len(rows)].copy_(rows)
+        trained_rows = {wpe}
+    else:
+        trained_rows = set()
     _, unexpected = built.module.load_state_dict(state, strict=False)
     trainable = {n for n, p in built.module.named_parameters() if p.requires_grad}
-    missing = sorted(trainable - set(state))
+    missing = sorted(trainable - set(state) - trained_rows)
     if unexpected or missing:
         raise ValueError(
             f"checkpoint {row['checkpoint']} does not match the trial's model: "

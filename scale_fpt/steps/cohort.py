@@ -187,6 +187,10 @@ class CohortStep:
         }
         torch.save(payload, os.path.join(directory, CHECKPOINT_FILE))
 
+    def member_weights(self, member: int) -> dict[str, torch.Tensor]:
+        """Member ``member``'s trained tensors, named as in its FPT module (CPU)."""
+        return self.model.member_state(member)
+
     def restore(self, directory: str) -> None:
         payload = torch.load(os.path.join(directory, CHECKPOINT_FILE), weights_only=False)
         with torch.no_grad():

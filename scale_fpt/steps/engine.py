@@ -120,6 +120,16 @@ class EngineStep:
             exclude_frozen_parameters=True,
         )
 
+    def member_weights(self, member: int) -> dict[str, torch.Tensor]:
+        """The trained tensors of the module, whole (gathered under ZeRO-3), on the CPU."""
+        import deepspeed
+
+        trained = [(n, p) for n, p in self.engine.module.named_parameters() if p.requires_grad]
+        with deepspeed.zero.GatheredParameters(
+            [p for _, p in trained], enabled=self.train_config.zero_stage == 3
+        ):
+            return {n: p.detach().float().cpu().clone() for n, p in trained}
+
     def restore(self, directory: str) -> None:
         # DeepSpeed fails on a missing tag with a bare AssertionError (no file list): say what.
         if not any((Path(directory) / CHECKPOINT_TAG).glob("*.pt")):
