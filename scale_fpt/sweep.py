@@ -1,6 +1,7 @@
 """Sweeps: a grid (or an Optuna search per arm) over trial configs, run by Ray Tune.
 
-    SweepConfig --arms()--> flat trial configs --Tuner--> tune_trial (one ``Trial`` each)
+    SweepConfig --arms()--> flat trial configs --packing.cohorts(pack)--> member lists
+        --Tuner--> tune_trial (one ``TrialRun`` per list: one trial, or a packed cohort)
         each evaluation: ray.tune.report(metrics, checkpoint)  ->  ResultsCallback (driver)
         -> Parquet rows (results.ResultsWriter: keyed, atomic, de-duplicated)
 

@@ -102,6 +102,34 @@ def test_dropout_is_identity_when_off_and_scales_when_on(cpu_backend):
     assert torch.equal(ops.add_dropout(h, x, 0.0), h + x)
 
 
+def test_keyed_dropout_gives_each_member_its_solo_mask(cpu_backend):
+    """Inside ``dropout_keys`` a member's chunk of a packed tensor gets the mask it gets
+    alone: a function of (its seed, step, site), not of the other members, the call's
+    position among members or torch's generator; sites and steps draw new masks."""
+    x = torch.randn(3, 40, 16, requires_grad=True)  # (K, rows, d): member chunks lead
+    seeds = [11, 22, 33]
+
+    def forward(chunk, member_seeds, step, generator_seed=0):
+        torch.manual_seed(generator_seed)  # must not matter
+        with ops.dropout_keys(member_seeds, step):
+            first = ops.dropout(chunk, 0.3)
+            second = ops.add_dropout(chunk, chunk, 0.3)  # the next site
+        return first, second
+
+    packed_first, packed_second = forward(x, seeds, step=5)
+    for m in range(3):
+        alone_first, alone_second = forward(x[m : m + 1], [seeds[m]], 5, generator_seed=m + 1)
+        assert torch.equal(packed_first[m : m + 1], alone_first)
+        assert torch.equal(packed_second[m : m + 1], alone_second)
+    kept_first, kept_second = packed_first != 0, (packed_second - x) != 0
+    assert not torch.equal(kept_first, kept_second)  # another site, another mask
+    assert not torch.equal(kept_first[0], kept_first[1])  # another member, another mask
+    assert not torch.equal(forward(x, seeds, step=6)[0] != 0, kept_first)  # another step
+    # the backward pass uses the forward's keyed mask
+    (grad,) = torch.autograd.grad(packed_first.sum(), x)
+    torch.testing.assert_close(grad, kept_first / 0.7, rtol=1e-4, atol=0)
+
+
 @pytest.mark.parametrize("T", [10, 64])
 def test_causal_attention_equals_sdpa(T):
     q, k, v = (torch.randn(3, 2, T, 8, dtype=torch.float64, requires_grad=True) for _ in "qkv")

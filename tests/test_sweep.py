@@ -81,6 +81,22 @@ def test_arms_cross_grid_and_seeds_with_overrides():
     }
 
 
+def test_reported_metrics_are_the_best_members_and_nan_before_any_evaluation():
+    import math
+
+    from scale_fpt.sweep import report_metrics
+
+    rows = [
+        {"val_accuracy": 0.6, "best_val_accuracy": 0.7, "test_accuracy": 0.9},
+        {"val_accuracy": 0.8, "best_val_accuracy": 0.8, "test_accuracy": 0.5},
+        {"val_accuracy": None, "best_val_accuracy": None},  # not evaluated yet
+    ]
+    metrics = report_metrics(rows)
+    assert metrics["val_accuracy"] == 0.8 and metrics["best_val_accuracy"] == 0.8
+    assert metrics["test_accuracy"] == 0.9
+    assert all(math.isnan(v) for v in report_metrics(rows[2:]).values())
+
+
 def test_trial_resources_follow_model_size_and_precision():
     sweep = SweepConfig(name="s", gpu_memory_gb=24)
     cpu = trial_resources({"model": "gpt2-large"}, sweep, gpus=False)
@@ -120,7 +136,11 @@ def test_grid_sweep_writes_contract_rows_once(tmp_path):
     assert not curves.duplicated(["trial_id", "step"]).any()
     assert sorted(curves["step"]) == [20, 20, 40, 40]
     assert trials["git_sha"].str.len().min() >= 7
-    assert trials["checkpoint"].map(lambda p: Path(p, "trial").is_dir()).all()
+    assert (trials["stop_reason"] == "budget").all()
+    assert set(curves["val_accuracy"].between(0, 1)) == {True}
+    # Every trial's checkpoint holds its trained weights (what the report rebuilds it from).
+    weights = trials.apply(lambda r: Path(r["checkpoint"], f"weights-{r['trial_id']}.pt"), axis=1)
+    assert weights.map(Path.is_file).all()
 
 
 @pytest.mark.slow
@@ -233,6 +253,7 @@ def test_asha_stops_weak_trials_and_records_them_stopped(tmp_path):
     assert len(trials) == 4 and set(trials["status"]) <= {"completed", "stopped"}
     stopped = trials[trials["status"] == "stopped"]
     assert len(stopped) >= 1 and (stopped["steps_done"] < 60).all()
+    assert (stopped["stop_reason"] == "scheduler").all()
     assert trials.loc[1e-2, "status"] == "completed" and trials.loc[1e-2, "steps_done"] == 60
     for trial_id, row in trials.set_index("trial_id").iterrows():
         steps = curves.loc[curves["trial_id"] == trial_id, "step"].tolist()

@@ -16,8 +16,6 @@ import torch
 from scale_fpt.config import ConfigError, TaskConfig
 from scale_fpt.seeding import seed_streams
 
-EVAL_SPLITS = ("val", "test")  # INTERIM until the science branch's validation splits land
-
 
 class DataUnavailable(ConfigError):
     """A task's data cannot be found or read. The message is one line: what is missing, and
@@ -105,10 +103,6 @@ class Task(ABC):
     @abstractmethod
     def test_batches(self, batch_size: int) -> Iterator[Batch]:
         """The fixed test set (same for every trial and every call), in batches."""
-
-    def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:
-        """INTERIM (science implements real validation splits): the test set for both."""
-        return self.test_batches(batch_size)
 
     def test_size(self) -> int:
         """Number of examples in the test set."""
