@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from scale_fpt.config import CONCERNS, ConfigError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 STATUSES = ("completed", "diverged", "failed", "stopped", "running")
 
 ARROW_TYPES = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
@@ -44,16 +44,38 @@ def config_columns() -> list[pa.Field]:
 
 TRIAL_OUTCOME = [
     ("status", pa.string(), "completed | diverged | failed | stopped (| running mid-trial)"),
+    (
+        "stop_reason",
+        pa.string(),
+        "why it ended: budget | patience | diverged | scheduler | failed (null while running)",
+    ),
     ("steps_done", pa.int64(), "gradient steps taken"),
+    ("best_val_accuracy", pa.float64(), "best validation accuracy over all evaluations"),
+    (
+        "selected_step",
+        pa.int64(),
+        "the evaluation with the best validation accuracy (the earliest on ties)",
+    ),
+    ("val_accuracy", pa.float64(), "validation accuracy at selected_step"),
+    ("test_accuracy", pa.float64(), "test accuracy at selected_step (reported, never selected on)"),
     (
         "final_test_accuracy",
         pa.float64(),
         "test accuracy of the last evaluation (before divergence)",
     ),
-    ("best_test_accuracy", pa.float64(), "best test accuracy over all evaluations"),
+    (
+        "best_test_accuracy",
+        pa.float64(),
+        "best test accuracy over all evaluations (not a result: "
+        "selecting on test is optimistic; use test_accuracy)",
+    ),
     ("final_test_loss", pa.float64(), "test loss of the last evaluation"),
     ("final_train_loss", pa.float64(), "mean train loss since the evaluation before the last"),
-    ("steps_to_threshold", pa.int64(), "first evaluated step with accuracy >= accuracy_threshold"),
+    (
+        "steps_to_threshold",
+        pa.int64(),
+        "first evaluated step with validation accuracy >= accuracy_threshold",
+    ),
     ("trainable_params", pa.int64(), "parameters the optimiser updates"),
     (
         "total_params",
@@ -93,6 +115,8 @@ CURVE_SCHEMA = pa.schema(
         pa.field("step", pa.int64()),
         pa.field("train_loss", pa.float64()),
         pa.field("train_accuracy", pa.float64()),
+        pa.field("val_loss", pa.float64()),
+        pa.field("val_accuracy", pa.float64()),
         pa.field("test_loss", pa.float64()),
         pa.field("test_accuracy", pa.float64()),
         pa.field("samples_per_s", pa.float64()),
