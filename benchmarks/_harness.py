@@ -161,11 +161,15 @@ def memory_kind() -> str:
 # --------------------------------------------------------------------------- data
 
 
+EVAL_SEEDS = {"val": 54321, "test": 12345}
+"""Seeds of the synthetic validation and test batches (one per split in EVAL_SPLITS)."""
+
+
 class SyntheticTask(Task):
     """Random tensors with the shapes of ``task``'s spec, made once on the device.
 
-    Training steps cycle through ``pool`` batches (no host work per step); the test set is
-    ``test_batches`` batches of the same kind. Values: uniform [0, 1) tokens (continuous
+    Training steps cycle through ``pool`` batches (no host work per step); the validation and
+    test sets are ``test_batches`` batches each of the same kind. Values: uniform [0, 1) tokens (continuous
     tasks) or uniform token ids (discrete), uniform labels."""
 
     def __init__(self, config: TaskConfig, seed: int, pool: int = 8, test_batches: int = 2):
@@ -196,8 +200,8 @@ class SyntheticTask(Task):
         pool = self._pool(batch_size)
         return pool[step % len(pool)]
 
-    def test_batches(self, batch_size: int) -> Iterator[Batch]:
-        g = torch.Generator().manual_seed(12345)
+    def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:
+        g = torch.Generator().manual_seed(EVAL_SEEDS[split])
         for _ in range(self.n_test):
             yield self._make(batch_size, g)
 

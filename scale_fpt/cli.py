@@ -112,9 +112,10 @@ def build_parser() -> Parser:
     report.add_argument("--out", default="", help="output directory (default: RESULTS_DIR/report)")
     report.add_argument(
         "--metric",
-        default="final_test_accuracy",
-        choices=["final_test_accuracy", "best_test_accuracy"],
-        help="accuracy of a trial in the tables (default: final_test_accuracy)",
+        default="test_accuracy",
+        choices=["test_accuracy", "val_accuracy", "final_test_accuracy"],
+        help="accuracy of a trial in the tables (default: test_accuracy, the test accuracy "
+        "at the evaluation with the best validation accuracy)",
     )
     report.add_argument(
         "--threshold",

@@ -90,20 +90,37 @@ class TaskConfig:
     augment: bool = True
     """CIFAR-10: random crop (pad 4), horizontal flip and small rotations while training."""
     test_batches: int = 25
-    """Synthetic tasks (bits, generated ListOps): batches in the fixed test set."""
+    """Synthetic tasks (bits, generated ListOps): batches (of 32) in the fixed test set."""
     test_limit: int = 0
     """Real datasets: evaluate on the first N test examples only (0 = the full test split)."""
     test_seed: int = 12345
     """Seed of the fixed synthetic test set; shared by all trials so accuracies compare."""
+    val_batches: int = 25
+    """Synthetic tasks (bits, generated ListOps): batches (of 32) in the fixed validation set."""
+    val_limit: int = 0
+    """Real datasets: validate on the first N validation examples only (0 = all of them)."""
+    val_seed: int = 54321
+    """Seed of the fixed synthetic validation set, an independent draw beside the test set."""
+    val_fraction: float = 0.1
+    """mnist, cifar10, cifar10-lra: the share of the train split held out as the validation
+    set (a fixed slice, the same for every trial; training never reads it)."""
 
     def problems(self) -> list[str]:
         out = [choice_problem("task", self.task, TASKS)]
-        for name in ("max_length", "test_limit"):
+        for name in ("max_length", "test_limit", "val_limit"):
             if getattr(self, name) < 0:
                 out.append(f"{flag(name)}: must be >= 0, got {getattr(self, name)}")
-        for name in ("listops_max_depth", "listops_max_args", "listops_train_size", "test_batches"):
+        for name in (
+            "listops_max_depth",
+            "listops_max_args",
+            "listops_train_size",
+            "test_batches",
+            "val_batches",
+        ):
             if getattr(self, name) < 1:
                 out.append(f"{flag(name)}: must be >= 1, got {getattr(self, name)}")
+        if not 0.0 < self.val_fraction < 1.0:
+            out.append(f"--val-fraction: must be in (0, 1), got {self.val_fraction}")
         return [p for p in out if p]
 
 

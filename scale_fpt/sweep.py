@@ -49,8 +49,9 @@ class SweepConfig:
     ("uniform", lo, hi), ("int", lo, hi) or ("choice", [values]). Empty: a plain grid."""
     search_trials: int = 8
     """Optuna trials per arm (and per seed)."""
-    metric: str = "best_test_accuracy"
-    """What searches and ASHA maximise."""
+    metric: str = "best_val_accuracy"
+    """What searches and ASHA maximise: the best validation accuracy so far (never a test
+    metric; test is measured at the selected step and reported)."""
     results_dir: str = "results"
     """Parquet results go to ``results_dir/name``."""
     storage_path: str = ""

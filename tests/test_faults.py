@@ -902,7 +902,7 @@ def truncate(path: Path) -> None:
 
 def tape_json(root: Path) -> Path:
     root.mkdir(parents=True)
-    for split in ("train", "test_fold_holdout"):
+    for split in ("train", "valid", "test_fold_holdout"):
         records = [{"primary": "MKTAYIAK", "fold_label": 3}] * 4
         (root / f"remote_homology_{split}.json").write_text(json.dumps(records))
     return root
@@ -911,7 +911,7 @@ def tape_json(root: Path) -> Path:
 def tape_lmdb(root: Path) -> Path:
     lmdb = pytest.importorskip("lmdb")
     root.mkdir(parents=True)
-    for split in ("train", "test_fold_holdout"):
+    for split in ("train", "valid", "test_fold_holdout"):
         env = lmdb.open(str(root / f"remote_homology_{split}.lmdb"), map_size=1 << 20)
         with env.begin(write=True) as txn:
             for i in range(3):
@@ -924,7 +924,8 @@ def tape_lmdb(root: Path) -> Path:
 def lra_tsv(root: Path, train: bytes) -> Path:
     root.mkdir(parents=True)
     (root / "basic_train.tsv").write_bytes(train)
-    (root / "basic_val.tsv").write_text("Source\tTarget\n( ( ( [MAX 2 ) 9 ) ] )\t9\n")
+    for split in ("val", "test"):
+        (root / f"basic_{split}.tsv").write_text("Source\tTarget\n( ( ( [MAX 2 ) 9 ) ] )\t9\n")
     return root
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from scale_fpt import cli, report
-from scale_fpt.config import TaskConfig, TrialConfig
+from scale_fpt.config import ConfigError, TaskConfig, TrialConfig
 from scale_fpt.report import attention, tables
 from scale_fpt.results import ResultsWriter, load_results
 
@@ -24,10 +24,12 @@ PARAMS = {  # model -> (total_params, trainable_params, n_layer)
 }
 
 
-def write(writer, tid, acc, *, status="completed", best=None, hit=None, **config):
-    """One trial row (every outcome column the report reads) and, with ``hit``, a learning
-    curve every 100 steps whose test accuracy is 0.5 before step ``hit`` and 0.95 from it
-    (``hit=None``: no curve; ``hit=0``: never reaches 0.9)."""
+def write(writer, tid, acc, *, status="completed", val=None, hit=None, **config):
+    """One trial row (every outcome column the report reads, as the loop writes them): test
+    accuracy ``acc`` at the selected step, validation accuracy ``val`` there (default
+    ``acc``), and, with ``hit``, a learning curve every 100 steps whose validation and test
+    accuracy are 0.5 before step ``hit`` and 0.95 from it (``hit=None``: no curve; ``hit=0``:
+    never reaches 0.9)."""
     flat = {**TrialConfig().to_flat(), "max_steps": 1000, "eval_every": 100, **config}
     total, trainable, layers = PARAMS[flat["model"]]
     writer.write_trial(
@@ -36,8 +38,13 @@ def write(writer, tid, acc, *, status="completed", best=None, hit=None, **config
             "trial_id": tid,
             "status": status,
             "steps_done": flat["max_steps"],
+            "stop_reason": {"completed": "budget"}.get(status, status),
+            "best_val_accuracy": acc if val is None else val,
+            "val_accuracy": acc if val is None else val,
+            "test_accuracy": acc,
+            "selected_step": flat["max_steps"],
             "final_test_accuracy": acc,
-            "best_test_accuracy": acc if best is None else best,
+            "best_test_accuracy": acc,
             "total_params": total,
             "trainable_params": trainable,
             "n_layer": layers,
@@ -50,8 +57,9 @@ def write(writer, tid, acc, *, status="completed", best=None, hit=None, **config
     if hit is not None:
         keys = ("task", "model", "init", "finetune", "lr", "batch_size", "seed")
         curve = [
-            {"step": s, "test_accuracy": 0.95 if hit and s >= hit else 0.5, "train_loss": 1.0}
+            {"step": s, "val_accuracy": a, "test_accuracy": a, "train_loss": 1.0}
             for s in range(100, flat["max_steps"] + 1, 100)
+            for a in [0.95 if hit and s >= hit else 0.5]
         ]
         writer.write_curve(tid, [{**r, **{k: flat[k] for k in keys}} for r in curve])
 
@@ -76,22 +84,23 @@ def build_results(root) -> None:
     write(main, "xor-full-0", 0.9, finetune="full")
     write(main, "xor-full-1", 1.0, finetune="full", seed=1)
     search = ResultsWriter(root, "lr_search")  # an LR search: its own length (500 steps)
-    arms = {
+    arms = {  # finetune -> lr -> per seed (test accuracy, validation accuracy) at the selection
         "fpt": {
             1e-4: [(0.55, 0.6), (0.65, 0.7)],
             1e-3: [(0.75, 0.8), (0.85, 0.9)],
+            3e-3: [(0.95, 0.7), (0.97, 0.72)],  # the best on test, not on validation
             1e-2: [(0.5, 0.5)] * 2,
         },
         "full": {1e-4: [(0.9, 0.95), (0.96, 0.97)], 1e-3: [(0.6, 0.6), (0.6, 0.6)]},
     }
     for finetune, rates in arms.items():
         for lr, seeds in rates.items():
-            for seed, (final, best) in enumerate(seeds):
+            for seed, (test, val) in enumerate(seeds):
                 write(
                     search,
                     f"lr-{finetune}-{lr:g}-{seed}",
-                    final,
-                    best=best,
+                    test,
+                    val=val,
                     finetune=finetune,
                     lr=lr,
                     seed=seed,
@@ -160,7 +169,7 @@ def test_table2_cells_spread_exclusions_and_published(results):
     assert failed["n"] == 0 and failed["note"] == "all 1 failed" and math.isnan(failed["mean"])
     # the LR search's 1e-3 trials are their own arm (500 steps); its other rates are left out
     search = cell(t2, model="gpt2-tiny", init="pretrained", task="bit-xor", max_steps=500)
-    assert search["mean"] == pytest.approx(80) and t2.attrs["other_lr"] == 4
+    assert search["mean"] == pytest.approx(80) and t2.attrs["other_lr"] == 6
     assert t2.attrs["not_used"] == {"stopped": 1, "failed": 1}
 
     shaped = report.wide(t2)
@@ -173,10 +182,12 @@ def test_table2_cells_spread_exclusions_and_published(results):
     assert published.loc[failed["row"], "mnist"] == "91.7 (ref.)"
 
 
-def test_best_test_accuracy_metric(results):
-    t2 = report.table2_init(results.trials, metric="best_test_accuracy")
+def test_val_accuracy_metric(results):
+    t2 = report.table2_init(results.trials, metric="val_accuracy")
     search = cell(t2, model="gpt2-tiny", init="pretrained", task="bit-xor", max_steps=500)
     assert search["mean"] == pytest.approx(85)
+    with pytest.raises(ConfigError, match="best_test_accuracy"):
+        report.table2_init(results.trials, metric="best_test_accuracy")  # selects on test
 
 
 def test_table1_and_table3_rows(results):
@@ -259,25 +270,43 @@ def test_table8_diverged_marking(results):
     full = cell(t8, finetune="full", max_steps=1000)
     assert full["paper_row"] == "+ both" and full["mean"] == pytest.approx(95)
     assert not full["dagger"]
-    assert t8.attrs["other_lr"] == 6
+    assert t8.attrs["other_lr"] == 8
 
 
-def test_lr_fair_selects_each_arms_best_rate(results):
+def test_lr_fair_selects_each_arms_best_rate_on_validation(results):
     fair = report.lr_fair(results.trials)
     assert len(fair) == 2
     fpt = cell(fair, finetune_label="fpt")
-    assert fpt["best_lr"] == pytest.approx(1e-3) and fpt["n_lrs"] == 3
+    # lr 3e-3 has the best test accuracy (96) but not the best validation accuracy: 1e-3 wins.
+    assert fpt["best_lr"] == pytest.approx(1e-3) and fpt["n_lrs"] == 4
+    assert fpt["n_candidates"] == 4 and fpt["n_seeds"] == 2
     assert fpt["score"] == pytest.approx(85) and fpt["mean"] == pytest.approx(80)
-    assert fpt["gain_over_paper_lr"] == pytest.approx(0)
+    assert fpt["std"] == pytest.approx(math.sqrt(50)) and fpt["n"] == 2
+    assert fpt["ci95"] == pytest.approx(12.706205 * math.sqrt(50) / math.sqrt(2), rel=1e-6)
+    assert fpt["paper_lr_mean"] == pytest.approx(80) and fpt["gain_over_paper_lr"] == 0
     full = cell(fair, finetune_label="full")
     assert full["best_lr"] == pytest.approx(1e-4) and full["score"] == pytest.approx(96)
     assert full["mean"] == pytest.approx(93) and full["paper_lr_mean"] == pytest.approx(60)
+    assert (full["paper_lr_n"], full["paper_lr_std"]) == (2, 0)
     assert full["gain_over_paper_lr"] == pytest.approx(33)
     assert full["n_search_trials"] == 4  # compute of the whole search
     text = tables.lr_text(full)
-    assert "@ lr 0.0001 (best of 2 rates); +33.0 vs lr 0.001" in text
+    assert text == (
+        "93.0 ± 4.2 (n=2, CI ±38.1) @ lr 0.0001 (best of 2 configurations); "
+        "lr 0.001: 60.0 ± 0.0 (n=2, CI ±0.0)"
+    )
     points = report.lr_points(results.trials)
-    assert len(points) == 5 and set(points["n"]) == {2}
+    assert len(points) == 6 and set(points["n"]) == {2} and set(points["n_seeds"]) == {2}
+
+
+def test_lr_fair_names_an_unrun_paper_rate(tmp_path):
+    writer = ResultsWriter(tmp_path, "s")
+    for lr, accuracies in ((1e-4, (0.5, 0.7)), (3e-4, (0.8, 0.9))):
+        for seed, acc in enumerate(accuracies):
+            write(writer, f"t-{lr:g}-{seed}", acc, lr=lr, seed=seed)
+    (row,) = report.lr_fair(load_results(tmp_path).trials).to_dict("records")
+    assert row["best_lr"] == pytest.approx(3e-4) and math.isnan(row["paper_lr_mean"])
+    assert tables.lr_text(row).endswith("(best of 2 configurations); lr 0.001 not run")
 
 
 def test_published_data():
@@ -471,9 +500,9 @@ def test_cli_report_writes_every_table_and_figure(results_dir, tmp_path, capsys)
 def test_cli_report_options_and_errors(results_dir, tmp_path, capsys):
     out = tmp_path / "r"
     args = ["report", str(results_dir), "--out", str(out), "--threshold", "bit-xor=0.99"]
-    assert cli.main([*args, "--metric", "best_test_accuracy", "--no-attention"]) == 0
+    assert cli.main([*args, "--metric", "val_accuracy", "--no-attention"]) == 0
     text = (out / "report.md").read_text()
-    assert "bit-xor 0.99" in text and "`best_test_accuracy`" in text
+    assert "bit-xor 0.99" in text and "`val_accuracy`" in text
     assert cli.main(["report", str(results_dir), "--threshold", "lots"]) == 2
     assert "--threshold: 'lots'" in capsys.readouterr().err
     assert cli.main(["report", str(tmp_path / "empty")]) == 2
@@ -501,3 +530,13 @@ def test_finetune_specs_of_one_setting_are_one_arm(tmp_path):
     write(writer, "b", 0.7, finetune="input+output+ln+pos", seed=1)
     t2 = report.table2_init(load_results(tmp_path).trials)
     assert len(t2) == 1 and t2["n"].iloc[0] == 2 and t2["mean"].iloc[0] == pytest.approx(60)
+
+
+def test_budget_table_sets_budgets_beside_the_papers(results):
+    budgets = tables.budget_table(results.trials).set_index(["task", "init"])
+    xor = budgets.loc[("bit-xor", "pretrained")]
+    assert xor["paper steps (Table 4)"] == 500 and xor["budgets"] == "500, 1,000"
+    assert xor["stop reasons"].startswith("budget ")
+    assert budgets.loc[("bit-memory", "random"), "paper steps (Table 4)"] == 40_000
+    assert budgets.loc[("mnist", "random"), "stop reasons"] == "failed 1"
+    assert list(budgets.index.get_level_values("task"))[:2] == ["bit-memory", "bit-memory"]

@@ -231,7 +231,7 @@ def test_optuna_search_continues_the_same_study(tmp_path):
     assert sorted(trials["lr"]) == sorted(lrs)  # every Optuna trial is one Parquet row
     values = {round(t.params["lr"], 12): t.value for t in study.trials}
     for _, row in trials.iterrows():
-        assert values[round(row["lr"], 12)] == pytest.approx(row["best_test_accuracy"])
+        assert values[round(row["lr"], 12)] == pytest.approx(row["best_val_accuracy"])
 
 
 @pytest.mark.slow

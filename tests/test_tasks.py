@@ -11,6 +11,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from scale_fpt.config import ConfigError, TaskConfig
+from scale_fpt.config import ConfigError, TaskConfig, TrialConfig
 from scale_fpt.tasks import build_task, epoch_indices, task_spec
-from scale_fpt.tasks.base import DataUnavailable
+from scale_fpt.tasks.base import EVAL_SPLITS, DataUnavailable
 from scale_fpt.tasks.homology import AMINO_ACIDS, UNK
 from scale_fpt.tasks.listops import VOCAB, evaluate, tokenize
 
@@ -101,12 +102,13 @@ LRA_TRAIN = [  # LRA's Source strings write the binary parse tree's parentheses
     ("( ( ( [MAX 2 ) ?? ) ] )", 2),
 ]
 LRA_VAL = [("( ( ( [MIN 3 ) 8 ) ] )", 3), ("( ( ( [SM 9 ) 9 ) ] )", 8)]
+LRA_TEST = [("( ( ( [MED 4 ) 6 ) ] )", 5), ("( ( ( [MAX 1 ) 7 ) ] )", 7), ("( ( [MIN 0 ) ] )", 0)]
 
 
 @pytest.fixture(scope="module")
 def lra_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("lra")
-    for name, rows in (("train", LRA_TRAIN), ("val", LRA_VAL), ("test", LRA_VAL)):
+    for name, rows in (("train", LRA_TRAIN), ("val", LRA_VAL), ("test", LRA_TEST)):
         lines = ["Source\tTarget"] + [f"{s}\t{t}" for s, t in rows]
         (root / f"basic_{name}.tsv").write_text("\n".join(lines) + "\n")
     return root
@@ -137,9 +139,11 @@ def tape_dir(tmp_path_factory):
 def configs(mnist_data, cifar_data, lra_dir, tape_dir):
     """One small configuration per task, on the data above."""
     return {
-        "bit-xor": TaskConfig(task="bit-xor", test_batches=2),
-        "bit-memory": TaskConfig(task="bit-memory", test_batches=2),
-        "listops": TaskConfig(task="listops", max_length=64, listops_train_size=50, test_batches=2),
+        "bit-xor": TaskConfig(task="bit-xor", test_batches=2, val_batches=3),
+        "bit-memory": TaskConfig(task="bit-memory", test_batches=2, val_batches=3),
+        "listops": TaskConfig(
+            task="listops", max_length=64, listops_train_size=50, test_batches=2, val_batches=3
+        ),
         "mnist": TaskConfig(task="mnist", data_dir=str(mnist_data[1])),
         "cifar10": TaskConfig(task="cifar10", data_dir=str(cifar_data[1])),
         "cifar10-lra": TaskConfig(task="cifar10-lra", data_dir=str(cifar_data[1])),
@@ -189,17 +193,90 @@ def test_train_batches_are_a_function_of_seed_and_step(configs, name):
     assert not torch.equal(a.x, other.train_batch(5, 4).x)
 
 
+@pytest.mark.parametrize("split", EVAL_SPLITS)
 @pytest.mark.parametrize("name", ALL_TASKS)
-def test_test_set_is_fixed_and_independent_of_trial_seed(configs, name):
+def test_eval_sets_are_fixed_and_independent_of_trial_seed(configs, name, split):
     a, b = build_task(configs[name], seed=0), build_task(configs[name], seed=7)
-    first = list(a.test_batches(3))
-    for batches in (list(a.test_batches(3)), list(b.test_batches(3))):
+    first = list(a.eval_batches(split, 3))
+    for batches in (list(a.eval_batches(split, 3)), list(b.eval_batches(split, 3))):
         assert len(batches) == len(first)
         for x, y in zip(first, batches, strict=True):
             assert torch.equal(x.x, y.x) and torch.equal(x.y, y.y)
     # The batch size only slices the same examples.
-    whole = list(a.test_batches(1000))
+    whole = list(a.eval_batches(split, 1000))
     assert len(whole) == 1 and torch.equal(whole[0].y, torch.cat([t.y for t in first]))
+    if split == "test":
+        for t, u in zip(a.test_batches(3), first, strict=True):
+            assert torch.equal(t.x, u.x)
+
+
+def example_keys(batches) -> list[bytes]:
+    """One hashable key per example: its real tokens (or features) and its targets."""
+    keys = []
+    for b in batches:
+        for i in range(len(b)):
+            x = b.x[i] if b.lengths is None else b.x[i, : b.lengths[i]]
+            keys.append(x.numpy().tobytes() + b"|" + b.y[i].numpy().tobytes())
+    return keys
+
+
+# (validation, test) sizes of the configs above: synthetic sets are chunks of 32; mnist
+# and cifar hold out round(0.1 * n) of their 10 / 12 training images; LRA and TAPE files.
+EVAL_SIZES = {
+    "bit-xor": (96, 64),
+    "bit-memory": (96, 64),
+    "listops": (96, 64),
+    "mnist": (1, 4),
+    "cifar10": (1, 5),
+    "cifar10-lra": (1, 5),
+    "homology": (1, 3),
+}
+
+
+@pytest.mark.parametrize("name", ALL_TASKS)
+def test_validation_is_disjoint_from_test_and_training(configs, name):
+    task = build_task(configs[name], seed=0)
+    assert (task.eval_size("val"), task.eval_size("test")) == EVAL_SIZES[name]
+    val, test = example_keys(task.eval_batches("val", 7)), example_keys(task.test_batches(7))
+    if name == "bit-xor":  # 1024 possible inputs: independent draws, not distinct examples
+        assert val[: len(test)] != test
+        return
+    assert not set(val) & set(test)
+    if name in ("bit-memory", "listops"):
+        return  # training draws fresh examples / a separate generated pool
+    # Real datasets: two epochs of training never read a validation example.
+    n_train = {"homology": len(PROTEINS["train"])}.get(name) or len(task.train_images)
+    if name == "cifar10" or name == "cifar10-lra":  # compare the stored images
+        task = build_task(replace(configs[name], augment=False), seed=0)
+    trained = example_keys(task.train_batch(step, n_train) for step in range(2))
+    assert len(set(trained)) == n_train and not set(val) & set(trained)
+
+
+def test_images_hold_out_a_fixed_slice_of_train(mnist_data):
+    _, path = mnist_data
+    task = build_task(TaskConfig(task="mnist", data_dir=str(path), val_fraction=0.3), 0)
+    other = build_task(TaskConfig(task="mnist", data_dir=str(path), val_fraction=0.3), 5)
+    assert torch.equal(task.train_index, other.train_index)  # the same for every trial seed
+    (val,) = task.eval_batches("val", 100)
+    held_out = sorted(val.y.view(-1).tolist())  # mnist_data labels are the image indices
+    assert len(held_out) == 3 and len(task.train_index) == 7
+    assert sorted(held_out + task.train_index.tolist()) == list(range(10))
+    labels = torch.cat([task.train_batch(s, 7).y.view(-1) for s in range(4)]).tolist()
+    assert set(labels) == set(task.train_index.tolist())
+    limited = TaskConfig(task="mnist", data_dir=str(path), val_fraction=0.3, val_limit=2)
+    assert build_task(limited, 0).eval_size("val") == 2
+
+
+def test_unknown_eval_split_is_named(configs):
+    for name in ("bit-xor", "listops", "mnist", "homology"):
+        with pytest.raises(ValueError, match="unknown evaluation split 'train'; choose from val"):
+            list(build_task(configs[name], 0).eval_batches("train", 4))
+
+
+def test_validation_settings_are_checked():
+    with pytest.raises(ConfigError) as e:
+        TrialConfig.from_flat({"val_batches": 0, "val_limit": -1, "val_fraction": 1.0})
+    assert all(f in str(e.value) for f in ("--val-batches", "--val-limit", "--val-fraction"))
 
 
 def test_unknown_task_is_a_config_error():
@@ -369,13 +446,18 @@ def test_listops_lra_files(lra_dir):
         expected[tuple(tokens[:7])] = target
     assert rows == expected
     assert max(len(t) for t in expected) == 7  # the MIN/MAX row was cut to max_length
-    # "test" is LRA's validation split, in order.
+    # Validation is LRA's basic_val, test its basic_test, each in order.
+    (val,) = task.eval_batches("val", 10)
+    assert val.y.view(-1).tolist() == [3, 8]
+    assert [VOCAB[t] for t in val.x[0, : val.lengths[0]].tolist()] == ["[MIN", "3", "8", "]"]
+    assert val.x.shape == (2, 7)
     (test,) = task.test_batches(10)
-    assert test.y.view(-1).tolist() == [3, 8]
-    assert [VOCAB[t] for t in test.x[0, : test.lengths[0]].tolist()] == ["[MIN", "3", "8", "]"]
-    assert test.x.shape == (2, 7)
-    limited = TaskConfig(task="listops", data_dir=str(lra_dir), max_length=7, test_limit=1)
+    assert test.y.view(-1).tolist() == [5, 7, 0]
+    limited = TaskConfig(
+        task="listops", data_dir=str(lra_dir), max_length=7, test_limit=1, val_limit=1
+    )
     assert build_task(limited, 0).test_size() == 1
+    assert build_task(limited, 0).eval_size("val") == 1
 
 
 # ---------------------------------------------------------------- images
@@ -397,7 +479,7 @@ def expected_tokens(image: np.ndarray, patch: int) -> np.ndarray:
 def test_mnist_tokens(mnist_data):
     (splits, path) = mnist_data
     task = build_task(TaskConfig(task="mnist", data_dir=str(path)), 0)
-    b = task.train_batch(0, 10)
+    b = task.train_batch(0, 9)  # one epoch: the 9 images not held out (image 4 is)
     for x, y in zip(b.x, b.y.view(-1), strict=True):
         image = splits["train"][0][int(y)]  # labels are the indices
         padded = np.pad(image, 2)[:, :, None]  # 28x28 -> 32x32, zeros around
@@ -496,8 +578,9 @@ def test_image_layouts_load_the_same_data(tmp_path, mnist_data, layout):
     splits, _ = mnist_data
     path = write_images(tmp_path / layout, splits, "image", layout)
     task = build_task(TaskConfig(task="mnist", data_dir=str(path)), 0)
-    assert torch.equal(task.train_images[..., 0], torch.from_numpy(splits["train"][0]))
-    assert task.test_labels.tolist() == splits["test"][1].tolist()
+    stored = torch.from_numpy(splits["train"][0])
+    assert torch.equal(task.train_images[..., 0], stored[task.train_index])
+    assert task.eval_sets["test"][1].tolist() == splits["test"][1].tolist()
 
 
 # ---------------------------------------------------------------- homology

@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import hashlib
 import logging
 import math
 import os
@@ -70,7 +71,10 @@ def fused_kernels():
 
     try:
         return load(
-            name="scale_fpt_fused_cpu",
+            # Named by the source's content: checkouts with other kernel sources (branches,
+            # older installs) sharing ~/.cache/torch_extensions each keep their own build
+            # instead of rebuilding over one another.
+            name=f"scale_fpt_fused_cpu_{hashlib.sha1(KERNEL_SOURCE.read_bytes()).hexdigest()[:10]}",
             sources=[str(KERNEL_SOURCE)],
             # -fno-trapping-math lets the compiler vectorise the branch-free selects;
             # -fopenmp makes at::parallel_for parallel. libgomp is not linked in: its symbols

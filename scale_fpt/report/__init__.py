@@ -39,7 +39,9 @@ from scale_fpt.report.figures import (
 )
 from scale_fpt.report.stats import summarize, t_quantile
 from scale_fpt.report.tables import (
+    DEFAULT_METRIC,
     DEFAULT_THRESHOLDS,
+    budget_table,
     lr_fair,
     lr_points,
     table1_full,
@@ -53,11 +55,13 @@ from scale_fpt.report.tables import (
 )
 
 __all__ = [
+    "DEFAULT_METRIC",
     "DEFAULT_THRESHOLDS",
     "all_tables",
     "attention_figure",
     "attention_maps",
     "attention_shares",
+    "budget_table",
     "build_report",
     "learning_curves_figure",
     "load_trial_model",
@@ -89,7 +93,7 @@ def main(args) -> int:
     path = build_report(
         args.results_dir,
         args.out or None,
-        metric=getattr(args, "metric", None) or "final_test_accuracy",
+        metric=getattr(args, "metric", None) or DEFAULT_METRIC,
         thresholds=parse_thresholds(getattr(args, "threshold", None) or []),
         attention_maps=not getattr(args, "no_attention", False),
     )

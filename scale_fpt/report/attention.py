@@ -25,6 +25,7 @@ import torch
 
 from scale_fpt.config import FIELD_TYPES, TrialConfig
 from scale_fpt.loop import weights_file
+from scale_fpt.report.tables import DEFAULT_METRIC
 from scale_fpt.tasks.bits import BitMemory, BitXor
 
 ATTENTION_TASKS = ("bit-xor", "bit-memory")
@@ -156,7 +157,7 @@ def trial_attention(row, results_dir=None, n_examples: int = 32) -> dict:
     }
 
 
-def attention_trials(trials: pd.DataFrame, metric: str = "final_test_accuracy", limit: int = 8):
+def attention_trials(trials: pd.DataFrame, metric: str = DEFAULT_METRIC, limit: int = 8):
     """Bit-task transformer trials with a checkpoint: the best seed (by ``metric``) of each
     arm, at most ``limit``."""
     if trials.empty or "checkpoint" not in trials:

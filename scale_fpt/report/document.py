@@ -196,7 +196,9 @@ def conventions(doc: Document, metric: str, thresholds: dict) -> None:
     doc.bullets(
         [
             f"Accuracy: `{metric}` in percent; a diverged trial counts with its value before "
-            "divergence and its cell is marked † (as in the paper).",
+            "divergence and its cell is marked † (as in the paper). Every choice reads the "
+            "validation split: a trial's step is its evaluation with the best validation "
+            "accuracy (`selected_step`), test accuracy is measured there and never selected on.",
             "Each cell: mean ± sample std over seeds (n-1), n, and the 95% Student-t interval "
             "half-width (CI ±, t(0.975, n-1)·std/√n); n=1 shows no spread.",
             "An arm (cell) is one setting: task, model, weights, init, finetune, LSTM size, lr, "
@@ -209,7 +211,7 @@ def conventions(doc: Document, metric: str, thresholds: dict) -> None:
             "cell says otherwise), same learning rate and, for LSTMs, 3 x 768. Otherwise they "
             "are reference only (ref.), with the reason listed. Training length and batch size "
             "are never matched: the paper trained to convergence.",
-            "Steps to threshold: the first evaluated step whose test accuracy reaches the "
+            "Steps to threshold: the first evaluated step whose validation accuracy reaches the "
             "threshold ("
             + ", ".join(f"{t} {v:.3g}" for t, v in thresholds.items())
             + "; default: 90% of the paper's FPT accuracy). A seed that never reaches it gives "
@@ -362,7 +364,7 @@ def attention_section(doc, out, trials, results_dir, metric, examples: int) -> N
 # --------------------------------------------------------------------------- entry points
 
 
-def all_tables(results, metric: str = "final_test_accuracy", thresholds=None) -> dict:
+def all_tables(results, metric: str = tables.DEFAULT_METRIC, thresholds=None) -> dict:
     """{key: long DataFrame} of every table, computed from ``results`` (``load_results``)."""
     trials, curves = results.trials, results.curves
     return {
@@ -391,7 +393,7 @@ def build_report(
     results_dir: str | Path,
     out: str | Path | None = None,
     *,
-    metric: str = "final_test_accuracy",
+    metric: str = tables.DEFAULT_METRIC,
     thresholds=None,
     attention_maps: bool = True,
     attention_examples: int = 32,
@@ -415,6 +417,16 @@ def build_report(
     trials_section(doc, trials, metric)
     limits = tables.thresholds_for(sorted(set(trials["task"])), thresholds)
     conventions(doc, metric, limits)
+    budgets = tables.budget_table(trials)
+    if not budgets.empty:
+        doc.heading(2, "Budgets")
+        doc.para(
+            "Step budgets (max_steps) and steps taken beside the paper's steps to convergence "
+            "(Table 4: the FPT row for language-pretrained backbones, the random row "
+            "otherwise). A budget below the paper's makes its cells reference only."
+        )
+        doc.table(budgets.set_index(["task", "init"]))
+        budgets.to_csv(out / "tables" / "budgets.csv", index=False)
     computed = all_tables(results, metric, thresholds)
     absent = []
     for key, table in computed.items():

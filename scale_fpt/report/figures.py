@@ -34,7 +34,7 @@ def panels(n: int, width: float = 4.2, height: float = 3.4):
     return fig, axes
 
 
-def scaling_figure(trials: pd.DataFrame, metric: str = "final_test_accuracy"):
+def scaling_figure(trials: pd.DataFrame, metric: str = tables.DEFAULT_METRIC):
     """Accuracy vs total parameters for frozen (fpt) transformers, one line per init."""
     cells = tables.table6_size(trials, metric)
     if cells.empty or not (cells["n"] > 0).any():
@@ -110,8 +110,8 @@ def learning_curves_figure(trials: pd.DataFrame, curves: pd.DataFrame, task: str
     return fig, summary[["task", "arm", "step", "n", "mean", "std"]]
 
 
-def lr_figure(trials: pd.DataFrame, metric: str = "final_test_accuracy"):
-    """Selection score (mean best_test_accuracy over seeds, %) vs learning rate, per arm of
+def lr_figure(trials: pd.DataFrame, metric: str = tables.DEFAULT_METRIC):
+    """Selection score (mean best_val_accuracy over seeds, %) vs learning rate, per arm of
     the LR searches; the selected rate is starred."""
     points = tables.lr_points(trials, metric)
     if points.empty:

@@ -7,8 +7,11 @@ of display strings. Conventions, shared by every table:
 
 - **Trials used**: status ``completed`` or ``diverged`` with a finite metric. Failed, stopped,
   still running, and diverged-before-the-first-evaluation trials are counted, never averaged.
-- **Metric**: ``final_test_accuracy`` (the last evaluation; for a diverged trial the last
-  one before divergence, as the paper's †) in percent; ``best_test_accuracy`` on request.
+- **Selection on validation, test reported**: a trial's number is ``test_accuracy``, the
+  test accuracy at ``selected_step`` (its evaluation with the best validation accuracy),
+  in percent; ``val_accuracy`` or ``final_test_accuracy`` (the last evaluation; for a
+  diverged trial the last before divergence, as the paper's †) on request. Nothing is
+  chosen on test: best steps, best learning rates and steps to a threshold read validation.
 - **Spread**: mean, sample std (n-1) and the 95% Student-t interval half-width over seeds.
 - **One learning rate per arm** (``fixed_lr``): where an arm was run at several learning
   rates (an LR search), the paper tables keep only the paper's rate (1e-3; 1e-4 homology)
@@ -34,7 +37,11 @@ from scale_fpt.report.published import TASK_COLUMNS, paper_lr
 from scale_fpt.report.stats import summarize
 
 USED_STATUSES = ("completed", "diverged")
-METRICS = ("final_test_accuracy", "best_test_accuracy")
+METRICS = ("test_accuracy", "val_accuracy", "final_test_accuracy")
+"""What a table cell averages (none of them selects on test)."""
+DEFAULT_METRIC = "test_accuracy"
+SELECTION = "best_val_accuracy"
+"""What every choice between candidates (learning rates, batch sizes) maximises."""
 ARM_KEYS = (
     "task",
     "model",
@@ -119,12 +126,15 @@ def model_label(model: str, lstm_width=None, lstm_layers=None) -> str:
     return Path(str(model)).name if "/" in str(model) else str(model)
 
 
-def prepare(trials: pd.DataFrame, metric: str = "final_test_accuracy") -> pd.DataFrame:
+def prepare(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     """Trials with the columns every table uses: ``kind``, ``model_label``, ``init_label``,
     ``finetune_label``, ``value`` (metric in %), ``used`` and ``reason`` (why not used)."""
     if metric not in METRICS:
         raise ConfigError([f"--metric: unknown {metric!r}; choose from {', '.join(METRICS)}"])
     df = trials.copy()
+    for column in (metric, SELECTION):  # results written before the validation split
+        if column not in df:
+            df[column] = math.nan
     df["weights"] = df["weights"].fillna("")
     transformer = df["model"] != "lstm"
     df["lstm_width"] = df["lstm_width"].fillna(0).astype(int).where(~transformer, 0)
@@ -349,7 +359,7 @@ def init_rank(df: pd.DataFrame) -> pd.Series:
     return ranks(df["init_label"], INIT_ORDER)
 
 
-def table1_full(trials: pd.DataFrame, metric: str = "final_test_accuracy") -> pd.DataFrame:
+def table1_full(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     """Table 1: FPT vs fully trained transformer vs fully trained LSTM."""
     return settings_table(
         trials,
@@ -361,7 +371,7 @@ def table1_full(trials: pd.DataFrame, metric: str = "final_test_accuracy") -> pd
     )
 
 
-def table2_init(trials: pd.DataFrame, metric: str = "final_test_accuracy") -> pd.DataFrame:
+def table2_init(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     """Table 2: frozen transformers (finetune fpt) by initialisation, per task."""
     df, dropped = selected(trials, metric, frozen_transformers)
     paper = {s[0]: row for row, s in published.ROW_SETTINGS["T2"].items()}
@@ -381,7 +391,7 @@ def table2_init(trials: pd.DataFrame, metric: str = "final_test_accuracy") -> pd
     )
 
 
-def table3_lstm(trials: pd.DataFrame, metric: str = "final_test_accuracy") -> pd.DataFrame:
+def table3_lstm(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     """Table 3: random frozen transformer vs random frozen LSTM."""
     return settings_table(
         trials,
@@ -413,7 +423,7 @@ def settings_table(trials, table: str, metric: str, title: str, selection: str):
     return annotate(out, title, selection, df, dropped)
 
 
-def table6_size(trials: pd.DataFrame, metric: str = "final_test_accuracy") -> pd.DataFrame:
+def table6_size(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     """Table 6: frozen (fpt) transformers by model size, with total and trained parameter
     counts; one cell per (task, model, init)."""
     df, dropped = selected(trials, metric, frozen_transformers)
@@ -444,7 +454,7 @@ def table6_size(trials: pd.DataFrame, metric: str = "final_test_accuracy") -> pd
     )
 
 
-def table8_finetune(trials: pd.DataFrame, metric: str = "final_test_accuracy") -> pd.DataFrame:
+def table8_finetune(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     """Table 8: fine-tuning more (or less) of a language-pretrained transformer; † marks
     cells where a seed diverged (its value is the accuracy before divergence)."""
     df, dropped = selected(trials, metric, pretrained_transformers)
@@ -478,9 +488,10 @@ def thresholds_for(tasks, thresholds=None) -> dict[str, float]:
 
 
 def steps_to_threshold(curve: pd.DataFrame, threshold: float) -> tuple[float, float]:
-    """(first evaluated step with test_accuracy >= threshold or NaN, last evaluated step)."""
+    """(first evaluated step with val_accuracy >= threshold or NaN, last evaluated step)."""
     curve = curve.sort_values("step")
-    hit = curve.loc[curve["test_accuracy"] >= threshold, "step"]
+    accuracy = curve["val_accuracy"] if "val_accuracy" in curve else pd.Series(dtype=float)
+    hit = curve.loc[accuracy >= threshold, "step"]
     last = float(curve["step"].max()) if len(curve) else math.nan
     return (float(hit.iloc[0]) if len(hit) else math.nan), last
 
@@ -506,12 +517,12 @@ def steps_summary(group: pd.DataFrame) -> dict:
 
 
 def table4_steps(trials: pd.DataFrame, curves: pd.DataFrame, thresholds=None) -> pd.DataFrame:
-    """Table 4: gradient steps until the test accuracy first reaches a threshold, per init of
+    """Table 4: gradient steps until the validation accuracy first reaches a threshold, per init of
     frozen (fpt) transformers, and the speed-up of each init over random (same model, lr,
     batch size). Computed from the learning curves (first evaluated step at or above the
     threshold); a seed that never reaches it is never given a number: its cell reads
     ``>bound`` (mean steps with unreached seeds counted at their last evaluated step)."""
-    df, dropped = selected(trials, "final_test_accuracy", frozen_transformers)
+    df, dropped = selected(trials, DEFAULT_METRIC, frozen_transformers)
     df = df.copy()
     limits = thresholds_for(sorted(set(df["task"])), thresholds)
     by_trial = dict(iter(curves.groupby(["sweep", "trial_id"]))) if len(curves) else {}
@@ -540,7 +551,7 @@ def table4_steps(trials: pd.DataFrame, curves: pd.DataFrame, thresholds=None) ->
     return annotate(
         out,
         "Table 4: gradient steps to reach the threshold accuracy",
-        "transformers with finetune fpt, every init; threshold (test accuracy) "
+        "transformers with finetune fpt, every init; threshold (validation accuracy) "
         + ", ".join(f"{t} {v:.3g}" for t, v in limits.items()),
         df,
         dropped,
@@ -597,13 +608,52 @@ def speedup(base: pd.Series, cell: dict) -> tuple[float, str]:
     return value, f">{value:.3g}x (random not reached)"
 
 
+# --------------------------------------------------------------------------- budgets
+
+
+def paper_steps(task: str, init_label: str) -> float:
+    """The paper's steps to convergence (Table 4) of ``init_label`` on ``task``: the FPT row
+    for language-pretrained backbones, the (slower) random row for every other init; NaN for
+    a task the paper did not run."""
+    row = "FPT" if init_label == "pretrained" else "random"
+    found = published.lookup("T4", row, task)
+    return found["value"] if found else math.nan
+
+
+def budget_table(trials: pd.DataFrame) -> pd.DataFrame:
+    """Per task and init: the paper's steps to convergence beside the step budgets
+    (``max_steps``) the trials had, the steps they took and why they stopped
+    (``stop_reason``: budget, patience, diverged, scheduler, failed)."""
+    df = prepare(trials)
+    records = []
+    for (task, init), group in df.groupby(["task", "init_label"], sort=False):
+        reasons = group.get("stop_reason", pd.Series(dtype=str)).fillna("—").value_counts()
+        records.append(
+            {
+                "task": task,
+                "init": init,
+                "paper steps (Table 4)": paper_steps(task, init),
+                "budgets": ", ".join(f"{int(b):,}" for b in sorted(group["max_steps"].unique())),
+                "steps done": f"{int(group['steps_done'].min()):,}–{int(group['steps_done'].max()):,}",
+                "stop reasons": ", ".join(f"{r} {n}" for r, n in reasons.items()),
+                "trials": len(group),
+            }
+        )
+    if not records:
+        return pd.DataFrame()
+    out = pd.DataFrame(records)
+    out = out.assign(task_rank=out["task"].map(lambda t: rank(t, TASK_COLUMNS)))
+    out = out.assign(init_rank=out["init"].map(lambda i: rank(i, INIT_ORDER)))
+    return out.sort_values(["task_rank", "init_rank"]).drop(columns=["task_rank", "init_rank"])
+
+
 # --------------------------------------------------------------------------- LR-fair
 
 
-def lr_points(trials: pd.DataFrame, metric: str = "final_test_accuracy") -> pd.DataFrame:
+def lr_points(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     """Every candidate (lr, batch size) of every arm run at two or more learning rates: the
-    selection ``score`` (mean ``best_test_accuracy`` over its seeds, %), ``score_std``, and
-    the metric's statistics (``cell_summary``)."""
+    selection ``score`` (mean ``best_val_accuracy`` over its seeds, %), ``score_std``,
+    ``n_seeds``, and the metric's statistics over those seeds (``cell_summary``)."""
     df = prepare(trials, metric)
     keys = list(SEARCH_ARM_KEYS)
     n_lrs = df[df["used"]].groupby(keys, dropna=False)["lr"].nunique()
@@ -618,8 +668,9 @@ def lr_points(trials: pd.DataFrame, metric: str = "final_test_accuracy") -> pd.D
         record["arm"] = (
             f"{first['model_label']} · {first['init_label']} · {first['finetune_label']}"
         )
-        record["score"] = float(used["best_test_accuracy"].mean() * 100)
-        record["score_std"] = float(used["best_test_accuracy"].std() * 100)
+        record["score"] = float(used[SELECTION].mean() * 100)
+        record["score_std"] = float(used[SELECTION].std() * 100)
+        record["n_seeds"] = int(used["seed"].nunique())
         record.update(cell_summary(group))
         records.append(record)
     return pd.DataFrame(records)
@@ -628,18 +679,21 @@ def lr_points(trials: pd.DataFrame, metric: str = "final_test_accuracy") -> pd.D
 LR_SELECTION = (
     "arms (task, model, init, finetune, steps) run at two or more learning rates (LR "
     "searches, whatever the sweep's name); each arm's candidates are its (lr, batch size) "
-    "pairs, and the best is the one with the highest mean best_test_accuracy over its seeds"
+    "configurations, each trained for every seed; the best is the one with the highest mean "
+    "best_val_accuracy over its seeds (ties: the lower rate), and the cell reports test "
+    "accuracy at each seed's selected step there"
 )
 
 
-def lr_fair(trials: pd.DataFrame, metric: str = "final_test_accuracy") -> pd.DataFrame:
+def lr_fair(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     """Each arm at its own best learning rate (Rothermel et al. 2021): for every arm run at
-    several rates, the (lr, batch size) with the highest mean ``best_test_accuracy`` over
-    seeds (ties: the lower rate) as ``best_lr``/``batch_size``, the metric's statistics
-    there, and the best candidate at the paper's rate (``paper_lr_mean``) when it was run.
+    several rates, the (lr, batch size) with the highest mean ``best_val_accuracy`` over
+    seeds (ties: the lower rate) as ``best_lr``/``batch_size``; the metric's mean, std and
+    95% interval over the seeds there (``n``); the best configuration at the paper's rate
+    beside it (``paper_lr_mean``/``_std``/``_ci95``/``_n``, NaN when that rate was not run);
+    and how many configurations were tried (``n_candidates``).
 
-    The selection uses the test set (the bit tasks have no other split), so every arm's
-    number is optimistic alike; the comparison between arms is what this table is for."""
+    Selection reads validation only; the reported test accuracies were never chosen on."""
     points = lr_points(trials, metric)
     df = prepare(trials, metric)
     title = "LR-fair comparison: every arm at its own best learning rate"
@@ -649,8 +703,8 @@ def lr_fair(trials: pd.DataFrame, metric: str = "final_test_accuracy") -> pd.Dat
     for _, group in points.groupby(list(SEARCH_ARM_KEYS), dropna=False, sort=False):
         group = group.sort_values(["lr", "batch_size"]).reset_index(drop=True)
         best = group.loc[group["score"].idxmax()].to_dict()
-        at_paper = group[np.isclose(group["lr"], paper_lr(best["task"]), rtol=1e-6, atol=0)]
-        paper_mean = at_paper.loc[at_paper["score"].idxmax(), "mean"] if len(at_paper) else math.nan
+        at_paper = group[np.isclose(group["lr"], paper_lr(best["task"]), rtol=1e-9, atol=0)]
+        paper = at_paper.loc[at_paper["score"].idxmax()] if len(at_paper) else None
         search = points.loc[group_index(points, best)]
         best.update(
             wall_time_s=float(search["wall_time_s"].sum()),
@@ -669,8 +723,11 @@ def lr_fair(trials: pd.DataFrame, metric: str = "final_test_accuracy") -> pd.Dat
             n_lrs=group["lr"].nunique(),
             n_candidates=len(group),
             batch_sizes=",".join(str(int(b)) for b in sorted(group["batch_size"].unique())),
-            paper_lr_mean=paper_mean,
-            gain_over_paper_lr=best["mean"] - paper_mean,
+            **{
+                f"paper_lr_{k}": math.nan if paper is None else paper[k]
+                for k in ("mean", "std", "ci95", "n", "batch_size", "score")
+            },
+            gain_over_paper_lr=best["mean"] - (math.nan if paper is None else paper["mean"]),
         )
         records.append(best)
     out = pd.DataFrame(records)
@@ -690,15 +747,22 @@ def group_index(points: pd.DataFrame, arm: dict) -> pd.Series:
 
 
 def lr_text(cell) -> str:
-    """'85.0 ± 7.1 (n=2, CI ±63.5) @ lr 0.001 (best of 3 rates); +0.0 vs lr 0.001'."""
+    """'85.0 ± 7.1 (n=2, CI ±63.5) @ lr 0.001 (best of 3 configurations); lr 0.001:
+    85.0 ± 7.1 (n=2, CI ±63.5)'."""
     if not cell["n"]:
         return f"— {cell['note']}"
     text = cell_text(cell) + f" @ lr {cell['best_lr']:.3g}"
     if "," in str(cell.get("batch_sizes", "")):
         text += f", bs {int(cell['batch_size'])}"
-    text += f" (best of {int(cell['n_lrs'])} rates)"
-    if np.isfinite(cell.get("gain_over_paper_lr", math.nan)):
-        text += f"; {cell['gain_over_paper_lr']:+.1f} vs lr {paper_lr(cell['task']):g}"
+    text += f" (best of {int(cell['n_candidates'])} configurations)"
+    paper = {
+        "n": count({"n": cell.get("paper_lr_n")}),
+        **{k: cell.get(f"paper_lr_{k}", math.nan) for k in ("mean", "std", "ci95")},
+    }
+    if paper["n"]:
+        text += f"; lr {paper_lr(cell['task']):g}: {cell_text(paper)}"
+    else:
+        text += f"; lr {paper_lr(cell['task']):g} not run"
     return text
 
 

@@ -1,4 +1,9 @@
-"""What every task provides: a shape spec, seeded train batches and a fixed test set.
+"""What every task provides: a shape spec, seeded train batches and fixed evaluation sets.
+
+Every task has two evaluation splits (``EVAL_SPLITS``): ``val``, which every selection reads
+(best step, learning rate, early stopping), and ``test``, which is reported at the selected
+point and never selected on. They are disjoint from each other and, for real datasets, from
+the examples training reads; both are the same for every trial seed.
 
 Training data is a pure function of ``(seed, step)``: ``train_batch(step)`` returns the same
 batch whenever it is asked, so a trial resumed from a checkpoint at step s sees exactly the
@@ -15,6 +20,30 @@ import torch
 
 from scale_fpt.config import ConfigError, TaskConfig
 from scale_fpt.seeding import seed_streams
+
+EVAL_SPLITS = ("val", "test")
+"""Evaluation splits: ``val`` selects, ``test`` is reported at the selected point."""
+
+
+def check_split(split: str) -> str:
+    """``split`` if it is one of EVAL_SPLITS; ValueError naming the choices otherwise."""
+    if split not in EVAL_SPLITS:
+        raise ValueError(
+            f"unknown evaluation split {split!r}; choose from {', '.join(EVAL_SPLITS)}"
+        )
+    return split
+
+
+def synthetic_eval_set(config: TaskConfig, split: str) -> tuple[int, int]:
+    """(seed, number of chunks) of the fixed generated ``split`` of a synthetic task."""
+    if check_split(split) == "val":
+        return config.val_seed, config.val_batches
+    return config.test_seed, config.test_batches
+
+
+def eval_limit(config: TaskConfig, split: str) -> int:
+    """Real datasets: evaluate on the first this many examples of ``split`` (0 = all)."""
+    return config.val_limit if check_split(split) == "val" else config.test_limit
 
 
 class DataUnavailable(ConfigError):
@@ -101,9 +130,18 @@ class Task(ABC):
         """The training batch of ``step``; a pure function of (data_seed, step, batch_size)."""
 
     @abstractmethod
+    def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:
+        """The fixed evaluation set ``split`` (one of EVAL_SPLITS; the same for every trial
+        and every call), in batches of at most ``batch_size``."""
+
     def test_batches(self, batch_size: int) -> Iterator[Batch]:
-        """The fixed test set (same for every trial and every call), in batches."""
+        """The fixed test set, in batches (``eval_batches("test", batch_size)``)."""
+        return self.eval_batches("test", batch_size)
+
+    def eval_size(self, split: str) -> int:
+        """Number of examples in the evaluation set ``split``."""
+        return sum(len(b) for b in self.eval_batches(split, 256))
 
     def test_size(self) -> int:
         """Number of examples in the test set."""
-        return sum(len(b) for b in self.test_batches(256))
+        return self.eval_size("test")

@@ -1,8 +1,11 @@
 """The two synthetic bit tasks: Bit Memory and Bit XOR.
 
-As in the paper, every training batch is fresh random data drawn from (seed, step). The test
-set is drawn the same way but from ``config.test_seed``, once: ``test_batches`` chunks of
-``TEST_CHUNK`` examples, the same for every trial and every evaluation batch size.
+As in the paper, every training batch is fresh random data drawn from (seed, step). The
+validation and test sets are drawn the same way but once, each from its own seed and stream:
+``val_batches`` chunks of ``TEST_CHUNK`` examples from ``config.val_seed`` and
+``test_batches`` chunks from ``config.test_seed``, the same for every trial and every
+evaluation batch size. The draws are independent; Bit XOR has only 1024 distinct inputs, so
+its two sets (and training) hold the same inputs by construction, as in the paper.
 """
 
 from __future__ import annotations
@@ -13,13 +16,15 @@ import torch
 
 from scale_fpt.config import TaskConfig
 from scale_fpt.tasks import split_batch
-from scale_fpt.tasks.base import Batch, Task, TaskSpec, step_generator
+from scale_fpt.tasks.base import Batch, Task, TaskSpec, step_generator, synthetic_eval_set
 
 # step_generator streams (PERMUTATION_STREAM = 1 in scale_fpt.tasks is not used here).
 DATA_STREAM = 0
-TEST_STREAM = 2
+EVAL_STREAMS = {"test": 2, "val": 4}
+"""step_generator stream of each evaluation split (independent draws even for equal seeds)."""
 TEST_CHUNK = 32
-"""Examples per test chunk: the test set holds ``config.test_batches * TEST_CHUNK``."""
+"""Examples per evaluation chunk: the test set holds ``config.test_batches * TEST_CHUNK``,
+the validation set ``config.val_batches * TEST_CHUNK``."""
 
 
 class _FreshRandomTask(Task):
@@ -28,7 +33,7 @@ class _FreshRandomTask(Task):
     def __init__(self, config: TaskConfig, seed: int):
         super().__init__(config, seed)
         self.spec = self.spec_for(config)
-        self._test: Batch | None = None
+        self._eval: dict[str, Batch] = {}
 
     def _sample(self, n: int, g: torch.Generator) -> Batch:
         raise NotImplementedError
@@ -36,14 +41,17 @@ class _FreshRandomTask(Task):
     def train_batch(self, step: int, batch_size: int) -> Batch:
         return self._sample(batch_size, step_generator(self.data_seed, step, DATA_STREAM))
 
-    def test_batches(self, batch_size: int) -> Iterator[Batch]:
-        if self._test is None:
+    def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:
+        if split not in self._eval:
+            seed, n_chunks = synthetic_eval_set(self.config, split)
             chunks = [
-                self._sample(TEST_CHUNK, step_generator(self.config.test_seed, i, TEST_STREAM))
-                for i in range(self.config.test_batches)
+                self._sample(TEST_CHUNK, step_generator(seed, i, EVAL_STREAMS[split]))
+                for i in range(n_chunks)
             ]
-            self._test = Batch(torch.cat([c.x for c in chunks]), torch.cat([c.y for c in chunks]))
-        return split_batch(self._test, batch_size)
+            self._eval[split] = Batch(
+                torch.cat([c.x for c in chunks]), torch.cat([c.y for c in chunks])
+            )
+        return split_batch(self._eval[split], batch_size)
 
 
 class BitXor(_FreshRandomTask):

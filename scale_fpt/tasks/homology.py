@@ -4,8 +4,9 @@ Data from ``config.data_dir`` (or its ``remote_homology/`` subdirectory), per sp
 ``remote_homology_{split}.json`` (a JSON list of records) or, when the ``lmdb`` package is
 installed, TAPE's original ``remote_homology_{split}.lmdb`` (keys ``str(i)``, pickled
 records, and ``num_examples``). Each record has ``primary`` (the sequence) and
-``fold_label``. We train on ``train`` and test on ``test_fold_holdout`` (the hardest of
-TAPE's three test sets: whole folds unseen in training; ``valid`` is not read).
+``fold_label``. We train on ``train``, validate on ``valid`` and test on
+``test_fold_holdout`` (the hardest of TAPE's three test sets: whole folds unseen in
+training). The paper's reference code reports ``valid`` as its "test" accuracy.
 
 Sequences are cut to ``max_length`` (default 1024) and each batch is right-padded to its
 longest sequence: x is (B, T) long with T <= max_length, ``lengths`` the real lengths.
@@ -23,7 +24,7 @@ import torch
 
 from scale_fpt.config import TaskConfig
 from scale_fpt.tasks import epoch_indices
-from scale_fpt.tasks.base import Batch, DataUnavailable, Task, TaskSpec
+from scale_fpt.tasks.base import Batch, DataUnavailable, Task, TaskSpec, check_split, eval_limit
 
 DEFAULT_MAX_LENGTH = 1024
 N_FOLDS = 1195
@@ -33,7 +34,8 @@ codes, U selenocysteine, O pyrrolysine)."""
 VOCAB = ("<pad>", "<unk>", *AMINO_ACIDS)
 """27 tokens: pad=0, unk=1, then the letters (ids 2-26)."""
 PAD, UNK = 0, 1
-TRAIN_SPLIT, TEST_SPLIT = "train", "test_fold_holdout"
+TAPE_SPLITS = {"train": "train", "val": "valid", "test": "test_fold_holdout"}
+"""The TAPE remote-homology split read for training and for each evaluation split."""
 
 # bytes -> token id for all 256 byte values: encoding a sequence is one numpy lookup.
 _ENCODE = np.full(256, UNK, dtype=np.uint8)
@@ -146,20 +148,22 @@ class RemoteHomology(Task):
         super().__init__(config, seed)
         self.spec = self.spec_for(config)
         max_length = self.spec.n_tokens
-        # Find both before reading either, so a missing file fails fast.
-        train_path, test_path = (find_split(config.data_dir, s) for s in (TRAIN_SPLIT, TEST_SPLIT))
-        self._train = load_split(train_path, max_length)
-        x, lengths, y = load_split(test_path, max_length)
-        n = config.test_limit or len(x)
-        self._test = (x[:n], lengths[:n], y[:n])
+        # Find every file before reading any, so a missing one fails fast.
+        paths = {split: find_split(config.data_dir, tape) for split, tape in TAPE_SPLITS.items()}
+        self._train = load_split(paths.pop("train"), max_length)
+        self._eval = {}
+        for split, path in paths.items():
+            x, lengths, y = load_split(path, max_length)
+            n = eval_limit(config, split) or len(x)
+            self._eval[split] = (x[:n], lengths[:n], y[:n])
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
         x, lengths, y = self._train
         indices = epoch_indices(self.data_seed, step, batch_size, len(x))
         return _batch(x[indices], lengths[indices], y[indices])
 
-    def test_batches(self, batch_size: int) -> Iterator[Batch]:
-        x, lengths, y = self._test
+    def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:
+        x, lengths, y = self._eval[check_split(split)]
         for start in range(0, len(x), batch_size):
             rows = slice(start, start + batch_size)
             yield _batch(x[rows], lengths[rows], y[rows])

@@ -33,7 +33,15 @@ from PIL import Image
 
 from scale_fpt.config import TaskConfig
 from scale_fpt.tasks import epoch_indices
-from scale_fpt.tasks.base import Batch, DataUnavailable, Task, TaskSpec, step_generator
+from scale_fpt.tasks.base import (
+    Batch,
+    DataUnavailable,
+    Task,
+    TaskSpec,
+    check_split,
+    eval_limit,
+    step_generator,
+)
 
 HUB_IDS = {"mnist": "ylecun/mnist", "cifar10": "uoft-cs/cifar10", "cifar10-lra": "uoft-cs/cifar10"}
 STORED_SIZE = {"mnist": 28, "cifar10": 32, "cifar10-lra": 32}
@@ -50,6 +58,21 @@ CROP_PADDING = 4
 ROTATION_DEGREES = 10.0
 AUGMENT_STREAM = 3
 """step_generator stream of the augmentation randomness (1 is the epoch permutation)."""
+HOLDOUT_SEED = 0
+"""Seed of the permutation that picks the validation slice of the train split: fixed, so
+every trial holds out the same images (and trains on the same rest)."""
+
+
+def holdout_split(n: int, fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train indices, validation indices) of a train split of ``n`` examples: a fixed random
+    ``fraction`` of them (at least one; at least one left to train on) is held out. Both
+    index tensors are sorted, disjoint and together cover ``range(n)``."""
+    if n < 2:
+        raise DataUnavailable(f"a train split of {n} example(s) cannot spare a validation slice")
+    n_val = min(max(1, round(n * fraction)), n - 1)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(HOLDOUT_SEED))
+    return order[n_val:].sort().values, order[:n_val].sort().values
+
 
 # (source, split, PIL mode) -> (images (N, H, W, C) uint8, labels (N,) long)
 _DECODED: dict[tuple[str, str, str], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -221,10 +244,13 @@ class ImageClassification(Task):
     """mnist, cifar10 or cifar10-lra (``config.task``). x: (B, T, W) float in [0, 1],
     y: (B, 1, 1) class.
 
-    Training reads a per-epoch permutation of the train split (``epoch_indices``); CIFAR
-    training images are augmented (``augment``) when ``config.augment``, with randomness
-    from (seed, step). The test set is the test split in order (its first
-    ``config.test_limit`` images when set), never augmented.
+    The validation set is a fixed slice of the train split (``holdout_split``,
+    ``config.val_fraction`` of it, in train order; its first ``config.val_limit`` when
+    set); training reads a per-epoch permutation of the rest (``epoch_indices``) and never
+    a validation image. CIFAR training images are augmented (``augment``) when
+    ``config.augment``, with randomness from (seed, step). The test set is the test split
+    in order (its first ``config.test_limit`` images when set). Neither evaluation set is
+    augmented.
     """
 
     @classmethod
@@ -246,10 +272,16 @@ class ImageClassification(Task):
         self.spec = self.spec_for(config)
         self.augment = config.augment and config.task != "mnist"
         splits = load_images(config.task, config.data_dir)
-        self.train_images, self.train_labels = splits["train"]
-        test_images, test_labels = splits["test"]
-        n_test = config.test_limit or len(test_images)
-        self.test_images, self.test_labels = test_images[:n_test], test_labels[:n_test]
+        images, labels = splits["train"]
+        train_index, val_index = holdout_split(len(images), config.val_fraction)
+        self.train_images, self.train_labels = images[train_index], labels[train_index]
+        self.train_index = train_index
+        """Positions in the stored train split of the images training reads."""
+        self.eval_sets = {
+            "val": (images[val_index], labels[val_index]),
+            "test": splits["test"],
+        }
+        """Per evaluation split: (images (N, H, W, C) uint8, labels (N,) long)."""
 
     def tokens(self, images: torch.Tensor, g: torch.Generator | None = None) -> torch.Tensor:
         """(B, H, W, C) uint8 images -> (B, T, W) float tokens; augmented when ``g`` is given."""
@@ -269,7 +301,9 @@ class ImageClassification(Task):
         x = self.tokens(self.train_images[indices], g)
         return Batch(x, self.train_labels[indices].view(-1, 1, 1))
 
-    def test_batches(self, batch_size: int) -> Iterator[Batch]:
-        for start in range(0, len(self.test_images), batch_size):
-            rows = slice(start, start + batch_size)
-            yield Batch(self.tokens(self.test_images[rows]), self.test_labels[rows].view(-1, 1, 1))
+    def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:
+        images, labels = self.eval_sets[check_split(split)]
+        n = eval_limit(self.config, split) or len(images)
+        for start in range(0, n, batch_size):
+            rows = slice(start, min(start + batch_size, n))
+            yield Batch(self.tokens(images[rows]), labels[rows].view(-1, 1, 1))

@@ -3,11 +3,13 @@
 
 Two sources:
 
-* ``config.data_dir`` holding the LRA files ``basic_train.tsv`` and ``basic_val.tsv`` (also
-  found in a ``listops-1000/`` subdirectory). We train on ``basic_train`` and, like the
-  paper's reference code, report the *validation* split ``basic_val`` as "test";
-  ``basic_test.tsv`` is not read.
-* otherwise a seeded generator with LRA's grammar (see :func:`sample_expression`).
+* ``config.data_dir`` holding the LRA files ``basic_train.tsv``, ``basic_val.tsv`` and
+  ``basic_test.tsv`` (also found in a ``listops-1000/`` subdirectory): train, validation
+  and test. (The paper's reference code reports ``basic_val`` as its "test" accuracy; here
+  ``basic_val`` selects and ``basic_test`` is the test split, so published ListOps numbers
+  are validation numbers: see ``PREPROCESSING``.)
+* otherwise a seeded generator with LRA's grammar (see :func:`sample_expression`): a
+  training pool, and validation and test sets drawn from ``val_seed`` / ``test_seed``.
 
 Sequences are right-padded (``PAD``) or cut to ``max_length`` tokens (default 512); x is
 (B, max_length) long, ``lengths`` the real lengths, y (B, 1, 1) the value.
@@ -24,7 +26,15 @@ import torch
 
 from scale_fpt.config import ConfigError, TaskConfig
 from scale_fpt.tasks import epoch_indices, split_batch
-from scale_fpt.tasks.base import Batch, DataUnavailable, Task, TaskSpec
+from scale_fpt.tasks.base import (
+    Batch,
+    DataUnavailable,
+    Task,
+    TaskSpec,
+    check_split,
+    eval_limit,
+    synthetic_eval_set,
+)
 
 DEFAULT_MAX_LENGTH = 512
 OPERATORS = ("[MAX", "[MIN", "[MED", "[SM")
@@ -46,7 +56,10 @@ ATTEMPTS = 64
 TRAIN_POOL_SEED = 0
 """The generated training set is the same for every trial, like a real dataset."""
 TEST_CHUNK = 32
-"""Generated test set: ``config.test_batches * TEST_CHUNK`` expressions."""
+"""Generated evaluation sets: ``config.val_batches`` / ``config.test_batches`` times this
+many expressions."""
+LRA_FILES = {"train": "basic_train.tsv", "val": "basic_val.tsv", "test": "basic_test.tsv"}
+"""The LRA ListOps file of each split."""
 
 
 def tokenize(source: str, max_length: int) -> list[int]:
@@ -163,7 +176,7 @@ _GENERATED: dict[tuple, dict[int, tuple[torch.Tensor, int]]] = {}
 def generated_expression(
     split: str, seed: int, index: int, max_depth: int, max_args: int, max_length: int
 ) -> tuple[torch.Tensor, int]:
-    """Expression ``index`` of the generated ``split`` ('train' or 'test') drawn from
+    """Expression ``index`` of the generated ``split`` ('train', 'val' or 'test') drawn from
     ``seed``: (token ids (L,) uint8, value). Each expression has its own random stream, so
     any one is made on demand, in any order, and training generates only what it reads."""
     cache = _GENERATED.setdefault((split, seed, max_depth, max_args, max_length), {})
@@ -221,16 +234,18 @@ def load_lra_split(path: Path, max_length: int) -> tuple[torch.Tensor, torch.Ten
     return _LRA[key]
 
 
-def find_lra_files(data_dir: str) -> tuple[Path, Path]:
-    """(basic_train.tsv, basic_val.tsv) in ``data_dir`` or its ``listops-1000/``."""
+def find_lra_files(data_dir: str) -> dict[str, Path]:
+    """``{split: path}`` of the LRA files (``LRA_FILES``) in ``data_dir`` or its
+    ``listops-1000/``."""
     for folder in (Path(data_dir), Path(data_dir) / "listops-1000"):
-        train, val = folder / "basic_train.tsv", folder / "basic_val.tsv"
-        if train.is_file() and val.is_file():
-            return train, val
+        paths = {split: folder / name for split, name in LRA_FILES.items()}
+        if all(path.is_file() for path in paths.values()):
+            return paths
     raise DataUnavailable(
-        f"listops: LRA ListOps files not found in {data_dir} (expected basic_train.tsv and "
-        "basic_val.tsv, or listops-1000/ with them); download LRA's lra_release listops-1000 "
-        "data and pass --data-dir DIR, or pass no --data-dir to use the generator"
+        f"listops: LRA ListOps files not found in {data_dir} (expected "
+        f"{', '.join(LRA_FILES.values())}, or listops-1000/ with them); download LRA's "
+        "lra_release listops-1000 data and pass --data-dir DIR, or pass no --data-dir to use "
+        "the generator"
     )
 
 
@@ -239,9 +254,10 @@ class ListOps(Task):
 
     Generated data: a fixed training set of ``listops_train_size`` expressions drawn from
     ``TRAIN_POOL_SEED`` (the same for every trial), read in a per-epoch permutation of the
-    trial seed; a test set of ``test_batches * TEST_CHUNK`` expressions drawn from
-    ``test_seed``. With expressions of at least max_length // 4 tokens the two sets share
-    no expression except with negligible probability.
+    trial seed; validation and test sets of ``val_batches`` / ``test_batches`` times
+    ``TEST_CHUNK`` expressions drawn from ``val_seed`` / ``test_seed`` (each split its own
+    random streams). With expressions of at least max_length // 4 tokens the three sets
+    share no expression except with negligible probability.
     """
 
     name = "listops"
@@ -261,10 +277,10 @@ class ListOps(Task):
         super().__init__(config, seed)
         self.spec = self.spec_for(config)
         self.max_length = self.spec.n_tokens
-        self._test: Batch | None = None
+        self._eval: dict[str, Batch] = {}
         if config.data_dir:
-            train_file, self._test_file = find_lra_files(config.data_dir)
-            self._train = load_lra_split(train_file, self.max_length)
+            self._files = find_lra_files(config.data_dir)
+            self._train = load_lra_split(self._files["train"], self.max_length)
             self.n_train = len(self._train[0])
         else:
             if self.max_length < 4:
@@ -293,13 +309,14 @@ class ListOps(Task):
         x, lengths, y = self._train
         return Batch(x[indices].long(), y[indices].view(-1, 1, 1), lengths[indices])
 
-    def test_batches(self, batch_size: int) -> Iterator[Batch]:
-        if self._test is None:
+    def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:
+        if split not in self._eval:
             if self.config.data_dir:
-                x, lengths, y = load_lra_split(self._test_file, self.max_length)
-                n = self.config.test_limit or len(x)
-                self._test = Batch(x[:n].long(), y[:n].view(-1, 1, 1), lengths[:n])
+                x, lengths, y = load_lra_split(self._files[check_split(split)], self.max_length)
+                n = eval_limit(self.config, split) or len(x)
+                self._eval[split] = Batch(x[:n].long(), y[:n].view(-1, 1, 1), lengths[:n])
             else:
-                n = self.config.test_batches * TEST_CHUNK
-                self._test = self._generated_batch("test", self.config.test_seed, list(range(n)))
-        return split_batch(self._test, batch_size)
+                seed, n_chunks = synthetic_eval_set(self.config, split)
+                indices = list(range(n_chunks * TEST_CHUNK))
+                self._eval[split] = self._generated_batch(split, seed, indices)
+        return split_batch(self._eval[split], batch_size)
