@@ -110,7 +110,8 @@ def test_train_prints_summary_writes_parquet_and_repeats_exactly(capsys, tmp_pat
     curves = pd.read_parquet(tmp_path / "a" / "train" / "curves")
     assert set(TRIAL_COLUMNS) <= set(trials.columns)
     assert set(CURVE_COLUMNS) <= set(curves.columns)
-    assert len(trials) == 1 and curves["step"].tolist() == [100, 200]
+    # every --eval-every steps and at the log-spaced 150 (--log-evals is on by default)
+    assert len(trials) == 1 and curves["step"].tolist() == [100, 150, 200]
     row = trials.iloc[0]
     assert row["trial_id"] == summary["trial_id"] and row["sweep"] == "train"
     assert (row["task"], row["model"], row["init"], row["finetune"]) == (

@@ -149,7 +149,7 @@ def test_killed_driver_resume_matches_uninterrupted_sweep(tmp_path):
     """SIGKILL the driver (and its local Ray) mid-sweep; --resume finishes it; the Parquet
     output equals an uninterrupted sweep's, every trial once and every (trial, step) once."""
     flags = ["--tasks", "bit-xor", "--inits", "random", "--seeds", "0,1,2", "--steps", "300"]
-    flags += ["--set", "eval_every=100", "--set", "test_batches=2"]
+    flags += ["--set", "eval_every=100", "--set", "test_batches=2", "--set", "log_evals=false"]
     flags += ["--max-concurrent", "1", "--name", "kill"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 

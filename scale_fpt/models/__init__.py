@@ -50,18 +50,23 @@ def build_model(
     else:
         backbone, d_model, n_positions = build_backbone(model_config, seed, attn_implementation)
         n_layer = backbone.config.num_hidden_layers
-    if n_positions is not None and spec.n_tokens > n_positions:
-        raise ConfigError(
-            [
-                f"--task {config.task.task}: sequences of {spec.n_tokens} tokens exceed the "
-                f"{n_positions} positions of {model_config.model}; lower --max-length or pick "
-                "a model with more positions"
-            ]
-        )
+    check_positions(config, spec, n_positions)
     module = build_heads(spec, d_model, seed)
     module.backbone = backbone
     trained = freeze(module, config.train.finetune)
     return BuiltModel(module, trained, group_counts(module), n_layer, d_model)
+
+
+def check_positions(config: TrialConfig, spec: TaskSpec, n_positions: int | None) -> None:
+    """ConfigError when the task's sequences are longer than the backbone's positions."""
+    if n_positions is not None and spec.n_tokens > n_positions:
+        raise ConfigError(
+            [
+                f"--task {config.task.task}: sequences of {spec.n_tokens} tokens exceed the "
+                f"{n_positions} positions of {config.model.model}; lower --max-length or pick "
+                "a model with more positions"
+            ]
+        )
 
 
 def build_heads(spec: TaskSpec, d_model: int, seed: int) -> FPT:
@@ -73,4 +78,4 @@ def build_heads(spec: TaskSpec, d_model: int, seed: int) -> FPT:
     return FPT(spec, nn.Identity(), d_model)
 
 
-__all__ = ["FPT", "BuiltModel", "build_heads", "build_model"]
+__all__ = ["FPT", "BuiltModel", "build_heads", "build_model", "check_positions"]

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from scale_fpt.config import ConfigError, TrialConfig, parse_finetune
-from scale_fpt.models import build_heads, ops
+from scale_fpt.models import build_heads, check_positions, ops
 from scale_fpt.models.backbones import build_backbone
 from scale_fpt.models.packed import PARAM_GROUPS, PackedFPT
 from scale_fpt.packing import cohort_problems
@@ -59,13 +59,7 @@ class CohortStep:
         self.dtype = DTYPES[first.train.precision]
         spec = task.spec
         backbone, d_model, n_positions = build_backbone(first.model, first.train.seed)
-        if spec.n_tokens > n_positions:
-            raise ConfigError(
-                [
-                    f"--task {first.task.task}: sequences of {spec.n_tokens} tokens exceed the "
-                    f"{n_positions} positions of {first.model.model}"
-                ]
-            )
+        check_positions(first, spec, n_positions)
         heads = [build_heads(spec, d_model, c.train.seed) for c in configs]
         self.model = PackedFPT(
             backbone, spec, heads, spec.n_tokens, dtype=self.dtype, device=self.device
