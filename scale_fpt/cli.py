@@ -274,6 +274,9 @@ def plan(config: TrialConfig) -> int:
     print(f"{'all':<10}{trainable:>16,}{total - trainable:>16,}{total:>16,}")
     print(f"trained groups: {'+'.join(built.trained_groups)} ({100 * trainable / total:.3f}%)")
     print(f"sequence: {spec.n_tokens} tokens; batch {train.batch_size}")
+    if "pos" in built.counts and built.d_model:
+        rows = built.counts["pos"]["total"] // built.d_model
+        print(f"positions: the task's {min(spec.n_tokens, rows)} of the table's {rows} rows train")
     print(
         f"FLOPs per training step: {train_flops:.3e}; per evaluation batch of the same size: {eval_flops:.3e}"
     )

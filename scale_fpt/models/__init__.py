@@ -63,7 +63,7 @@ def build_model(
     torch.manual_seed(seed_streams(seed).heads)
     module = FPT(spec, backbone, d_model)
     trained = freeze(module, config.train.finetune)
-    return BuiltModel(module, trained, group_counts(module), n_layer, d_model)
+    return BuiltModel(module, trained, group_counts(module, spec.n_tokens), n_layer, d_model)
 
 
 __all__ = ["FPT", "BuiltModel", "build_model"]
