@@ -43,6 +43,7 @@ def write(writer, tid, acc, *, status="completed", val=None, hit=None, **config)
             "val_accuracy": acc if val is None else val,
             "test_accuracy": acc,
             "selected_step": flat["max_steps"],
+            "steps_to_threshold": hit or None,
             "final_test_accuracy": acc,
             "best_test_accuracy": acc,
             "total_params": total,
@@ -143,6 +144,24 @@ def test_t_quantile_and_summary():
     one = report.summarize([0.9])
     assert one["n"] == 1 and one["mean"] == 0.9 and math.isnan(one["std"])
     assert report.summarize([])["n"] == 0
+
+
+def test_welch_difference_interval():
+    # a = 1, 2, 3 (var 1), b = 4, 6, 8 (var 4): se = sqrt(1/3 + 4/3), Welch df = 50/17, and
+    # t(0.975, 50/17) * se = 4.1553995031825 (scipy.stats.t.ppf gives the same to 1e-12).
+    d = report.welch_difference([1, 2, 3], [4, 6, 8, float("nan")])
+    assert (d["n_a"], d["n_b"], d["diff"]) == (3, 3, -4.0)
+    assert d["se"] == pytest.approx(math.sqrt(5 / 3), abs=1e-12)
+    assert d["df"] == pytest.approx(50 / 17, abs=1e-12)
+    assert d["ci95"] == pytest.approx(4.1553995031825, abs=1e-9)
+    assert (d["ci_low"], d["ci_high"]) == (pytest.approx(-8.1553995), pytest.approx(0.1553995))
+    # Equal group variances and sizes: Welch's df is the pooled 2n - 2.
+    equal = report.welch_difference([0.9, 1.0, 1.1], [0.4, 0.5, 0.6])
+    assert equal["df"] == pytest.approx(4) and equal["diff"] == pytest.approx(0.5)
+    assert equal["ci95"] == pytest.approx(2.776445 * math.sqrt(2 * 0.01 / 3), abs=1e-6)
+    flat = report.welch_difference([1.0, 1.0], [0.5, 0.5])
+    assert flat["diff"] == 0.5 and flat["ci95"] == 0 and math.isnan(flat["df"])
+    assert math.isnan(report.welch_difference([1.0], [0.5, 0.6])["ci95"])
 
 
 # --------------------------------------------------------------------------- paper tables
@@ -533,3 +552,22 @@ def test_budget_table_sets_budgets_beside_the_papers(results):
     assert budgets.loc[("bit-memory", "random"), "paper steps (Table 4)"] == 40_000
     assert budgets.loc[("mnist", "random"), "stop reasons"] == "failed 1"
     assert list(budgets.index.get_level_values("task"))[:2] == ["bit-memory", "bit-memory"]
+
+
+def test_init_difference_with_welch_intervals(results):
+    diffs = tables.init_difference(results.trials)
+    xor = cell(diffs, task="bit-xor", model="gpt2-tiny", max_steps=1000)
+    # accuracy 60 vs 50 (each std 10, n=3): Welch df 4, t(0.975, 4) = 2.776445
+    assert (xor["n_pretrained"], xor["n_random"]) == (3, 3)
+    assert xor["accuracy_diff"] == pytest.approx(10)
+    assert xor["accuracy_ci95"] == pytest.approx(2.776445 * math.sqrt(200 / 3), abs=1e-4)
+    # steps 100/200/300 vs 400/800/600: the a/b example of test_welch_difference_interval x 100
+    assert xor["steps_diff"] == pytest.approx(-400)
+    assert xor["steps_ci95"] == pytest.approx(415.53995031825, abs=1e-6)
+    assert tables.difference_text(xor) == (
+        "pretrained - random: accuracy +10.0 pp [95% CI -12.7, +32.7] (n=3 vs 3); "
+        "steps to threshold -400 [95% CI -816, +16]"
+    )
+    memory = cell(diffs, task="bit-memory")
+    assert math.isnan(memory["accuracy_ci95"]) and math.isnan(memory["steps_diff"])
+    assert memory["steps_note"].startswith("threshold reached by 1/1 pretrained and 0/1 random")
