@@ -9,6 +9,7 @@ exits with code 2 and one message, never a traceback, and writes nothing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import sys
@@ -254,6 +255,7 @@ def plan(config: TrialConfig) -> int:
     from scale_fpt import scaling
     from scale_fpt.models import build_model
     from scale_fpt.tasks import task_spec
+    from scale_fpt.tasks.preprocessing import preprocessing
     from scale_fpt.trial import step_flops
 
     spec = task_spec(config.task)
@@ -283,6 +285,11 @@ def plan(config: TrialConfig) -> int:
     print(
         f"memory: weights+grads+Adam {memory / 2**20:,.1f} MiB, activations ~{activations / 2**20:,.1f} MiB"
     )
+    aspects = preprocessing(config)
+    print(f"preprocessing of {config.task.task} (* = differs from what the paper's numbers used):")
+    for a in aspects:
+        mark = " " if a.as_published else "*"
+        print(f"{mark} {a.name}: {a.here} | paper: {a.paper} | reference code: {a.reference}")
     summary = {
         "groups": built.counts,
         "trainable_params": trainable,
@@ -291,6 +298,7 @@ def plan(config: TrialConfig) -> int:
         "train_flops_per_step": train_flops,
         "state_bytes": memory,
         "activation_bytes": activations,
+        "preprocessing": [dataclasses.asdict(a) for a in aspects],
     }
     print(json.dumps(summary))
     return 0

@@ -62,7 +62,7 @@ from torch import nn
 from scale_fpt.config import ConfigError, TrialConfig, parse_finetune
 from scale_fpt.models import BuiltModel, build_model, ops
 from scale_fpt.models.backbones import build_backbone, load_architecture
-from scale_fpt.models.fpt import FPT
+from scale_fpt.models.fpt import FPT, input_dropout_p
 from scale_fpt.seeding import seed_streams
 from scale_fpt.tasks import build_task
 from scale_fpt.tasks.base import Batch, Task, TaskSpec
@@ -229,6 +229,7 @@ class PackedFPT(nn.Module):
         self.spec, self.K, self.dtype = spec, len(heads), dtype
         self.d, self.n_layer, self.n_head = config.n_embd, config.n_layer, config.n_head
         self.eps = config.layer_norm_epsilon
+        self.input_p = heads[0].input_p  # dropout after a linear input layer (one per cohort)
         self.embd_p, self.resid_p, self.attn_p = (
             config.embd_pdrop,
             config.resid_pdrop,
@@ -314,6 +315,7 @@ class PackedFPT(nn.Module):
                 x.reshape(Ka, B * T, x.shape[-1]).to(self.dtype),
                 p["input_weight"].transpose(1, 2),
             ).view(Ka, B, T, d)
+            h = ops.dropout(h, self.input_p, self.training)
         h = ops.dropout(h + p["wpe"][:, None, :T], self.embd_p, self.training)
         h = h.reshape(Ka, B * T, d)
         k = spec.n_predicting_tokens
@@ -545,7 +547,7 @@ class Cohort:
         heads = []
         for config in configs:
             torch.manual_seed(seed_streams(config.train.seed).heads)  # as build_model
-            heads.append(FPT(spec, nn.Identity(), d_model))
+            heads.append(FPT(spec, nn.Identity(), d_model, input_dropout_p(first.model, spec)))
         self.model = PackedFPT(
             backbone, spec, heads, spec.n_tokens, dtype=self.dtype, device=self.device
         )

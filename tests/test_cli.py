@@ -272,6 +272,10 @@ def test_plan_counts_match_formulas_without_network(capsys, no_network):
     assert summary["total_params"] == sum(totals.values())
     assert summary["trainable_params"] == sum(trained[g] for g in fpt) == 132_874
     assert summary["n_tokens"] == 64
+    split = [a for a in summary["preprocessing"] if a["name"] == "split"]
+    assert not split[0]["as_published"] and "validation slice" in split[0]["here"]
+    assert "* split: train minus a fixed 10% validation slice" in out
+    assert "  augmentation: crop (pad 4), flip, rotation ±20°" in out
     assert no_network == []
 
 

@@ -477,3 +477,16 @@ def test_last_tokens_picks_real_rows():
     assert torch.equal(picked[1], hidden[1, 1:3])
     one = last_tokens(hidden, 1, torch.tensor([1, 5]))
     assert torch.equal(one[:, 0], torch.stack([hidden[0, 0], hidden[1, 4]]))
+
+
+def test_dropout_after_a_linear_input_layer_only():
+    xor = build(task="bit-xor", model="gpt2-tiny", init="random", dropout=0.5)
+    off = build(task="bit-xor", model="gpt2-tiny", init="random", input_dropout=False)
+    assert (xor.module.input_p, off.module.input_p) == (0.5, 0.0)
+    assert build(task="listops", model="gpt2-tiny", init="random").module.input_p == 0.0
+    x = torch.ones(4, 10, 1)
+    for built in (xor, off):
+        built.module.train()
+        built.module.backbone.eval()  # only the input dropout draws masks now
+    assert not torch.equal(xor.module.hidden(x)[0], xor.module.hidden(x)[0])
+    assert torch.equal(off.module.hidden(x)[0], off.module.hidden(x)[0])

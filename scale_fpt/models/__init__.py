@@ -9,7 +9,7 @@ from torch import nn
 
 from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.models.backbones import build_backbone
-from scale_fpt.models.fpt import FPT, LSTMBackbone
+from scale_fpt.models.fpt import FPT, LSTMBackbone, input_dropout_p
 from scale_fpt.models.groups import freeze, group_counts
 from scale_fpt.seeding import seed_streams
 from scale_fpt.tasks.base import TaskSpec
@@ -61,7 +61,7 @@ def build_model(
     # The heads have their own stream, so changing only the backbone (pretrained vs random)
     # leaves the input/output initialisation identical.
     torch.manual_seed(seed_streams(seed).heads)
-    module = FPT(spec, backbone, d_model)
+    module = FPT(spec, backbone, d_model, input_dropout_p(model_config, spec))
     trained = freeze(module, config.train.finetune)
     return BuiltModel(module, trained, group_counts(module, spec.n_tokens), n_layer, d_model)
 
