@@ -310,9 +310,9 @@ def figures_section(doc, out, trials, curves, t4, metric) -> None:
             save_figure(doc, out, "steps", fig, data, "Steps to the threshold accuracy")
 
 
-def attention_section(doc, out, trials, results_dir, metric, examples: int) -> None:
+def attention_section(doc, out, trials, results_dir, examples: int) -> None:
     doc.heading(2, "Attention maps (bit tasks)")
-    chosen = attention.attention_trials(trials, metric)
+    chosen = attention.attention_trials(trials)
     if chosen.empty:
         doc.para(
             "No bit-xor / bit-memory transformer trial with a saved checkpoint in these results."
@@ -324,7 +324,7 @@ def attention_section(doc, out, trials, results_dir, metric, examples: int) -> N
         "attention mass an output token puts on the inputs its answer depends on (bit-xor: "
         "output 5+i on inputs i and 5+i; bit-memory: query 100+j on j, 20+j, 40+j, 60+j, 80+j); "
         "uniform = the share uniform attention over the causal prefix would give. One trial "
-        "per arm (its best seed)."
+        "per arm (its seed with the best validation accuracy)."
     )
     for row in chosen.to_dict("records"):
         name = (
@@ -454,7 +454,7 @@ def build_report(
         doc.bullets(absent)
     figures_section(doc, out, trials, curves, computed["T4"], metric)
     if attention_maps:
-        attention_section(doc, out, trials, results_dir, metric, attention_examples)
+        attention_section(doc, out, trials, results_dir, attention_examples)
     (out / "report.md").write_text(doc.markdown())
     (out / "report.html").write_text(doc.html())
     return out / "report.md"
