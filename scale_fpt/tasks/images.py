@@ -2,7 +2,7 @@
 
 | task | stored | fed as | tokens x width |
 |---|---|---|---|
-| mnist | 28x28 grey | zero-padded by 2 to 32x32, 4x4 patches | 64 x 16 |
+| mnist | 28x28 grey | 4x4 patches (``mnist_tokens=64``: zero-padded by 2 to 32x32 first) | 49 x 16 (64 x 16) |
 | cifar10 | 32x32 RGB | 4x4 patches | 64 x 48 |
 | cifar10-lra | 32x32 RGB | greyscale, 1x1 patches (pixels) | 1024 x 1 |
 
