@@ -581,7 +581,10 @@ def test_init_difference_with_welch_intervals(results):
     )
     memory = cell(diffs, task="bit-memory")
     assert math.isnan(memory["accuracy_ci95"]) and math.isnan(memory["steps_diff"])
-    assert memory["steps_note"].startswith("threshold reached by 1/1 pretrained and 0/1 random")
+    assert memory["steps_note"] == (
+        "threshold reached by 1/1 pretrained and 0/1 random seeds: pretrained - random < -500 "
+        "steps (unreached seeds at their last step)"
+    )
 
 
 def test_preprocessing_table_lists_each_tasks_choices(results):

@@ -730,8 +730,9 @@ def init_difference(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.Da
     """Language-pretrained minus random init, per task and setting (same model, trained
     groups, lr, batch size, budget): the difference of mean accuracy (percentage points) and
     of mean steps to the accuracy threshold (``steps_to_threshold``), each with Welch's 95%
-    interval over the seeds of the two arms. Steps are compared only when every seed of both
-    arms reached the threshold (``steps_note`` says how many did otherwise)."""
+    interval over the seeds of the two arms. Steps get an interval only when every seed of both
+    arms reached the threshold; otherwise ``steps_note`` says how many did and bounds the
+    difference, counting each unreached seed at its last step (``steps_done``)."""
     df = prepare(trials, metric)
     df = df[df["used"] & df["init_label"].isin(("pretrained", "random"))]
     records = []
@@ -759,13 +760,29 @@ def init_difference(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.Da
                 },
                 "steps_pretrained": float(steps["pretrained"].mean()),
                 "steps_random": float(steps["random"].mean()),
-                "steps_note": ""
-                if all_reached
-                else f"threshold reached by {reached['pretrained']}/{len(pre)} pretrained and "
-                f"{reached['random']}/{len(rnd)} random seeds: no difference computed",
+                "steps_note": "" if all_reached else steps_bound(arms, steps, reached),
             }
         )
     return pd.DataFrame(records)
+
+
+def steps_bound(arms: dict, steps: dict, reached: dict) -> str:
+    """What can be said of steps to threshold when some seed never reached it: how many did,
+    and, when every pretrained seed did, an upper bound on pretrained - random (unreached
+    random seeds counted at their last step, which they needed more than)."""
+    counts = (
+        f"threshold reached by {reached['pretrained']}/{len(arms['pretrained'])} pretrained "
+        f"and {reached['random']}/{len(arms['random'])} random seeds"
+    )
+    if reached["pretrained"] < len(arms["pretrained"]) or not reached["random"] < len(
+        arms["random"]
+    ):
+        return counts + ": no difference computed"
+    random_bound = steps["random"].fillna(arms["random"]["steps_done"].astype(float)).mean()
+    bound = steps["pretrained"].mean() - random_bound
+    return (
+        counts + f": pretrained - random < {bound:+.0f} steps (unreached seeds at their last step)"
+    )
 
 
 def difference_text(row) -> str:
