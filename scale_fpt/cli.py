@@ -9,6 +9,7 @@ exits with code 2 and one message, never a traceback, and writes nothing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import sys
@@ -258,6 +259,7 @@ def plan(config: TrialConfig) -> int:
     from scale_fpt import scaling
     from scale_fpt.models import build_model
     from scale_fpt.tasks import task_spec
+    from scale_fpt.tasks.preprocessing import preprocessing
     from scale_fpt.trial import step_flops
 
     spec = task_spec(config.task)
@@ -278,12 +280,20 @@ def plan(config: TrialConfig) -> int:
     print(f"{'all':<10}{trainable:>16,}{total - trainable:>16,}{total:>16,}")
     print(f"trained groups: {'+'.join(built.trained_groups)} ({100 * trainable / total:.3f}%)")
     print(f"sequence: {spec.n_tokens} tokens; batch {train.batch_size}")
+    if "pos" in built.counts and built.d_model:
+        rows = built.counts["pos"]["total"] // built.d_model
+        print(f"positions: the task's {min(spec.n_tokens, rows)} of the table's {rows} rows train")
     print(
         f"FLOPs per training step: {train_flops:.3e}; per evaluation batch of the same size: {eval_flops:.3e}"
     )
     print(
         f"memory: weights+grads+Adam {memory / 2**20:,.1f} MiB, activations ~{activations / 2**20:,.1f} MiB"
     )
+    aspects = preprocessing(config)
+    print(f"preprocessing of {config.task.task} (* = differs from what the paper's numbers used):")
+    for a in aspects:
+        mark = " " if a.as_published else "*"
+        print(f"{mark} {a.name}: {a.here} | paper: {a.paper} | reference code: {a.reference}")
     summary = {
         "groups": built.counts,
         "trainable_params": trainable,
@@ -292,6 +302,7 @@ def plan(config: TrialConfig) -> int:
         "train_flops_per_step": train_flops,
         "state_bytes": memory,
         "activation_bytes": activations,
+        "preprocessing": [dataclasses.asdict(a) for a in aspects],
     }
     print(json.dumps(summary))
     return 0

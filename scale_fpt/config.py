@@ -22,6 +22,8 @@ FINETUNE_PRESETS = {"fpt": ("input", "output", "ln", "pos"), "full": GROUPS}
 PRECISIONS = ("fp32", "bf16", "fp16")
 ZERO_STAGES = (0, 1, 2, 3)
 ACCELERATORS = ("auto", "cpu", "cuda")
+MNIST_TOKENS = (49, 64)
+HOMOLOGY_LONG = ("drop", "truncate")
 
 
 class ConfigError(ValueError):
@@ -88,7 +90,16 @@ class TaskConfig:
     listops_train_size: int = 20000
     """Generated ListOps: number of distinct training expressions (LRA has 96k)."""
     augment: bool = True
-    """CIFAR-10: random crop (pad 4), horizontal flip and small rotations while training."""
+    """CIFAR-10: random crop (pad 4), horizontal flip and rotation while training."""
+    rotation_degrees: float = 20.0
+    """CIFAR-10 augmentation: rotations drawn uniformly within ±this many degrees (the
+    reference code's RandomRotation(20); the paper says "small rotations")."""
+    mnist_tokens: int = 49
+    """MNIST: 49 = the 28x28 image as stored, in 4x4 patches (the reference code); 64 = the
+    image zero-padded to 32x32 first (the paper's table counts 64 tokens)."""
+    homology_long: str = "drop"
+    """Homology sequences longer than ``max_length``: ``drop`` them from every split (the
+    reference code; the paper scales its accuracy by the 97.39% kept) or ``truncate`` them."""
     test_batches: int = 25
     """Synthetic tasks (bits, generated ListOps): batches (of 32) in the fixed test set."""
     test_limit: int = 0
@@ -119,6 +130,10 @@ class TaskConfig:
         ):
             if getattr(self, name) < 1:
                 out.append(f"{flag(name)}: must be >= 1, got {getattr(self, name)}")
+        out.append(choice_problem("mnist_tokens", self.mnist_tokens, MNIST_TOKENS))
+        out.append(choice_problem("homology_long", self.homology_long, HOMOLOGY_LONG))
+        if not 0.0 <= self.rotation_degrees <= 180.0:
+            out.append(f"--rotation-degrees: must be in [0, 180], got {self.rotation_degrees}")
         if not 0.0 < self.val_fraction < 1.0:
             out.append(f"--val-fraction: must be in (0, 1), got {self.val_fraction}")
         return [p for p in out if p]
@@ -141,6 +156,9 @@ class ModelConfig:
     ``scale-fpt pretrain`` cached for it, ``language`` (the default) or ``bit-memory``."""
     dropout: float = 0.1
     """Dropout in the backbone (the paper's 0.1)."""
+    input_dropout: bool = True
+    """Dropout (rate ``dropout``) right after a linear input layer, as the reference code's
+    FPT does (an embedding input has none there either); off: the backbone's own only."""
     lstm_width: int = 768
     """``lstm`` only: hidden width of the 3-layer LSTM (the paper's 768)."""
     lstm_layers: int = 3

@@ -225,5 +225,19 @@ def summary_table(sweep) -> str:
     return (
         f"\n{sweep.name}: test accuracy at the step of best validation accuracy, mean ± std "
         f"over seeds (results in {sweep.sweep_dir}; statuses {status})\n{table.to_string()}\n"
+        f"{findings(trials)}"
         f"tables, figures and attention maps: scale-fpt report {sweep.results_dir}\n"
     )
+
+
+def findings(trials) -> str:
+    """One line per task where both inits ran: pretrained minus random, accuracy and steps to
+    the threshold, with Welch 95% intervals over seeds (``report.tables.init_difference``)."""
+    from scale_fpt.report.tables import difference_text, init_difference
+
+    lines = [
+        f"{row['task']} ({row['model']}, {row['finetune_label']}, lr {row['lr']:g}): "
+        + difference_text(row)
+        for row in init_difference(trials).to_dict("records")
+    ]
+    return "".join(line + "\n" for line in lines)

@@ -38,7 +38,10 @@ def local() -> SweepConfig:
         seeds=(0, 1),
         overrides=(
             ({"task": "bit-xor"}, {"max_steps": 1000, "eval_every": 250}),
-            ({"task": "bit-memory"}, {"max_steps": 200, "eval_every": 100, "test_batches": 8}),
+            (
+                {"task": "bit-memory"},
+                {"max_steps": 200, "eval_every": 100, "test_batches": 8, "val_batches": 8},
+            ),
         ),
         max_concurrent=2,
     )

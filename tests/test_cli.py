@@ -268,12 +268,17 @@ def test_plan_counts_match_formulas_without_network(capsys, no_network):
     size = scaling.GPT2_SIZES["gpt2"]
     totals = {**scaling.head_params(size.n_embd, 48, 0, 10), **scaling.gpt2_group_params(size)}
     fpt = ("input", "output", "ln", "pos")
+    trained = {**totals, "pos": 64 * size.n_embd}  # CIFAR-10 uses 64 of the 1024 positions
     assert summary["groups"] == {
-        g: {"total": n, "trainable": n if g in fpt else 0} for g, n in totals.items()
+        g: {"total": n, "trainable": trained[g] if g in fpt else 0} for g, n in totals.items()
     }
     assert summary["total_params"] == sum(totals.values())
-    assert summary["trainable_params"] == sum(totals[g] for g in fpt) == 870_154
+    assert summary["trainable_params"] == sum(trained[g] for g in fpt) == 132_874
     assert summary["n_tokens"] == 64
+    split = [a for a in summary["preprocessing"] if a["name"] == "split"]
+    assert not split[0]["as_published"] and "validation slice" in split[0]["here"]
+    assert "* split: train minus a fixed 10% validation slice" in out
+    assert "  augmentation: crop (pad 4), flip, rotation ±20°" in out
     assert no_network == []
 
 
@@ -281,7 +286,7 @@ def test_plan_of_pretrained_preset_needs_no_weights(capsys):
     # plan reads the architecture only, so a missing local backbone does not matter.
     code, out, _ = run_main(capsys, "plan", "--model", "gpt2-tiny", "--init", "pretrained")
     assert code == 0
-    assert last_json(out)["groups"]["pos"]["trainable"] == 1024 * 128
+    assert last_json(out)["groups"]["pos"] == {"total": 1024 * 128, "trainable": 10 * 128}
 
 
 # ------------------------------------------------------------------ checkpoint and resume

@@ -476,9 +476,19 @@ def expected_tokens(image: np.ndarray, patch: int) -> np.ndarray:
     return tokens
 
 
-def test_mnist_tokens(mnist_data):
+def test_mnist_tokens_as_stored(mnist_data):
     (splits, path) = mnist_data
-    task = build_task(TaskConfig(task="mnist", data_dir=str(path)), 0)
+    task = build_task(TaskConfig(task="mnist", data_dir=str(path)), 0)  # 49: the reference
+    b = task.train_batch(0, 9)
+    assert b.x.shape == (9, 49, 16) and task.spec.n_tokens == 49
+    for x, y in zip(b.x, b.y.view(-1), strict=True):
+        image = splits["train"][0][int(y)][:, :, None]
+        assert torch.allclose(x, torch.from_numpy(expected_tokens(image, 4)))
+
+
+def test_mnist_tokens_padded(mnist_data):
+    (splits, path) = mnist_data
+    task = build_task(TaskConfig(task="mnist", data_dir=str(path), mnist_tokens=64), 0)
     b = task.train_batch(0, 9)  # one epoch: the 9 images not held out (image 4 is)
     for x, y in zip(b.x, b.y.view(-1), strict=True):
         image = splits["train"][0][int(y)]  # labels are the indices
@@ -536,14 +546,13 @@ def test_augmentation(cifar_data, name):
         assert torch.equal(t.x, u.x)
 
 
-def test_augmentation_is_a_shift_flip_and_rotation(monkeypatch):
+def test_augmentation_is_a_shift_flip_and_rotation():
     from scale_fpt.tasks import images
 
     x = torch.rand(64, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     # Without rotation every output is the input shifted by whole pixels (the crop, zeros
     # coming in), maybe mirrored: check it exactly against all 9 * 9 * 2 candidates.
-    monkeypatch.setattr(images, "ROTATION_DEGREES", 0.0)
-    out = images.augment(x, torch.Generator().manual_seed(1))
+    out = images.augment(x, torch.Generator().manual_seed(1), degrees=0.0)
     padded = torch.nn.functional.pad(x, (4, 4, 4, 4))
     seen = set()
     for i in range(len(x)):
@@ -564,8 +573,7 @@ def test_augmentation_is_a_shift_flip_and_rotation(monkeypatch):
         seen.update(matches)
     assert {m[2] for m in seen} == {False, True} and len(seen) > 20
     # With rotation the image is resampled: no longer an exact crop.
-    monkeypatch.setattr(images, "ROTATION_DEGREES", 10.0)
-    rotated = images.augment(x[:1], torch.Generator().manual_seed(1))
+    rotated = images.augment(x[:1], torch.Generator().manual_seed(1), degrees=20.0)
     assert not any(
         torch.allclose(rotated[0], padded[0, :, dy : dy + 32, dx : dx + 32], atol=1e-3)
         for dy in range(9)
@@ -586,8 +594,21 @@ def test_image_layouts_load_the_same_data(tmp_path, mnist_data, layout):
 # ---------------------------------------------------------------- homology
 
 
+def test_homology_drops_sequences_longer_than_max_length(tape_dir):
+    config = TaskConfig(task="homology", data_dir=str(tape_dir), max_length=6)  # the reference
+    task = build_task(config, 0)
+    kept = [(p, f) for p, f in PROTEINS["train"] if len(p) <= 6]
+    b = task.train_batch(0, len(kept))
+    assert sorted(b.y.view(-1).tolist()) == sorted(f for _, f in kept) and len(kept) == 5
+    (test,) = task.test_batches(10)
+    assert test.y.view(-1).tolist() == [6, 0]  # PEPTIDE (7 letters) is dropped
+
+
 def test_homology_json(tape_dir):
-    task = build_task(TaskConfig(task="homology", data_dir=str(tape_dir), max_length=6), 0)
+    config = TaskConfig(
+        task="homology", data_dir=str(tape_dir), max_length=6, homology_long="truncate"
+    )
+    task = build_task(config, 0)
     assert task.spec.vocab_size == 2 + 25 and task.spec.n_classes == 1195
     letter = {a: i + 2 for i, a in enumerate(AMINO_ACIDS)}
     n = len(PROTEINS["train"])
@@ -665,3 +686,42 @@ def test_hub_offline_is_data_unavailable(monkeypatch, tmp_path):
         "mnist: could not load 'ylecun/mnist' from the Hugging Face hub (offline?); pass "
         "--data-dir with a saved copy (datasets save_to_disk directory or Parquet files)"
     )
+
+
+# ---------------------------------------------------------------- preprocessing declared
+
+
+def test_preprocessing_is_declared_beside_paper_and_reference():
+    from scale_fpt.tasks.preprocessing import deviations, preprocessing
+
+    names = ["sequence length", "split", "truncation", "augmentation", "input dropout"]
+    for task in ALL_TASKS:
+        aspects = preprocessing(TrialConfig.from_flat({"task": task}))
+        assert [a.name for a in aspects] == names, task
+        assert all(a.here and a.paper and a.reference for a in aspects)
+
+    def deviating(**flat) -> list[str]:
+        return [d.split(":")[0] for d in deviations(TrialConfig.from_flat(flat))]
+
+    # Defaults follow the reference where the paper is silent; what still differs is declared.
+    assert deviating(task="bit-xor") == []
+    assert deviating(task="mnist") == ["split"]  # the held-out validation slice
+    assert deviating(task="cifar10") == ["split"]
+    assert deviating(task="listops") == ["split", "truncation"]  # generated, not LRA files
+    assert deviating(task="homology") == ["split"]  # TAPE valid is the paper's "test"
+    # The other choice of each flag is a declared deviation.
+    assert deviating(task="mnist", mnist_tokens=64) == ["sequence length", "split"]
+    assert deviating(task="cifar10", rotation_degrees=10.0) == ["split", "augmentation"]
+    assert deviating(task="cifar10", augment=False) == ["split", "augmentation"]
+    assert deviating(task="homology", homology_long="truncate") == ["split", "truncation"]
+    assert deviating(task="bit-memory", input_dropout=False) == ["input dropout"]
+    assert deviating(task="bit-xor", dropout=0.2) == ["input dropout"]
+    assert deviating(task="listops", input_dropout=False) == ["split", "truncation"]
+    (text,) = deviations(TrialConfig.from_flat({"task": "mnist", "mnist_tokens": 64}))[:1]
+    assert text == (
+        "sequence length: 64 tokens x 16 (4x4 patches, padded to 32x32) "
+        "(published: 49 tokens x 16 (28x28 in 4x4 patches))"
+    )
+    with pytest.raises(ConfigError) as e:
+        TrialConfig.from_flat({"mnist_tokens": 50, "homology_long": "cut", "rotation_degrees": -1})
+    assert all(f in str(e.value) for f in ("--mnist-tokens", "--homology-long", "--rotation"))

@@ -9,7 +9,7 @@ from torch import nn
 
 from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.models.backbones import build_backbone
-from scale_fpt.models.fpt import FPT, LSTMBackbone
+from scale_fpt.models.fpt import FPT, LSTMBackbone, input_dropout_p
 from scale_fpt.models.groups import freeze, group_counts
 from scale_fpt.seeding import seed_streams
 from scale_fpt.tasks.base import TaskSpec
@@ -51,10 +51,10 @@ def build_model(
         backbone, d_model, n_positions = build_backbone(model_config, seed, attn_implementation)
         n_layer = backbone.config.num_hidden_layers
     check_positions(config, spec, n_positions)
-    module = build_heads(spec, d_model, seed)
+    module = build_heads(spec, d_model, seed, input_dropout_p(model_config, spec))
     module.backbone = backbone
     trained = freeze(module, config.train.finetune)
-    return BuiltModel(module, trained, group_counts(module), n_layer, d_model)
+    return BuiltModel(module, trained, group_counts(module, spec.n_tokens), n_layer, d_model)
 
 
 def check_positions(config: TrialConfig, spec: TaskSpec, n_positions: int | None) -> None:
@@ -69,13 +69,13 @@ def check_positions(config: TrialConfig, spec: TaskSpec, n_positions: int | None
         )
 
 
-def build_heads(spec: TaskSpec, d_model: int, seed: int) -> FPT:
+def build_heads(spec: TaskSpec, d_model: int, seed: int, input_dropout: float = 0.0) -> FPT:
     """The input and output layers of trial ``seed`` around an empty backbone (``build_model``
     and packed cohorts both initialise heads here, so a packed member starts as it would
     alone). The heads have their own seed stream, so changing only the backbone (pretrained
     vs random) leaves the heads identical."""
     torch.manual_seed(seed_streams(seed).heads)
-    return FPT(spec, nn.Identity(), d_model)
+    return FPT(spec, nn.Identity(), d_model, input_dropout)
 
 
 __all__ = ["FPT", "BuiltModel", "build_heads", "build_model", "check_positions"]

@@ -1,7 +1,8 @@
 """The FPT model: input layer -> (frozen) backbone -> linear output head, as in Lu et al. 2021.
 
 x (B, T, W) or token ids (B, T)
-  -> input: Linear(W, d) (orthogonal, gain 1.41, zero bias) or Embedding(V, d)
+  -> input: Linear(W, d) (orthogonal, gain 1.41, zero bias) then dropout (the reference
+     code's; ``input_dropout``), or Embedding(V, d)
   -> backbone(inputs_embeds) -> hidden (B, T, d)
   -> the last k real tokens (B, k, d)
   -> output: Linear(d, m * C) -> logits (B, k, m, C)
@@ -12,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from scale_fpt.config import ModelConfig
+from scale_fpt.models import ops
 from scale_fpt.tasks.base import TaskSpec
 
 
@@ -26,10 +29,20 @@ class LSTMBackbone(nn.Module):
         return self.lstm(inputs_embeds)[0]
 
 
+def input_dropout_p(config: ModelConfig, spec: TaskSpec) -> float:
+    """Dropout after the input layer: ``dropout`` after a linear input when
+    ``input_dropout`` is on (the reference code), none after an embedding or when off."""
+    return config.dropout if config.input_dropout and not spec.discrete else 0.0
+
+
 class FPT(nn.Module):
-    def __init__(self, spec: TaskSpec, backbone: nn.Module, d_model: int):
+    def __init__(
+        self, spec: TaskSpec, backbone: nn.Module, d_model: int, input_dropout: float = 0.0
+    ):
         super().__init__()
         self.spec = spec
+        self.input_p = input_dropout
+        """Dropout probability right after the input layer (see ``input_dropout_p``)."""
         if spec.discrete:
             self.input = nn.Embedding(spec.vocab_size, d_model)
         else:
@@ -40,7 +53,7 @@ class FPT(nn.Module):
         self.output = nn.Linear(d_model, spec.outputs_per_token * spec.n_classes)
 
     def hidden(self, x: torch.Tensor, output_attentions: bool = False):
-        embeds = self.input(x)  # (B, T, d)
+        embeds = ops.dropout(self.input(x), self.input_p, self.training)  # (B, T, d)
         if isinstance(self.backbone, LSTMBackbone):
             return self.backbone(embeds), None
         out = self.backbone(inputs_embeds=embeds, output_attentions=output_attentions)

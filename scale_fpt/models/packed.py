@@ -75,6 +75,7 @@ class PackedFPT(nn.Module):
         self.spec, self.K, self.dtype = spec, len(heads), dtype
         self.d, self.n_layer, self.n_head = config.n_embd, config.n_layer, config.n_head
         self.eps = config.layer_norm_epsilon
+        self.input_p = heads[0].input_p  # dropout after a linear input layer (one per cohort)
         self.embd_p, self.resid_p, self.attn_p = (
             config.embd_pdrop,
             config.resid_pdrop,
@@ -175,6 +176,7 @@ class PackedFPT(nn.Module):
                 x.reshape(Ka, B * T, x.shape[-1]).to(self.dtype),
                 p["input_weight"].transpose(1, 2),
             ).view(Ka, B, T, d)
+            h = ops.dropout(h, self.input_p, self.training)
         h = ops.dropout(h + p["wpe"][:, None, :T], self.embd_p, self.training)
         h = h.reshape(Ka, B * T, d)
         k = spec.n_predicting_tokens

@@ -37,7 +37,7 @@ from scale_fpt.report.figures import (
     scaling_figure,
     steps_figure,
 )
-from scale_fpt.report.stats import summarize, t_quantile
+from scale_fpt.report.stats import summarize, t_quantile, welch_difference
 from scale_fpt.report.tables import (
     DEFAULT_METRIC,
     DEFAULT_THRESHOLDS,
@@ -83,6 +83,7 @@ __all__ = [
     "table6_wide",
     "table8_finetune",
     "trial_attention",
+    "welch_difference",
     "wide",
 ]
 

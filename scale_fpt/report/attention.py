@@ -25,7 +25,7 @@ import torch
 
 from scale_fpt.config import FIELD_TYPES, TrialConfig
 from scale_fpt.loop import weights_file
-from scale_fpt.report.tables import DEFAULT_METRIC
+from scale_fpt.report.tables import SELECTION
 from scale_fpt.tasks.bits import BitMemory, BitXor
 
 ATTENTION_TASKS = ("bit-xor", "bit-memory")
@@ -157,10 +157,10 @@ def trial_attention(row, results_dir=None, n_examples: int = 32) -> dict:
     }
 
 
-def attention_trials(trials: pd.DataFrame, metric: str = DEFAULT_METRIC, limit: int = 8):
-    """Bit-task transformer trials with a checkpoint: the best seed (by ``metric``) of each
-    arm, at most ``limit``."""
-    if trials.empty or "checkpoint" not in trials:
+def attention_trials(trials: pd.DataFrame, limit: int = 8):
+    """Bit-task transformer trials with a checkpoint: the best seed (by validation accuracy,
+    ``SELECTION``) of each arm, at most ``limit``."""
+    if trials.empty or "checkpoint" not in trials or SELECTION not in trials:
         return trials.iloc[:0]
     ok = (
         trials["task"].isin(ATTENTION_TASKS)
@@ -169,6 +169,6 @@ def attention_trials(trials: pd.DataFrame, metric: str = DEFAULT_METRIC, limit: 
         & trials["checkpoint"].notna()
         & (trials["checkpoint"].astype(str) != "")
     )
-    df = trials[ok].sort_values(metric, ascending=False, na_position="last")
+    df = trials[ok].sort_values(SELECTION, ascending=False, na_position="last")
     keys = ["task", "model", "weights", "init", "finetune", "lr", "batch_size", "max_steps"]
     return df.drop_duplicates(keys).head(limit).sort_values(["task", "model", "init"])

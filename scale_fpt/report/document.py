@@ -310,9 +310,9 @@ def figures_section(doc, out, trials, curves, t4, metric) -> None:
             save_figure(doc, out, "steps", fig, data, "Steps to the threshold accuracy")
 
 
-def attention_section(doc, out, trials, results_dir, metric, examples: int) -> None:
+def attention_section(doc, out, trials, results_dir, examples: int) -> None:
     doc.heading(2, "Attention maps (bit tasks)")
-    chosen = attention.attention_trials(trials, metric)
+    chosen = attention.attention_trials(trials)
     if chosen.empty:
         doc.para(
             "No bit-xor / bit-memory transformer trial with a saved checkpoint in these results."
@@ -324,7 +324,7 @@ def attention_section(doc, out, trials, results_dir, metric, examples: int) -> N
         "attention mass an output token puts on the inputs its answer depends on (bit-xor: "
         "output 5+i on inputs i and 5+i; bit-memory: query 100+j on j, 20+j, 40+j, 60+j, 80+j); "
         "uniform = the share uniform attention over the causal prefix would give. One trial "
-        "per arm (its best seed)."
+        "per arm (its seed with the best validation accuracy)."
     )
     for row in chosen.to_dict("records"):
         name = (
@@ -417,16 +417,26 @@ def build_report(
     trials_section(doc, trials, metric)
     limits = tables.thresholds_for(sorted(set(trials["task"])), thresholds)
     conventions(doc, metric, limits)
-    budgets = tables.budget_table(trials)
-    if not budgets.empty:
-        doc.heading(2, "Budgets")
-        doc.para(
-            "Step budgets (max_steps) and steps taken beside the paper's steps to convergence "
-            "(Table 4: the FPT row for language-pretrained backbones, the random row "
-            "otherwise). A budget below the paper's makes its cells reference only."
-        )
-        doc.table(budgets.set_index(["task", "init"]))
-        budgets.to_csv(out / "tables" / "budgets.csv", index=False)
+    frame_section(
+        doc,
+        out,
+        "Budgets",
+        "Step budgets (max_steps) and steps taken beside the paper's steps to convergence "
+        "(Table 4: the FPT row for language-pretrained backbones, the random row otherwise). "
+        "A budget below the paper's makes its cells reference only.",
+        tables.budget_table(trials),
+        ["task", "init"],
+    )
+    frame_section(
+        doc,
+        out,
+        "Preprocessing",
+        "Each task's preprocessing beside the paper's and the reference code's "
+        "(kzl/universal-computation). A published number is compared (Δ) only where every "
+        "aspect is as published and the budget, model, weights and lr match.",
+        tables.preprocessing_table(trials),
+        ["task", "aspect"],
+    )
     computed = all_tables(results, metric, thresholds)
     absent = []
     for key, table in computed.items():
@@ -444,10 +454,20 @@ def build_report(
         doc.bullets(absent)
     figures_section(doc, out, trials, curves, computed["T4"], metric)
     if attention_maps:
-        attention_section(doc, out, trials, results_dir, metric, attention_examples)
+        attention_section(doc, out, trials, results_dir, attention_examples)
     (out / "report.md").write_text(doc.markdown())
     (out / "report.html").write_text(doc.html())
     return out / "report.md"
+
+
+def frame_section(doc, out: Path, title: str, text: str, frame: pd.DataFrame, index) -> None:
+    """A titled table of the report (and ``tables/<title>.csv``); nothing when empty."""
+    if frame.empty:
+        return
+    doc.heading(2, title)
+    doc.para(text)
+    doc.table(frame.set_index(index))
+    frame.to_csv(out / "tables" / f"{title.lower()}.csv", index=False)
 
 
 def t6_wide(table: pd.DataFrame, text) -> pd.DataFrame:

@@ -1,4 +1,5 @@
-"""Spread of a cell over seeds: mean, sample standard deviation and a 95% t-interval.
+"""Spread of a cell over seeds: mean, sample standard deviation and a 95% t-interval; the
+difference of two arms with Welch's t-interval (``welch_difference``).
 
 The interval is ``mean ± t(0.975, n-1) · std / sqrt(n)`` (Student's t, seeds treated as
 independent draws). The t quantile is computed here (numerical integration of the density
@@ -54,4 +55,35 @@ def summarize(values) -> dict:
         "ci95": half,
         "ci_low": mean - half,
         "ci_high": mean + half,
+    }
+
+
+def welch_difference(a, b) -> dict:
+    """The difference of means ``mean(a) - mean(b)`` of two independent groups of seeds, with
+    Welch's 95% t-interval (unequal variances; Welch-Satterthwaite degrees of freedom):
+    {diff, se, df, ci95, ci_low, ci_high, n_a, n_b}. Non-finite values are dropped; the
+    interval is NaN with fewer than two values in a group, and zero wide when neither group
+    varies."""
+    x = np.asarray([v for v in a if v is not None and np.isfinite(v)], dtype=float)
+    y = np.asarray([v for v in b if v is not None and np.isfinite(v)], dtype=float)
+    out = {"n_a": len(x), "n_b": len(y)}
+    diff = float(x.mean() - y.mean()) if len(x) and len(y) else math.nan
+    if len(x) < 2 or len(y) < 2:
+        se = df = half = math.nan
+    else:
+        va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+        se = math.sqrt(va + vb)  # standard error of the difference
+        if se == 0:
+            df, half = math.nan, 0.0
+        else:
+            df = float((va + vb) ** 2 / (va**2 / (len(x) - 1) + vb**2 / (len(y) - 1)))
+            half = t_quantile(0.975, df) * se
+    return {
+        **out,
+        "diff": diff,
+        "se": se,
+        "df": df,
+        "ci95": half,
+        "ci_low": diff - half,
+        "ci_high": diff + half,
     }

@@ -17,10 +17,12 @@ of display strings. Conventions, shared by every table:
   rates (an LR search), the paper tables keep only the paper's rate (1e-3; 1e-4 homology)
   and drop the arm if that rate was not run; ``lr_fair`` compares arms at their best rates.
 - **Like-for-like** (``compare``): a study cell is compared with the published one (with a
-  difference) only when model, learning rate and, for LSTMs, width and depth are the
-  paper's (init and trained groups match by construction of the row); otherwise the
-  published number is shown as reference only, with the reason. Training length and batch
-  size are never matched (the paper trained to convergence) and are reported, not judged.
+  difference) only when the task's preprocessing (``tasks.preprocessing.deviations``:
+  sequence length, split, truncation, augmentation, input dropout), the budget (at least
+  the paper's steps to convergence, Table 4), the model, the weights, the learning rate and,
+  for LSTMs, width and depth are the paper's (init and trained groups match by construction
+  of the row); otherwise the published number is shown as reference only, with every
+  reason. Batch size is reported, not judged.
 """
 
 from __future__ import annotations
@@ -31,10 +33,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from scale_fpt.config import FINETUNE_PRESETS, GROUPS, ConfigError, parse_finetune
+from scale_fpt.config import (
+    FIELD_TYPES,
+    FINETUNE_PRESETS,
+    GROUPS,
+    ConfigError,
+    TrialConfig,
+    parse_finetune,
+)
 from scale_fpt.report import published
 from scale_fpt.report.published import TASK_COLUMNS, paper_lr
-from scale_fpt.report.stats import summarize
+from scale_fpt.report.stats import summarize, welch_difference
+from scale_fpt.tasks.preprocessing import deviations, preprocessing
 
 USED_STATUSES = ("completed", "diverged")
 METRICS = ("test_accuracy", "val_accuracy", "final_test_accuracy")
@@ -211,6 +221,31 @@ def first_int(values: pd.Series):
     return int(values.iloc[0]) if len(values) else None
 
 
+def trial_config(row) -> TrialConfig | None:
+    """The trial config of a results row (fields it lacks keep their defaults; the LSTM
+    sizes, which ``prepare`` zeroes for transformers, too); None when the row does not make a
+    valid config."""
+    flat = {
+        k: row[k]
+        for k in FIELD_TYPES
+        if k in row
+        and k not in ("lstm_width", "lstm_layers")
+        and not (isinstance(row[k], float) and math.isnan(row[k]))
+    }
+    try:
+        return TrialConfig.from_flat(flat, strict=False)
+    except ConfigError:
+        return None
+
+
+def preprocessing_deviations(row) -> str:
+    """'; '-joined ``deviations`` of the row's task preprocessing ('' when as published)."""
+    config = trial_config(row)
+    if config is None:
+        return "preprocessing unknown (the row is not a valid config)"
+    return "; ".join(deviations(config))
+
+
 def compare(cell: dict, table: str, paper_row: str | None) -> dict:
     """Published value beside a cell; difference only when like-for-like (module docstring)."""
     found = published.lookup(table, paper_row, cell["task"]) if paper_row else None
@@ -237,6 +272,13 @@ def compare(cell: dict, table: str, paper_row: str | None) -> dict:
         mismatches.append(f"weights {cell['weights']} (paper: OpenAI's)")
     if not np.isclose(cell["lr"], paper_lr(cell["task"])):
         mismatches.append(f"lr {cell['lr']:g} (paper {paper_lr(cell['task']):g})")
+    needed = paper_steps(cell["task"], cell["init_label"])
+    if table != "T4" and cell["max_steps"] < needed:
+        mismatches.append(
+            f"budget {int(cell['max_steps']):,} steps (paper converged in {needed:,.0f})"
+        )
+    if cell.get("preprocessing"):
+        mismatches.append(cell["preprocessing"])
     if table == "T4":
         mismatches.append("the paper counts steps to convergence, not to a threshold")
     if mismatches:
@@ -270,6 +312,7 @@ def cells(
         cell.update({k: first[k] for k in ARM_KEYS})
         cell.update({k: first[k] for k in ("kind", "model_label", "init_label", "finetune")})
         cell.update(cell_summary(group))
+        cell["preprocessing"] = preprocessing_deviations(first)
         if extra:
             cell.update(extra(group))
         cell.update(compare(cell, table, first["paper_row"]))
@@ -645,6 +688,117 @@ def budget_table(trials: pd.DataFrame) -> pd.DataFrame:
     out = out.assign(task_rank=out["task"].map(lambda t: rank(t, TASK_COLUMNS)))
     out = out.assign(init_rank=out["init"].map(lambda i: rank(i, INIT_ORDER)))
     return out.sort_values(["task_rank", "init_rank"]).drop(columns=["task_rank", "init_rank"])
+
+
+def preprocessing_table(trials: pd.DataFrame) -> pd.DataFrame:
+    """Every distinct preprocessing the trials used, per task: each aspect as done here, as
+    the paper states it and as the reference code does it, and whether it is as published."""
+    seen, records = set(), []
+    for row in trials.to_dict("records"):
+        config = trial_config(row)
+        if config is None:
+            continue
+        aspects = tuple(preprocessing(config))
+        if (config.task.task, aspects) in seen:
+            continue
+        seen.add((config.task.task, aspects))
+        for a in aspects:
+            records.append(
+                {
+                    "task": config.task.task,
+                    "aspect": a.name,
+                    "here": a.here,
+                    "paper": a.paper,
+                    "reference code": a.reference,
+                    "as published": "yes" if a.as_published else "no",
+                }
+            )
+    out = pd.DataFrame(records)
+    if out.empty:
+        return out
+    ranks_ = out["task"].map(lambda t: rank(t, TASK_COLUMNS))
+    return out.assign(r=ranks_).sort_values("r", kind="stable").drop(columns="r")
+
+
+# --------------------------------------------------------------------------- init difference
+
+PAIR_KEYS = tuple(k for k in ARM_KEYS if k not in ("init", "weights"))
+"""Arms that agree on these and differ only in init are compared by ``init_difference``."""
+
+
+def init_difference(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
+    """Language-pretrained minus random init, per task and setting (same model, trained
+    groups, lr, batch size, budget): the difference of mean accuracy (percentage points) and
+    of mean steps to the accuracy threshold (``steps_to_threshold``), each with Welch's 95%
+    interval over the seeds of the two arms. Steps get an interval only when every seed of both
+    arms reached the threshold; otherwise ``steps_note`` says how many did and bounds the
+    difference, counting each unreached seed at its last step (``steps_done``)."""
+    df = prepare(trials, metric)
+    df = df[df["used"] & df["init_label"].isin(("pretrained", "random"))]
+    records = []
+    for key, group in df.groupby(list(PAIR_KEYS), dropna=False, sort=False):
+        arms = {init: g for init, g in group.groupby("init_label")}
+        if set(arms) != {"pretrained", "random"}:
+            continue
+        pre, rnd = arms["pretrained"], arms["random"]
+        accuracy = welch_difference(pre["value"], rnd["value"])
+        steps = {s: arms[s]["steps_to_threshold"].astype(float) for s in arms}
+        reached = {s: int(v.notna().sum()) for s, v in steps.items()}
+        all_reached = all(reached[s] == len(arms[s]) for s in arms)
+        step_diff = welch_difference(steps["pretrained"], steps["random"]) if all_reached else {}
+        records.append(
+            {
+                **dict(zip(PAIR_KEYS, key, strict=True)),
+                "n_pretrained": len(pre),
+                "n_random": len(rnd),
+                "accuracy_pretrained": float(pre["value"].mean()),
+                "accuracy_random": float(rnd["value"].mean()),
+                **{f"accuracy_{k}": accuracy[k] for k in ("diff", "ci95", "ci_low", "ci_high")},
+                **{
+                    f"steps_{k}": step_diff.get(k, math.nan)
+                    for k in ("diff", "ci95", "ci_low", "ci_high")
+                },
+                "steps_pretrained": float(steps["pretrained"].mean()),
+                "steps_random": float(steps["random"].mean()),
+                "steps_note": "" if all_reached else steps_bound(arms, steps, reached),
+            }
+        )
+    return pd.DataFrame(records)
+
+
+def steps_bound(arms: dict, steps: dict, reached: dict) -> str:
+    """What can be said of steps to threshold when some seed never reached it: how many did,
+    and, when every pretrained seed did, an upper bound on pretrained - random (unreached
+    random seeds counted at their last step, which they needed more than)."""
+    counts = (
+        f"threshold reached by {reached['pretrained']}/{len(arms['pretrained'])} pretrained "
+        f"and {reached['random']}/{len(arms['random'])} random seeds"
+    )
+    if reached["pretrained"] < len(arms["pretrained"]) or not reached["random"] < len(
+        arms["random"]
+    ):
+        return counts + ": no difference computed"
+    random_bound = steps["random"].fillna(arms["random"]["steps_done"].astype(float)).mean()
+    bound = steps["pretrained"].mean() - random_bound
+    return (
+        counts + f": pretrained - random < {bound:+.0f} steps (unreached seeds at their last step)"
+    )
+
+
+def difference_text(row) -> str:
+    """'pretrained - random: accuracy +14.3 pp [95% CI +10.1, +18.5] (n=3 vs 3); steps to
+    threshold -1200 [95% CI -1500, -900]'."""
+    text = (
+        f"pretrained - random: accuracy {row['accuracy_diff']:+.1f} pp "
+        f"[95% CI {row['accuracy_ci_low']:+.1f}, {row['accuracy_ci_high']:+.1f}] "
+        f"(n={int(row['n_pretrained'])} vs {int(row['n_random'])})"
+    )
+    if np.isfinite(row["steps_diff"]):
+        low, high = row["steps_ci_low"], row["steps_ci_high"]
+        return text + (
+            f"; steps to threshold {row['steps_diff']:+.0f} [95% CI {low:+.0f}, {high:+.0f}]"
+        )
+    return text + f"; steps to threshold: {row['steps_note']}"
 
 
 # --------------------------------------------------------------------------- LR-fair

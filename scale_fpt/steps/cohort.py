@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from scale_fpt.config import ConfigError, TrialConfig, parse_finetune
 from scale_fpt.models import build_heads, check_positions, ops
+from scale_fpt.models.fpt import input_dropout_p
 from scale_fpt.models.backbones import build_backbone
 from scale_fpt.models.packed import PARAM_GROUPS, PackedFPT
 from scale_fpt.packing import cohort_problems
@@ -60,7 +61,8 @@ class CohortStep:
         spec = task.spec
         backbone, d_model, n_positions = build_backbone(first.model, first.train.seed)
         check_positions(first, spec, n_positions)
-        heads = [build_heads(spec, d_model, c.train.seed) for c in configs]
+        input_p = input_dropout_p(first.model, spec)
+        heads = [build_heads(spec, d_model, c.train.seed, input_p) for c in configs]
         self.model = PackedFPT(
             backbone, spec, heads, spec.n_tokens, dtype=self.dtype, device=self.device
         )

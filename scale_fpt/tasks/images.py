@@ -2,7 +2,7 @@
 
 | task | stored | fed as | tokens x width |
 |---|---|---|---|
-| mnist | 28x28 grey | zero-padded by 2 to 32x32, 4x4 patches | 64 x 16 |
+| mnist | 28x28 grey | 4x4 patches (``mnist_tokens=64``: zero-padded by 2 to 32x32 first) | 49 x 16 (64 x 16) |
 | cifar10 | 32x32 RGB | 4x4 patches | 64 x 48 |
 | cifar10-lra | 32x32 RGB | greyscale, 1x1 patches (pixels) | 1024 x 1 |
 
@@ -48,14 +48,14 @@ STORED_SIZE = {"mnist": 28, "cifar10": 32, "cifar10-lra": 32}
 PIL_MODE = {"mnist": "L", "cifar10": "RGB", "cifar10-lra": "RGB"}
 PATCH = {"mnist": 4, "cifar10": 4, "cifar10-lra": 1}
 SIZE = 32
-"""Side of the image the model sees (MNIST is padded up to it, as the paper's 64 tokens imply)."""
+"""Side of the image the model sees (MNIST only with ``mnist_tokens=64``: padded up to it, as
+the paper's 64 tokens imply; with the default 49 it sees its stored 28x28)."""
 IMAGE_COLUMNS = ("image", "img")
 LABEL_COLUMN = "label"
 SPLITS = ("train", "test")
 LUMA = (0.299, 0.587, 0.114)
 """ITU-R 601 luma weights (PIL's ``convert('L')``) for CIFAR-10 LRA's greyscale."""
 CROP_PADDING = 4
-ROTATION_DEGREES = 10.0
 AUGMENT_STREAM = 3
 """step_generator stream of the augmentation randomness (1 is the epoch permutation)."""
 HOLDOUT_SEED = 0
@@ -216,9 +216,9 @@ def greyscale(x: torch.Tensor) -> torch.Tensor:
     return (x * weights).sum(dim=1, keepdim=True)
 
 
-def augment(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+def augment(x: torch.Tensor, g: torch.Generator, degrees: float) -> torch.Tensor:
     """Random crop (zero padding ``CROP_PADDING``), horizontal flip (p=0.5) and rotation
-    (uniform within ±``ROTATION_DEGREES``) of (B, C, H, W) images, per example.
+    (uniform within ±``degrees``) of (B, C, H, W) images, per example.
 
     The three are one affine map, so the image is resampled (bilinearly, zeros outside)
     once. A crop of the padded image is a whole-pixel shift, which with
@@ -226,7 +226,7 @@ def augment(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     B, _, H, W = x.shape
     shift = torch.randint(-CROP_PADDING, CROP_PADDING + 1, (B, 2), generator=g).float()
     flip = torch.where(torch.rand(B, generator=g) < 0.5, -1.0, 1.0)
-    angle = (torch.rand(B, generator=g) * 2 - 1) * math.radians(ROTATION_DEGREES)
+    angle = (torch.rand(B, generator=g) * 2 - 1) * math.radians(degrees)
     cos, sin = angle.cos(), angle.sin()
     # The output pixel at normalised position o samples the input at R(angle) @ F @ o + t.
     theta = torch.stack(
@@ -253,12 +253,19 @@ class ImageClassification(Task):
     augmented.
     """
 
+    @staticmethod
+    def side(config: TaskConfig) -> int:
+        """Side of the (square) image the model sees."""
+        if config.task == "mnist" and config.mnist_tokens == 49:
+            return STORED_SIZE["mnist"]
+        return SIZE
+
     @classmethod
     def spec_for(cls, config: TaskConfig) -> TaskSpec:
         patch = PATCH[config.task]
         channels = 1 if config.task in ("mnist", "cifar10-lra") else 3
         return TaskSpec(
-            n_tokens=(SIZE // patch) ** 2,
+            n_tokens=(cls.side(config) // patch) ** 2,
             token_width=patch * patch * channels,
             vocab_size=0,
             n_predicting_tokens=1,
@@ -286,13 +293,13 @@ class ImageClassification(Task):
     def tokens(self, images: torch.Tensor, g: torch.Generator | None = None) -> torch.Tensor:
         """(B, H, W, C) uint8 images -> (B, T, W) float tokens; augmented when ``g`` is given."""
         x = images.permute(0, 3, 1, 2).float() / 255  # (B, C, H, W)
-        pad = (SIZE - x.shape[-1]) // 2
+        pad = (self.side(self.config) - x.shape[-1]) // 2
         if pad:
             x = F.pad(x, (pad, pad, pad, pad))
         if self.name == "cifar10-lra":
             x = greyscale(x)  # commutes with the (spatial, linear) augmentation: do it first
         if g is not None:
-            x = augment(x, g)
+            x = augment(x, g, self.config.rotation_degrees)
         return patchify(x, PATCH[self.name])
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
