@@ -29,8 +29,8 @@ import torch.nn.functional as F
 
 from scale_fpt.config import ConfigError, TrialConfig, parse_finetune
 from scale_fpt.models import build_heads, check_positions, ops
-from scale_fpt.models.fpt import input_dropout_p
 from scale_fpt.models.backbones import build_backbone
+from scale_fpt.models.fpt import input_dropout_p
 from scale_fpt.models.packed import PARAM_GROUPS, PackedFPT
 from scale_fpt.packing import cohort_problems
 from scale_fpt.runtime import DTYPES, flush_denormals, retain_freed_memory, trial_device
