@@ -1055,6 +1055,56 @@ def test_malformed_sweep_yaml_exits_2_naming_every_problem(text, tmp_path, capfd
     assert not results.exists()
 
 
+EVERY_KIND_OF_SWEEP_PROBLEM = """\
+name: 12
+max_failures: two
+seeds: [zero, 1]
+base: {task: nope, model: gpt2-tiny}
+grid: {batch_size: [], seed: [3, 4], init: [random, bogus]}
+search: {lr: 5}
+"""
+
+
+def test_sweep_yaml_problems_of_every_kind_arrive_in_one_message(tmp_path, capfd):
+    """Top-level types, grid shapes, seeds and every arm's trial-config values: one run of
+    `scale-fpt sweep` names all of them (not one kind per attempt), exit code 2."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text(EVERY_KIND_OF_SWEEP_PROBLEM)
+    results = tmp_path / "results"
+    code, message = run_cli(capfd, "sweep", path, "--results", results)
+    assert code == 2
+    for expected in (
+        "'name' must be a str, got 12",  # top-level types
+        "'max_failures' must be an int, got 'two'",
+        "search 'lr' must be a list",
+        "grid 'batch_size': needs a non-empty list",  # grid shapes
+        "seeds: 'zero' is not an integer seed",  # seeds
+        "grid 'seed': seeds are set by 'seeds'",
+        "nope/gpt2-tiny/random/1: --task: unknown value 'nope'",  # per-arm values
+        "nope/gpt2-tiny/bogus/1: --init: unknown value 'bogus'",
+    ):
+        assert expected in message, (expected, message)
+    assert not results.exists()
+
+
+def test_negative_sweep_limits_exit_2_and_help_says_zero_is_unlimited(tmp_path, capsys):
+    """--max-concurrent -1 and --max-failures -3 are refused in one message (not replaced
+    by the preset's values); --help explains 0."""
+    from scale_fpt.study import parser, study_main
+    from scale_fpt.sweep import SweepConfig
+
+    presets = {"local": lambda: SweepConfig(name="limits", base={**TINY, "max_steps": 2})}
+    results = tmp_path / "results"
+    argv = ["--results", str(results), "--max-concurrent", "-1", "--max-failures", "-3"]
+    assert study_main("limits", presets, argv) == 2
+    err = capsys.readouterr().err
+    assert "--max-concurrent: must be >= 0 (0 = unlimited), got -1" in err
+    assert "--max-failures: must be >= 0 (0 = no retries), got -3" in err
+    assert "Traceback" not in err and not results.exists()
+    help_text = " ".join(parser("limits", presets).format_help().split())
+    assert "--max-concurrent MAX_CONCURRENT trials at once; 0 = unlimited" in help_text
+
+
 def test_missing_sweep_file_exits_2(tmp_path, capfd):
     code, message = run_cli(capfd, "sweep", tmp_path / "nope.yaml")
     assert code == 2 and "cannot read sweep file" in message and "nope.yaml" in message
