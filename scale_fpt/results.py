@@ -103,7 +103,8 @@ CURVE_SCHEMA = pa.schema(
 
 
 class ResultsError(ConfigError):
-    """The results directory cannot be used (unwritable, full, other schema). Its message is
+    """The results directory, or a storage of the sweep, cannot be used (unwritable, full,
+    other schema, a bad URL). Its message is
     the problem itself, without ConfigError's "invalid configuration" framing: a full disk
     is not a bad flag."""
 

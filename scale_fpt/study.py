@@ -194,6 +194,9 @@ def study_main(
     try:
         sweep = narrow(presets[args.preset](), args).validate()
         from scale_fpt.pretrain import ensure_backbone
+        from scale_fpt.storage import check_sweep_storage
+
+        check_sweep_storage(sweep)  # before a backbone is pretrained for it
         from scale_fpt.sweep import run_sweep
 
         for preset, corpus in local_backbones(sweep):

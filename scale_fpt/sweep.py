@@ -22,6 +22,7 @@ from pathlib import Path
 from scale_fpt import scaling
 from scale_fpt.config import FIELD_TYPES, ConfigError, TrialConfig, flag
 from scale_fpt.results import ResultsError, ResultsWriter
+from scale_fpt.storage import check_sweep_storage
 from scale_fpt.trial import Trial, error_text, git_sha, provenance, trial_id_for
 
 SEARCH_KINDS = ("loguniform", "uniform", "int", "choice")
@@ -611,6 +612,7 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
     """Run (or resume) the sweep. An interrupted run (Ctrl-C) returns with ``unfinished``
     trials instead of raising: its rows so far are on disk, ``resume=True`` continues it."""
     sweep.validate()
+    check_sweep_storage(sweep)
     ResultsWriter(sweep.results_dir, sweep.name)  # fail now if results cannot be written
     from scale_fpt.models.backbones import scale_fpt_home
 

@@ -603,6 +603,51 @@ def test_full_or_read_only_results_dir_fails_at_start_up(tmp_path, small_disk, c
     assert not (small_disk / "elsewhere").exists()
 
 
+BAD_STORAGE = {
+    "read-only storage path": (["--storage", "{ro}/ray"], "Read-only file system"),
+    "unknown storage scheme": (["--storage", "notaurl://x"], "Unrecognized filesystem type"),
+    "Optuna URL of no database": (["--optuna-storage", "notaurl://x"], "not a database URL"),
+    "SQLite file in no directory": (
+        ["--optuna-storage", "sqlite:////nonexistent/x.db"],
+        "directory /nonexistent does not exist",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_STORAGE))
+def test_bad_storage_exits_2_before_ray_starts_and_writes_nothing(
+    case, tmp_path, capsys, monkeypatch, request
+):
+    """A grid sweep (which uses no Optuna storage, and still checks a given URL) with a bad
+    --storage or --optuna-storage: one line naming the flag and the cause, exit code 2, Ray
+    never started, no results skeleton. The same through `scale-fpt sweep FILE.yaml`."""
+    from scale_fpt import sweep as sweep_module
+    from scale_fpt.study import study_main
+
+    def ray_must_not_start(*args, **kwargs):
+        raise AssertionError("Ray was started")
+
+    monkeypatch.setattr(sweep_module, "connect_ray", ray_must_not_start)
+    flags, cause = BAD_STORAGE[case]
+    if "{ro}" in flags[1]:
+        disk = request.getfixturevalue("small_disk")
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        flags = [flags[0], flags[1].format(ro=disk)]
+    presets = {"local": lambda: SweepConfig(name="store", base={**TINY, "max_steps": 2})}
+    results = tmp_path / "results"
+    assert study_main("store", presets, ["--results", str(results), *flags]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"error: {flags[0]} " in line and cause in line, line
+
+    field = {"--storage": "storage_path", "--optuna-storage": "optuna_storage"}[flags[0]]
+    yaml_file = tmp_path / "sweep.yaml"
+    yaml_file.write_text(f"name: store\nbase: {{task: bit-xor}}\n{field}: '{flags[1]}'\n")
+    assert cli.main(["sweep", str(yaml_file), "--results", str(results)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"scale-fpt: error: {flags[0]} ") and cause in line, line
+    assert not results.exists()
+
+
 WRITER_LOOP = """
 import sys
 from scale_fpt.results import ResultsWriter
