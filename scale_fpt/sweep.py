@@ -21,6 +21,7 @@ from pathlib import Path
 
 from scale_fpt import scaling
 from scale_fpt.config import FIELD_TYPES, ConfigError, TrialConfig, flag
+from scale_fpt.recovery import restore_missing_rows
 from scale_fpt.results import ResultsError, ResultsWriter
 from scale_fpt.storage import check_sweep_storage
 from scale_fpt.trial import Trial, error_text, git_sha, provenance, trial_id_for
@@ -629,11 +630,11 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
     else:
         plans = [(sweep.name, sweep.arms())]
     trials = unfinished = 0
-    for experiment, arms in plans:
+    for index, (experiment, arms) in enumerate(plans):
         grid = run_experiment(sweep, experiment, arms, gpus, resume)
         trials += len(grid)
-        unfinished += saved_unfinished(os.path.join(sweep.ray_storage, experiment))
-        if unfinished:
+        if saved_unfinished(os.path.join(sweep.ray_storage, experiment)):
+            unfinished = unfinished_trials(sweep, [name for name, _ in plans[index:]])
             break  # interrupted: later arms wait for --resume
     return SweepOutcome([name for name, _ in plans], trials, unfinished)
 
@@ -641,20 +642,77 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
 def saved_unfinished(path: str) -> int:
     """Trials that Tune's saved experiment state holds as neither finished nor errored: what
     ``--resume`` continues. (Not the ResultGrid's count: on Ctrl-C, Tune saves its state and
-    then stops the running trials, which the returned ResultGrid calls TERMINATED.)"""
+    then stops the running trials, which the returned ResultGrid calls TERMINATED.) Trials
+    Tune had not generated yet are not in it: ``unfinished_trials`` counts those too."""
     from ray.tune import ExperimentAnalysis
 
     trials = ExperimentAnalysis(path).trials
     return sum(trial.status not in ("TERMINATED", "ERROR") for trial in trials)
 
 
+def unfinished_trials(sweep: SweepConfig, experiments: list[str]) -> int:
+    """Trials of an interrupted sweep still to run, counted from the sweep's own grid: each
+    arm without a final row on disk; for a search, ``search_trials`` per arm's experiment
+    less the trials Tune finished in it (``experiments``: the current one and those after)."""
+    if sweep.search:
+        return sum(
+            max(0, sweep.search_trials - saved_finished(os.path.join(sweep.ray_storage, name)))
+            for name in experiments
+        )
+    writer = ResultsWriter(sweep.results_dir, sweep.name)
+    ids = [trial_id_for(sweep.name, TrialConfig.from_flat(arm).to_flat()) for arm in sweep.arms()]
+    return sum(writer.status(trial_id) in (None, "running") for trial_id in ids)
+
+
+def saved_finished(path: str) -> int:
+    """Trials Tune's saved experiment state at ``path`` holds as finished or errored."""
+    from ray.tune import ExperimentAnalysis
+
+    if not os.path.exists(path):
+        return 0
+    return sum(t.status in ("TERMINATED", "ERROR") for t in ExperimentAnalysis(path).trials)
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
 
+def sweep_callbacks(sweep: SweepConfig) -> list:
+    """The driver's callbacks: our own rows, plus Tune's result.json (its ResultGrid reads it,
+    and ``recovery`` re-derives lost rows from it); Tune's TensorBoard and CSV loggers would
+    only warn about the nested row lists."""
+    from ray.tune.logger import JsonLoggerCallback
+
+    results_dir = str(Path(sweep.results_dir).absolute())
+    return [results_callback_class()(results_dir, sweep.name), JsonLoggerCallback()]
+
+
+def write_where_told(tuner, sweep: SweepConfig, callbacks: list) -> None:
+    """Give a restored Tuner this command's callbacks. ``Tuner.restore`` brings back the
+    callbacks pickled in the experiment state, whose results directory is the one of the run
+    that made it (another one when the state was copied or moved); ``Tuner.restore`` takes
+    no callbacks, so they are replaced in its run config. A search is refused instead: its
+    restored Optuna searcher keeps the study in the other directory's default database."""
+    run_config = tuner._local_tuner.get_run_config()
+    stored = {
+        str(Path(c.results_dir).absolute())
+        for c in run_config.callbacks
+        if hasattr(c, "results_dir")
+    }
+    here = callbacks[0].results_dir
+    if sweep.search and not sweep.optuna_storage and stored - {here}:
+        raise ResultsError(
+            [
+                f"--resume: the Ray Tune state in {sweep.ray_storage} belongs to the search "
+                f"with results in {', '.join(sorted(stored))}, whose Optuna study is there; "
+                f"resume it with --results {', '.join(sorted(stored))}"
+            ]
+        )
+    run_config.callbacks = callbacks
+
+
 def run_experiment(sweep: SweepConfig, experiment: str, arms: list[dict], gpus: bool, resume: bool):
     from ray import tune
-    from ray.tune.logger import JsonLoggerCallback
 
     path = os.path.join(sweep.ray_storage, experiment)
 
@@ -673,11 +731,13 @@ def run_experiment(sweep: SweepConfig, experiment: str, arms: list[dict], gpus: 
         trainable = tune.with_resources(tune_cohort, resources)
     else:
         trainable = tune.with_resources(tune_trial, resources)
+    callbacks = sweep_callbacks(sweep)
     if resume and tune.Tuner.can_restore(path):
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True)
+        write_where_told(tuner, sweep, callbacks)
+        restore_missing_rows(callbacks[0], path)
         return fit_reporting_write_failures(tuner)
 
-    callback = results_callback_class()(sweep.results_dir, sweep.name)
     if sweep.search:
         arm = arms[0]
         param_space = {"sweep": sweep.name, **arm}
@@ -721,9 +781,7 @@ def run_experiment(sweep: SweepConfig, experiment: str, arms: list[dict], gpus: 
         run_config=tune.RunConfig(
             name=experiment,
             storage_path=sweep.ray_storage,
-            # Our own rows plus Tune's result.json (its ResultGrid reads it); Tune's TensorBoard
-            # and CSV loggers would only warn about the nested row lists.
-            callbacks=[callback, JsonLoggerCallback()],
+            callbacks=callbacks,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             verbose=0,
