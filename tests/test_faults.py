@@ -508,7 +508,7 @@ def test_interrupted_sweep_is_reported_unfinished_and_resume_completes_it(
     assert warned_files(caplog) == sorted(str(p) for p in damaged if p.stem == "stray")
     trials = results.trials.set_index("lr")
     assert (trials["status"] == "completed").all() and len(trials) == 3
-    assert trials["steps_done"].tolist() == [60, 10, 10]
+    assert trials.sort_index()["steps_done"].tolist() == [60, 10, 10]
     curve = results.curves[results.curves["trial_id"] == row["trial_id"]]
     assert curve["step"].tolist() == list(range(5, 61, 5))
     assert not results.curves.duplicated(["trial_id", "step"]).any()
