@@ -234,7 +234,11 @@ def run_sweep_file(args: argparse.Namespace) -> int:
     outcome = run_sweep(sweep, resume=args.resume)
     print(summary_table(sweep))
     if not outcome.finished:
-        print("scale-fpt: sweep interrupted; rerun with --resume to continue", file=sys.stderr)
+        print(
+            f"scale-fpt: sweep interrupted: {outcome.unfinished} trial(s) unfinished; rerun "
+            "with --resume to continue",
+            file=sys.stderr,
+        )
         return 130
     return 0
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -27,6 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from scale_fpt.config import CONCERNS, ConfigError
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
 STATUSES = ("completed", "diverged", "failed", "stopped", "running")
@@ -135,7 +138,8 @@ CURVE_SCHEMA = pa.schema(
 
 
 class ResultsError(ConfigError):
-    """The results directory cannot be used (unwritable, full, other schema). Its message is
+    """The results directory, or a storage of the sweep, cannot be used (unwritable, full,
+    other schema, a bad URL). Its message is
     the problem itself, without ConfigError's "invalid configuration" framing: a full disk
     is not a bad flag."""
 
@@ -229,27 +233,32 @@ class ResultsWriter:
         path = self.root / "trials" / f"{row['trial_id']}.parquet"
         write_atomic(table([{**row, "sweep": self.sweep}], TRIAL_SCHEMA), path)
 
+    def curve(self, trial_id: str) -> dict[int, dict]:
+        """A trial's curve rows on disk by step (read once, then kept current). A damaged
+        file counts as empty (with one warning): the rows written from now on replace it,
+        and ``--resume`` puts back the earlier ones from Ray Tune's log (``recovery``)."""
+        if trial_id not in self.curves:
+            path = self.root / "curves" / f"{trial_id}.parquet"
+            found = read_parquet(path, CURVE_SCHEMA) if path.exists() else None
+            self.curves[trial_id] = (
+                {r["step"]: r for r in found.to_pylist()} if found is not None else {}
+            )
+        return self.curves[trial_id]
+
     def write_curve(self, trial_id: str, rows: list[dict]) -> None:
         """Add evaluation rows to a trial's curve; a step seen before is replaced."""
-        path = self.root / "curves" / f"{trial_id}.parquet"
-        if trial_id not in self.curves:
-            self.curves[trial_id] = (
-                {r["step"]: r for r in pq.read_table(path).to_pylist()} if path.exists() else {}
-            )
-        curve = self.curves[trial_id]
+        curve = self.curve(trial_id)
         for row in rows:
             curve[row["step"]] = {**row, "sweep": self.sweep, "trial_id": trial_id}
+        path = self.root / "curves" / f"{trial_id}.parquet"
         write_atomic(table([curve[s] for s in sorted(curve)], CURVE_SCHEMA), path)
 
-    def finished_trials(self) -> set[str]:
-        """Trial ids with a final (not running) row on disk."""
-        trials = self.root / "trials"
-        done = set()
-        for path in trials.glob("*.parquet"):
-            status = pq.read_table(path, columns=["status"]).column("status")[0].as_py()
-            if status != "running":
-                done.add(path.stem)
-        return done
+    def status(self, trial_id: str) -> str | None:
+        """The status in the trial's row on disk; None without a readable row (a damaged
+        file warns once)."""
+        path = self.root / "trials" / f"{trial_id}.parquet"
+        found = read_parquet(path, TRIAL_SCHEMA) if path.exists() else None
+        return found.column("status")[0].as_py() if found is not None and found.num_rows else None
 
 
 def read_schema_version(sweep_dir: Path):
@@ -318,7 +327,22 @@ def load_results(results_dir: str | os.PathLike, sweep: str | None = None) -> Re
 
 
 def read_table_dir(path: Path, schema: pa.Schema) -> pa.Table:
-    files = sorted(path.glob("[!._]*.parquet"))
-    if not files:
-        return schema.empty_table()
-    return pa.concat_tables([pq.read_table(f, schema=schema) for f in files])
+    """Every readable file of a table directory; a damaged one is skipped with a warning."""
+    tables = [read_parquet(f, schema) for f in sorted(path.glob("[!._]*.parquet"))]
+    tables = [t for t in tables if t is not None]
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def read_parquet(path: Path, schema: pa.Schema) -> pa.Table | None:
+    """The table in ``path``; None, with one warning line naming the file, when it is not a
+    readable Parquet file of ``schema`` (truncated, garbage, another table's file)."""
+    try:
+        return pq.read_table(path, schema=schema)
+    except (pa.ArrowException, OSError) as e:
+        detail = str(e).split(f"'{path}': ")[-1]  # pyarrow repeats the path first
+        cause = " ".join(f"{type(e).__name__}: {detail}".split())[:160]
+        log.warning(
+            f"scale-fpt: warning: skipping damaged results file {path} ({cause}); "
+            "--resume of its sweep re-derives its rows from Ray Tune's log"
+        )
+        return None

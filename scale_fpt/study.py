@@ -76,9 +76,17 @@ def parser(description: str, presets: dict) -> argparse.ArgumentParser:
         "--optuna-storage", default="", help="Optuna RDB URL (default: SQLite in the results)"
     )
     p.add_argument(
-        "--max-concurrent", type=int, default=-1, help="trials at once (default: the preset's)"
+        "--max-concurrent",
+        type=int,
+        default=None,
+        help="trials at once; 0 = unlimited, as many as resources allow (default: the preset's)",
     )
-    p.add_argument("--max-failures", type=int, default=-1, help="retries per crashed trial")
+    p.add_argument(
+        "--max-failures",
+        type=int,
+        default=None,
+        help="retries per crashed trial; 0 = none (default: the preset's)",
+    )
     p.add_argument("--search-trials", type=int, default=0, help="Optuna trials per arm")
     p.add_argument("--asha", action="store_true", help="stop weak trials early (ASHA)")
     p.add_argument(
@@ -126,10 +134,10 @@ def narrow(sweep, args: argparse.Namespace):
         "search_trials": args.search_trials,
     }
     changes.update({k: v for k, v in optional.items() if v})
-    if args.max_concurrent >= 0:
-        changes["max_concurrent"] = args.max_concurrent
-    if args.max_failures >= 0:
-        changes["max_failures"] = args.max_failures
+    # Given values pass unchecked: SweepConfig.validate names a negative one.
+    for name in ("max_concurrent", "max_failures"):
+        if getattr(args, name) is not None:
+            changes[name] = getattr(args, name)
     if args.asha:
         changes["asha"] = True
     if args.pack:
@@ -183,6 +191,9 @@ def study_main(
     try:
         sweep = narrow(presets[args.preset](), args).validate()
         from scale_fpt.pretrain import ensure_backbone
+        from scale_fpt.storage import check_sweep_storage
+
+        check_sweep_storage(sweep)  # before a backbone is pretrained for it
         from scale_fpt.sweep import run_sweep
 
         for preset, corpus in local_backbones(sweep):

@@ -12,6 +12,7 @@ interrupted sweep with ``Tuner.restore`` so finished trials are not run again.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import re
@@ -23,7 +24,9 @@ from scale_fpt import scaling
 from scale_fpt.config import FIELD_TYPES, ConfigError, TrialConfig, flag
 from scale_fpt.loop import evaluation_steps
 from scale_fpt.packing import cohort_memory_bytes, cohorts
+from scale_fpt.recovery import restore_missing_rows
 from scale_fpt.results import ResultsError, ResultsWriter
+from scale_fpt.storage import check_sweep_storage
 from scale_fpt.trial import TrialRun, error_text, git_sha, provenance, trial_id_for
 
 SEARCH_KINDS = ("loguniform", "uniform", "int", "choice")
@@ -97,16 +100,32 @@ class SweepConfig:
         for key, spec in self.search.items():
             if not spec or spec[0] not in SEARCH_KINDS:
                 out.append(f"search {key!r}: kind must be one of {', '.join(SEARCH_KINDS)}")
-        if not self.seeds:
-            out.append("seeds: at least one seed")
+        out += self.seed_problems()
         if self.asha and self.search:
             out.append(
                 "asha with search: Ray records early-stopped trials in Optuna as complete with "
                 "their truncated value, which misleads the sampler; use one or the other"
             )
-        for name in ("search_trials", "max_failures", "asha_grace_evals", "cpus_per_trial", "pack"):
-            if getattr(self, name) < (0 if name == "max_failures" else 1):
+        for name in ("search_trials", "asha_grace_evals", "cpus_per_trial", "pack"):
+            if getattr(self, name) < 1:
                 out.append(f"{flag(name)}: must be positive, got {getattr(self, name)}")
+        for name, zero in (("max_concurrent", "unlimited"), ("max_failures", "no retries")):
+            if getattr(self, name) < 0:
+                out.append(f"{flag(name)}: must be >= 0 (0 = {zero}), got {getattr(self, name)}")
+        return out
+
+    def seed_problems(self) -> list[str]:
+        """Seeds are integers, and only ``seeds`` sets them: a ``seed`` in ``base`` or
+        ``grid`` would be replaced by each of ``seeds`` without a word."""
+        out = [f"seeds: {s!r} is not an integer seed" for s in self.seeds if not is_of_type(s, int)]
+        if not self.seeds:
+            out.append("seeds: at least one seed")
+        for where, values in (("base", self.base), ("grid", self.grid)):
+            if "seed" in values:
+                out.append(
+                    f"{where} 'seed': seeds are set by 'seeds' (which would replace this "
+                    f"value); write seeds: {values['seed']!r} instead"
+                )
         return out
 
     def arms(self) -> list[dict]:
@@ -124,16 +143,39 @@ class SweepConfig:
 
     def validate(self) -> SweepConfig:
         """Every problem of the sweep and of each of its trial configs, raised once."""
-        problems = self.problems()
-        if not problems:
-            for arm in self.arms():
-                try:
-                    TrialConfig.from_flat(arm)
-                except ConfigError as e:
-                    problems += [f"{arm_label(arm)}: {p}" for p in e.problems]
+        problems = self.problems() + self.arm_problems()
         if problems:
             raise ConfigError(list(dict.fromkeys(problems)))
         return self
+
+    def arm_problems(self) -> list[str]:
+        """Problems of each trial config, over the well-formed part of the sweep: a malformed
+        grid axis, seed or unknown field is a problem of ``problems`` and is left out here,
+        so that one message names the sweep's problems and its trials' together."""
+        known = FIELD_TYPES
+        seeds = tuple(s for s in self.seeds if is_of_type(s, int)) or (0,)
+        shaped = dataclasses.replace(
+            self,
+            base={k: v for k, v in self.base.items() if k in known and k != "seed"},
+            grid={
+                k: v
+                for k, v in self.grid.items()
+                if k in known and k != "seed" and isinstance(v, list | tuple) and v
+            },
+            seeds=seeds,
+            overrides=tuple(
+                (match, {k: v for k, v in values.items() if k in known})
+                for match, values in self.overrides
+                if all(k in known for k in match)
+            ),
+        )
+        out = []
+        for arm in shaped.arms():
+            try:
+                TrialConfig.from_flat(arm)
+            except ConfigError as e:
+                out += [f"{arm_label(arm)}: {p}" for p in e.problems]
+        return out
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike) -> SweepConfig:
@@ -161,59 +203,14 @@ class SweepConfig:
             ) from None
         if not isinstance(data, dict):
             raise ConfigError([f"{path}: a sweep file is a mapping of SweepConfig fields"])
-        known = {f.name: f for f in fields(cls)}
-        problems = [
-            f"{path}: unknown key {k!r}; known keys: {', '.join(known)}"
-            for k in data
-            if k not in known
-        ]
-        if "name" not in data:
-            problems.append(f"{path}: 'name' is required")
-        for key, kind in (
-            ("base", dict),
-            ("grid", dict),
-            ("search", dict),
-            ("seeds", list),
-            ("overrides", list),
-        ):
-            if key in data and not isinstance(data[key], kind):
-                problems.append(
-                    f"{path}: {key!r} must be a {kind.__name__}, got {type(data[key]).__name__}"
-                )
-        for key, kind in scalar_field_types(cls).items():
-            if key in data and not is_of_type(data[key], kind):
-                problems.append(
-                    f"{path}: {key!r} must be {'an' if kind is int else 'a'} {kind.__name__}, "
-                    f"got {data[key]!r}"
-                )
-        for key, spec in (data.get("search") or {}).items():
-            if isinstance(data.get("search"), dict) and not isinstance(spec, list):
-                problems.append(
-                    f"{path}: search {key!r} must be a list [kind, ...] with kind one of "
-                    f"{', '.join(SEARCH_KINDS)}, got {spec!r}"
-                )
-        if problems:
-            raise ConfigError(problems)
-        values = {k: v for k, v in data.items() if k in known}
-        if "seeds" in values:
-            values["seeds"] = tuple(values["seeds"])
-        if "overrides" in values:
-            pairs = values["overrides"]
-            if not all(
-                isinstance(p, list | tuple) and len(p) == 2 and all(isinstance(m, dict) for m in p)
-                for p in pairs
-            ):
-                raise ConfigError(
-                    [f"{path}: 'overrides' is a list of [match, values] pairs of mappings"]
-                )
-            values["overrides"] = tuple((dict(m), dict(v)) for m, v in pairs)
-        if "search" in values:
-            values["search"] = {k: tuple(v) for k, v in values["search"].items()}
+        problems, values = yaml_field_problems(cls, data)
+        # The well-typed fields make a sweep whose own problems (grid shapes, seeds, every
+        # arm's trial config) join the type problems: all of them in one message.
         sweep = cls(**values)
-        try:
-            return sweep.validate()
-        except ConfigError as e:
-            raise ConfigError([f"{path}: {p}" for p in e.problems]) from None
+        problems += sweep.problems() + sweep.arm_problems()
+        if problems:
+            raise ConfigError([f"{path}: {p}" for p in dict.fromkeys(problems)])
+        return sweep
 
     @property
     def sweep_dir(self) -> Path:
@@ -222,6 +219,55 @@ class SweepConfig:
     @property
     def ray_storage(self) -> str:
         return self.storage_path or str(Path(self.results_dir).absolute() / "_ray")
+
+
+def yaml_field_problems(cls, data: dict) -> tuple[list[str], dict]:
+    """(problems, SweepConfig keyword values) of a YAML mapping: unknown keys, missing name,
+    fields of the wrong type. A field of the wrong type is left out of the values (its
+    default stands in), so the rest can still be checked."""
+    known = [f.name for f in fields(cls)]
+    problems = [
+        f"unknown key {k!r}; known keys: {', '.join(known)}" for k in data if k not in known
+    ]
+    values = {k: v for k, v in data.items() if k in known}
+    if "name" not in data:
+        problems.append("'name' is required")
+    for key, kind in (
+        ("base", dict),
+        ("grid", dict),
+        ("search", dict),
+        ("seeds", list),
+        ("overrides", list),
+    ):
+        if key in values and not isinstance(values[key], kind):
+            problems.append(f"{key!r} must be a {kind.__name__}, got {type(values[key]).__name__}")
+            del values[key]
+    for key, kind in scalar_field_types(cls).items():
+        if key in values and not is_of_type(values[key], kind):
+            problems.append(
+                f"{key!r} must be {'an' if kind is int else 'a'} {kind.__name__}, "
+                f"got {values[key]!r}"
+            )
+            del values[key]
+    for key, spec in dict(values.get("search", {})).items():
+        if not isinstance(spec, list):
+            problems.append(
+                f"search {key!r} must be a list [kind, ...] with kind one of "
+                f"{', '.join(SEARCH_KINDS)}, got {spec!r}"
+            )
+            del values["search"][key]
+    pairs = values.get("overrides", [])
+    if not all(
+        isinstance(p, list | tuple) and len(p) == 2 and all(isinstance(m, dict) for m in p)
+        for p in pairs
+    ):
+        problems.append("'overrides' is a list of [match, values] pairs of mappings")
+        pairs = []
+    values["overrides"] = tuple((dict(m), dict(v)) for m, v in pairs)
+    values["seeds"] = tuple(values.get("seeds", cls.seeds))
+    values["search"] = {k: tuple(v) for k, v in values.get("search", {}).items()}
+    values.setdefault("name", "sweep")  # missing or mistyped: already a problem
+    return problems, values
 
 
 def scalar_field_types(cls) -> dict[str, type]:
@@ -591,6 +637,7 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
     """Run (or resume) the sweep. An interrupted run (Ctrl-C) returns with ``unfinished``
     trials instead of raising: its rows so far are on disk, ``resume=True`` continues it."""
     sweep.validate()
+    check_sweep_storage(sweep)
     ResultsWriter(sweep.results_dir, sweep.name)  # fail now if results cannot be written
     from scale_fpt.models.backbones import scale_fpt_home
 
@@ -607,11 +654,11 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
     else:
         plans = [(sweep.name, sweep.arms())]
     trials = unfinished = 0
-    for experiment, arms in plans:
+    for index, (experiment, arms) in enumerate(plans):
         grid = run_experiment(sweep, experiment, arms, gpus, resume)
         trials += len(grid)
-        unfinished += saved_unfinished(os.path.join(sweep.ray_storage, experiment))
-        if unfinished:
+        if saved_unfinished(os.path.join(sweep.ray_storage, experiment)):
+            unfinished = unfinished_trials(sweep, [name for name, _ in plans[index:]])
             break  # interrupted: later arms wait for --resume
     return SweepOutcome([name for name, _ in plans], trials, unfinished)
 
@@ -619,20 +666,77 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
 def saved_unfinished(path: str) -> int:
     """Trials that Tune's saved experiment state holds as neither finished nor errored: what
     ``--resume`` continues. (Not the ResultGrid's count: on Ctrl-C, Tune saves its state and
-    then stops the running trials, which the returned ResultGrid calls TERMINATED.)"""
+    then stops the running trials, which the returned ResultGrid calls TERMINATED.) Trials
+    Tune had not generated yet are not in it: ``unfinished_trials`` counts those too."""
     from ray.tune import ExperimentAnalysis
 
     trials = ExperimentAnalysis(path).trials
     return sum(trial.status not in ("TERMINATED", "ERROR") for trial in trials)
 
 
+def unfinished_trials(sweep: SweepConfig, experiments: list[str]) -> int:
+    """Trials of an interrupted sweep still to run, counted from the sweep's own grid: each
+    arm without a final row on disk; for a search, ``search_trials`` per arm's experiment
+    less the trials Tune finished in it (``experiments``: the current one and those after)."""
+    if sweep.search:
+        return sum(
+            max(0, sweep.search_trials - saved_finished(os.path.join(sweep.ray_storage, name)))
+            for name in experiments
+        )
+    writer = ResultsWriter(sweep.results_dir, sweep.name)
+    ids = [trial_id_for(sweep.name, TrialConfig.from_flat(arm).to_flat()) for arm in sweep.arms()]
+    return sum(writer.status(trial_id) in (None, "running") for trial_id in ids)
+
+
+def saved_finished(path: str) -> int:
+    """Trials Tune's saved experiment state at ``path`` holds as finished or errored."""
+    from ray.tune import ExperimentAnalysis
+
+    if not os.path.exists(path):
+        return 0
+    return sum(t.status in ("TERMINATED", "ERROR") for t in ExperimentAnalysis(path).trials)
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
 
+def sweep_callbacks(sweep: SweepConfig) -> list:
+    """The driver's callbacks: our own rows, plus Tune's result.json (its ResultGrid reads it,
+    and ``recovery`` re-derives lost rows from it); Tune's TensorBoard and CSV loggers would
+    only warn about the nested row lists."""
+    from ray.tune.logger import JsonLoggerCallback
+
+    results_dir = str(Path(sweep.results_dir).absolute())
+    return [results_callback_class()(results_dir, sweep.name), JsonLoggerCallback()]
+
+
+def write_where_told(tuner, sweep: SweepConfig, callbacks: list) -> None:
+    """Give a restored Tuner this command's callbacks. ``Tuner.restore`` brings back the
+    callbacks pickled in the experiment state, whose results directory is the one of the run
+    that made it (another one when the state was copied or moved); ``Tuner.restore`` takes
+    no callbacks, so they are replaced in its run config. A search is refused instead: its
+    restored Optuna searcher keeps the study in the other directory's default database."""
+    run_config = tuner._local_tuner.get_run_config()
+    stored = {
+        str(Path(c.results_dir).absolute())
+        for c in run_config.callbacks
+        if hasattr(c, "results_dir")
+    }
+    here = callbacks[0].results_dir
+    if sweep.search and not sweep.optuna_storage and stored - {here}:
+        raise ResultsError(
+            [
+                f"--resume: the Ray Tune state in {sweep.ray_storage} belongs to the search "
+                f"with results in {', '.join(sorted(stored))}, whose Optuna study is there; "
+                f"resume it with --results {', '.join(sorted(stored))}"
+            ]
+        )
+    run_config.callbacks = callbacks
+
+
 def run_experiment(sweep: SweepConfig, experiment: str, arms: list[dict], gpus: bool, resume: bool):
     from ray import tune
-    from ray.tune.logger import JsonLoggerCallback
 
     path = os.path.join(sweep.ray_storage, experiment)
 
@@ -645,11 +749,13 @@ def run_experiment(sweep: SweepConfig, experiment: str, arms: list[dict], gpus: 
         return tune.PlacementGroupFactory([request])
 
     trainable = tune.with_resources(tune_trial, resources)
+    callbacks = sweep_callbacks(sweep)
     if resume and tune.Tuner.can_restore(path):
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True)
+        write_where_told(tuner, sweep, callbacks)
+        restore_missing_rows(callbacks[0], path)
         return fit_reporting_write_failures(tuner)
 
-    callback = results_callback_class()(sweep.results_dir, sweep.name)
     if sweep.search:
         arm = arms[0]
         param_space = {"sweep": sweep.name, **arm}
@@ -689,9 +795,7 @@ def run_experiment(sweep: SweepConfig, experiment: str, arms: list[dict], gpus: 
         run_config=tune.RunConfig(
             name=experiment,
             storage_path=sweep.ray_storage,
-            # Our own rows plus Tune's result.json (its ResultGrid reads it); Tune's TensorBoard
-            # and CSV loggers would only warn about the nested row lists.
-            callbacks=[callback, JsonLoggerCallback()],
+            callbacks=callbacks,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             verbose=0,

@@ -14,14 +14,11 @@ import datetime
 import functools
 import hashlib
 import json
-import os
 import socket
-import subprocess
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from importlib import metadata
-from pathlib import Path
 
 import torch
 
@@ -30,6 +27,7 @@ from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.loop import Evaluation, TrialState, fit, restore_checkpoint, save_checkpoint
 from scale_fpt.models import BuiltModel, build_model
 from scale_fpt.packing import STEP_KINDS, step_kind
+from scale_fpt.provenance import git_sha
 from scale_fpt.results import SCHEMA_VERSION
 from scale_fpt.seeding import seed_streams
 from scale_fpt.steps.cohort import CohortStep
@@ -46,34 +44,6 @@ def trial_id_for(sweep: str, flat: dict) -> str:
     instead of adding new ones."""
     blob = json.dumps({"sweep": sweep, **flat}, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
-
-
-@functools.cache
-def git_sha() -> str:
-    """Commit of the scale_fpt source that runs ("-dirty" when it has local changes).
-
-    A sweep driver passes its own to the workers via SCALE_FPT_GIT_SHA."""
-    if os.environ.get("SCALE_FPT_GIT_SHA"):
-        return os.environ["SCALE_FPT_GIT_SHA"]
-    root = Path(__file__).resolve().parent.parent
-    try:
-        sha = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        if sha.returncode != 0:
-            return "unknown"
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        return sha.stdout.strip() + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 @functools.cache

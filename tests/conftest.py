@@ -15,6 +15,27 @@ def pytest_configure(config):
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
+    # Every Ray the tests start (in-process, in subprocesses, `ray start` nodes) runs with
+    # token authentication off, explicitly: without RAY_AUTH_MODE a local ray.init() turns
+    # it on and leaves ~/.ray/auth_token behind, and a head started while that file exists
+    # turns it on too, which workers started without it cannot join.
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+
+
+def torch_extensions_dir() -> str:
+    """Where torch caches the C++ extensions it builds (the fused CPU kernels, DeepSpeed's
+    ops) for this process: a Ray node or shell started with another HOME is pointed here
+    (TORCH_EXTENSIONS_DIR) instead of rebuilding them for minutes."""
+    import sys
+
+    import torch
+    from torch.utils.cpp_extension import get_default_build_root
+
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return os.environ["TORCH_EXTENSIONS_DIR"]
+    device = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
+    python = f"py{sys.version_info.major}{sys.version_info.minor}"
+    return os.path.join(get_default_build_root(), f"{python}_{device}")
 
 
 @pytest.fixture(autouse=True)

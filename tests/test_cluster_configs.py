@@ -8,13 +8,16 @@ match the instance types, the image's Ray matches the installed one.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import torch_extensions_dir
 
 from scale_fpt.cluster import load_cluster_config, validate_cluster_config
 from scale_fpt.config import ConfigError
@@ -355,3 +358,112 @@ def test_non_mapping_and_missing_file(tmp_path):
 def test_importing_the_module_does_not_import_ray():
     code = "import sys, scale_fpt.cluster; sys.exit('ray' in sys.modules)"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+# --- A node set up by a config, and `ray submit` on it ---------------------------------------
+
+SHARED = "/mnt/shared"
+
+
+def laptop_checkout(tmp_path: Path) -> tuple[Path, str]:
+    """The repository as `ray up` sees it on a laptop: a git clone overlaid with this working
+    tree's files (tracked and untracked-not-ignored) plus one local edit. Returns (its path,
+    the git_sha its rows must carry)."""
+    laptop = tmp_path / "laptop"
+    subprocess.run(["git", "clone", "-q", "--shared", str(REPO), str(laptop)], check=True)
+    listed = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
+    for name in filter(None, listed):
+        if (REPO / name).is_file():
+            (laptop / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, laptop / name)
+    with open(laptop / "README.md", "a") as f:
+        f.write("\nan edit not committed\n")
+    head = subprocess.run(
+        ["git", "-C", str(laptop), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return laptop, f"{head}-dirty"
+
+
+def ray_shell(command: str, home: Path) -> subprocess.CompletedProcess:
+    """``command`` on a node the way the cluster launcher runs it over SSH (setup and start
+    commands, `ray exec`, `ray submit`): Ray's own ``bash --login -i`` wrapper, which sources
+    ~/.bashrc first, here with HOME=``home``."""
+    from ray.autoscaler._private.command_runner import _with_interactive
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SCALE_FPT_", "RAY_"))}
+    # The node keeps the fused kernels built on this machine (no 2-minute rebuild per test).
+    env.update(HOME=str(home), TORCH_EXTENSIONS_DIR=torch_extensions_dir())
+    return subprocess.run(
+        " ".join(_with_interactive(command)),
+        shell=True,
+        cwd=home,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def ray_up(config_path: Path, laptop: Path, home: Path, shared: Path) -> dict:
+    """`ray up` of ``config_path`` onto one node simulated here: its home ``home``, its
+    /mnt/shared at ``shared``. The file mounts are copied as the launcher syncs them (.git
+    left out of the trees), and the setup commands run through ``ray_shell``; the package
+    and Python installs are stood in for by ~/.bashrc lines (this Python first on PATH, the
+    synced tree on PYTHONPATH), as local.yaml's header asks of every machine."""
+    config = _prepare(config_path)
+    home.mkdir()
+    for remote, local in config["file_mounts"].items():
+        target = home / remote.removeprefix("~/")
+        shutil.copytree(laptop / local, target, ignore=shutil.ignore_patterns(".git"))
+    (home / ".bashrc").write_text(
+        f"export PATH={Path(sys.executable).parent}:$PATH\nexport PYTHONPATH={home / 'scale_fpt'}\n"
+    )
+    shared.mkdir()
+    for command in config["head_setup_commands"]:
+        if "pip install" in command or "import torch" in command:
+            continue
+        done = ray_shell(command.replace(SHARED, str(shared)), home)
+        assert done.returncode == 0, (command, done.stderr[-2000:])
+    return config
+
+
+@pytest.mark.parametrize("name", ["gpu.yaml", "local.yaml"])
+def test_synced_nodes_record_the_commit_rows_carry(tmp_path, name):
+    """After `ray up`, code on a node that has no .git still knows its commit: the setup
+    records the synced tree's SHA and dirty flag, which scale_fpt.trial.git_sha returns."""
+    laptop, expected = laptop_checkout(tmp_path)
+    home = tmp_path / "node"
+    ray_up(CLUSTER_DIR / name, laptop, home, tmp_path / "shared")
+    assert not (home / "scale_fpt" / ".git").exists()
+    done = ray_shell("python -c 'from scale_fpt.trial import git_sha; print(git_sha())'", home)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == expected
+
+
+@pytest.mark.slow
+def test_bare_ray_submit_writes_to_shared_storage_with_the_synced_commit(tmp_path):
+    """`ray submit cluster/local.yaml sweeps/scale.py` with no --results or --storage, on a
+    node set up by `ray up`: the sweep's rows and Ray Tune's state land on the shared path
+    (not the node's ~/results), and every row carries the laptop's commit."""
+    laptop, expected = laptop_checkout(tmp_path)
+    home, shared = tmp_path / "node", tmp_path / "shared"
+    ray_up(CLUSTER_DIR / "local.yaml", laptop, home, shared)
+    shutil.copy2(REPO / "sweeps" / "scale.py", home / "scale.py")  # what `ray submit` copies
+    flags = "--tasks bit-xor --inits random --seeds 0 --steps 4 --set eval_every=2"
+    flags += " --set test_batches=1 --name submitted"
+    done = ray_shell(f"python ~/scale.py {flags}", home)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    from scale_fpt.results import load_results
+
+    trials = load_results(shared / "scale_fpt" / "results", "submitted").trials
+    assert trials["status"].tolist() == ["completed"]
+    assert trials["git_sha"].tolist() == [expected]
+    assert (shared / "scale_fpt" / "ray" / "submitted").is_dir()
+    assert not (home / "results").exists()
+    assert not (home / ".ray" / "auth_token").exists()  # RAY_AUTH_MODE set for every shell

@@ -38,11 +38,13 @@ from types import SimpleNamespace
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from conftest import torch_extensions_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scale_fpt import cli
 from scale_fpt.config import TrialConfig
+from scale_fpt.recovery import tune_reports  # each report also records the ``pid`` that made it
 from scale_fpt.results import ResultsError, load_results
 from scale_fpt.sweep import SweepConfig, run_sweep
 
@@ -113,17 +115,6 @@ def tune_trial_dir(sweep: SweepConfig, **arm) -> Path | None:
         if len(members) == 1 and all(members[0].get(k) == v for k, v in arm.items()):
             return directory
     return None
-
-
-def tune_reports(trial_dir: Path) -> list[dict]:
-    """Every result Tune recorded for a trial, in order (one JSON line per ``tune.report``,
-    with the ``pid`` of the process that made it); a line being written is skipped."""
-    reports = []
-    with contextlib.suppress(FileNotFoundError), open(trial_dir / "result.json") as f:
-        for line in f:
-            with contextlib.suppress(ValueError):
-                reports.append(json.loads(line))
-    return reports
 
 
 def wait_until(condition, what: str, done: threading.Event | None = None, timeout: float = 240):
@@ -411,18 +402,12 @@ def test_out_of_memory_trial_is_retried_then_failed(local_ray, tmp_path):
     assert (healthy["status"], healthy["steps_done"]) == ("completed", 20)
 
 
-@pytest.mark.slow
-def test_interrupted_sweep_is_reported_unfinished_and_resume_completes_it(local_ray, tmp_path):
-    """Ctrl-C (SIGINT to the driver) mid-sweep: Tune returns without raising; the sweep
-    reports the trial unfinished (the scripts then exit 130 and say --resume) instead of
-    done, its row stays `running` next to its curve so far, and resuming finishes it with
-    every step once."""
-    sweep = sweep_config(
-        tmp_path, "interrupt", base={**TINY, "max_steps": 60, "eval_every": 5}, grid={"lr": [1e-3]}
-    )
+def interrupted_after_two_evaluations(sweep: SweepConfig):
+    """Run the sweep and Ctrl-C it (SIGINT to this process) once a curve has two rows;
+    returns what run_sweep returned."""
     curve_dir = Path(sweep.results_dir) / sweep.name / "curves"
 
-    def interrupt_after_two_evaluations(done):
+    def interrupt(done):
         def two_rows():
             files = list(curve_dir.glob("[!.]*.parquet"))
             return files and pq.read_table(files[0]).num_rows >= 2
@@ -430,21 +415,199 @@ def test_interrupted_sweep_is_reported_unfinished_and_resume_completes_it(local_
         wait_until(two_rows, "two curve rows", done)
         os.kill(os.getpid(), signal.SIGINT)
 
-    outcome, _ = run_with_fault(sweep, interrupt_after_two_evaluations)
+    outcome, _ = run_with_fault(sweep, interrupt)
     assert not isinstance(outcome, Exception), outcome
-    assert (outcome.trials, outcome.unfinished, outcome.finished) == (1, 1, False)
+    return outcome
+
+
+def damage(sweep_dir: Path, trial_id: str, curve_id: str) -> list[Path]:
+    """Truncate the trials file of ``trial_id`` and the curves file of ``curve_id``, and
+    put a garbage ``*.parquet`` beside each: the damaged files, as readers must name them."""
+    damaged = [
+        sweep_dir / "trials" / f"{trial_id}.parquet",
+        sweep_dir / "curves" / f"{curve_id}.parquet",
+    ]
+    for path in damaged:
+        truncate(path)
+    for table in ("trials", "curves"):
+        garbage = sweep_dir / table / "stray.parquet"
+        garbage.write_bytes(b"PAR1 this was never a Parquet file " * 8)
+        damaged.append(garbage)
+    return damaged
+
+
+def warned_files(caplog) -> list[str]:
+    """The files named by the damaged-file warnings logged since the last call."""
+    names = [
+        record.getMessage().split("damaged results file ")[1].split(" (")[0]
+        for record in caplog.records
+        if "damaged results file" in record.getMessage()
+    ]
+    caplog.clear()
+    return sorted(names)
+
+
+def assert_readers_skip_and_name(sweep: SweepConfig, damaged: list[Path], caplog, out: Path):
+    """load_results, the end-of-sweep summary and `scale-fpt report` read around the damaged
+    files, naming each once; returns what load_results read."""
+    from scale_fpt.study import summary_table
+
+    caplog.clear()
+    results = load_results(sweep.results_dir, sweep.name)
+    assert warned_files(caplog) == sorted(map(str, damaged))
+    summary = summary_table(sweep)
+    if results.trials.empty:
+        assert summary == "(no trials)"
+    else:
+        assert f"statuses {results.trials['status'].value_counts().to_dict()}" in summary
+    assert warned_files(caplog) == sorted(map(str, damaged))
+    report = ["report", sweep.results_dir, "--out", str(out), "--no-attention"]
+    assert cli.main(report) == (2 if results.trials.empty else 0)  # 2: "nothing to report"
+    assert warned_files(caplog) == sorted(map(str, damaged))
+    return results
+
+
+@pytest.mark.slow
+def test_interrupted_sweep_is_reported_unfinished_and_resume_completes_it(
+    local_ray, tmp_path, monkeypatch, caplog
+):
+    """Ctrl-C (SIGINT to the driver) mid-sweep: Tune returns without raising; the sweep
+    reports every trial of its grid unfinished (the two Tune had not generated yet too; the
+    scripts then exit 130 and say --resume), the running trial's row stays `running` next to
+    its curve so far. Then its files are damaged (truncated, plus garbage files): readers
+    skip and name them, and resuming re-derives the lost rows from Tune's log and finishes
+    every trial with every step once."""
+    from scale_fpt.sweep import saved_unfinished
+
+    monkeypatch.setenv("TUNE_MAX_PENDING_TRIALS_PG", "1")  # Tune generates trials one by one
+    sweep = sweep_config(
+        tmp_path,
+        "interrupt",
+        base={**TINY, "max_steps": 60, "eval_every": 5},
+        grid={"lr": [1e-3, 2e-3, 3e-3]},
+        overrides=(({"lr": 2e-3}, {"max_steps": 10}), ({"lr": 3e-3}, {"max_steps": 10})),
+        max_concurrent=1,
+    )
+    sweep_dir = Path(sweep.results_dir) / sweep.name
+    outcome = interrupted_after_two_evaluations(sweep)
+    assert saved_unfinished(str(Path(sweep.ray_storage) / sweep.name)) < 3  # not all generated
+    assert (outcome.unfinished, outcome.finished) == (3, False)
     partial = load_results(sweep.results_dir, sweep.name)
     steps = partial.curves["step"].tolist()
     assert 2 <= len(steps) < 12 and steps == list(range(5, 5 * len(steps) + 1, 5))
     (row,) = partial.trials.to_dict("records")
     assert row["status"] == "running" and row["steps_done"] == steps[-1]
 
-    outcome = run_sweep_with_deadline(sweep, resume=True)
+    damaged = damage(sweep_dir, row["trial_id"], row["trial_id"])
+    skipped = assert_readers_skip_and_name(sweep, damaged, caplog, tmp_path / "report")
+    assert skipped.trials.empty and skipped.curves.empty
+
+    outcome = run_sweep_with_deadline(sweep, resume=True)  # names the damaged files too
     assert outcome.finished
+    caplog.clear()
     results = load_results(sweep.results_dir, sweep.name)
-    (row,) = results.trials.to_dict("records")
-    assert (row["status"], row["steps_done"]) == ("completed", 60)
-    assert results.curves["step"].tolist() == list(range(5, 61, 5))
+    assert warned_files(caplog) == sorted(str(p) for p in damaged if p.stem == "stray")
+    trials = results.trials.set_index("lr")
+    assert (trials["status"] == "completed").all() and len(trials) == 3
+    assert trials.sort_index()["steps_done"].tolist() == [60, 10, 10]
+    curve = results.curves[results.curves["trial_id"] == row["trial_id"]]
+    assert curve["step"].tolist() == list(range(5, 61, 5))
+    assert not results.curves.duplicated(["trial_id", "step"]).any()
+
+
+@pytest.mark.slow
+def test_damaged_results_files_of_a_finished_sweep_are_named_then_rederived_by_resume(
+    local_ray, tmp_path, caplog
+):
+    """A finished sweep whose files are damaged afterwards (one trial's row and the other's
+    curve truncated, garbage files beside them): load_results, the summary and `scale-fpt
+    report` read the rest and name each damaged file; --resume rewrites the two trials'
+    rows from Tune's log, equal to what was there before."""
+    sweep = sweep_config(
+        tmp_path,
+        "damaged",
+        base={**TINY, "max_steps": 10, "eval_every": 5},
+        grid={"lr": [1e-3, 2e-3]},
+    )
+    assert run_sweep_with_deadline(sweep).finished
+    before = load_results(sweep.results_dir, sweep.name)
+    first, second = before.trials["trial_id"]
+    damaged = damage(Path(sweep.results_dir) / sweep.name, first, second)
+
+    skipped = assert_readers_skip_and_name(sweep, damaged, caplog, tmp_path / "report")
+    assert skipped.trials["trial_id"].tolist() == [second]
+    assert skipped.curves["trial_id"].unique().tolist() == [first]
+
+    assert run_sweep_with_deadline(sweep, resume=True).finished  # names the damaged files too
+    caplog.clear()
+    after = load_results(sweep.results_dir, sweep.name)
+    assert warned_files(caplog) == sorted(str(p) for p in damaged if p.stem == "stray")
+    pd.testing.assert_frame_equal(after.trials, before.trials)
+    pd.testing.assert_frame_equal(after.curves, before.curves)
+
+
+@pytest.mark.slow
+def test_resumed_copy_of_a_sweep_writes_where_the_command_says(local_ray, tmp_path):
+    """A sweep interrupted in results C with Tune storage Cstore; Cstore is copied to
+    Estore and the sweep resumed with results E and storage Estore: every trial's rows land
+    in E, complete (the steps run before the copy re-derived from Tune's log), and no file
+    under C changes (the restored Tune state names C; the resume writes to E regardless)."""
+    import dataclasses
+
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+    sweep = sweep_config(
+        tmp_path / "C",
+        "moved",
+        base={**TINY, "max_steps": 30, "eval_every": 5},
+        grid={"lr": [1e-3, 2e-3]},
+        max_concurrent=1,
+        storage_path=str(tmp_path / "Cstore"),
+    )
+    assert not interrupted_after_two_evaluations(sweep).finished
+    in_c = files(Path(sweep.results_dir))
+    shutil.copytree(tmp_path / "Cstore", tmp_path / "Estore")
+    copy = dataclasses.replace(
+        sweep, results_dir=str(tmp_path / "E"), storage_path=str(tmp_path / "Estore")
+    )
+    assert run_sweep_with_deadline(copy, resume=True).finished
+
+    assert files(Path(sweep.results_dir)) == in_c
+    results = load_results(copy.results_dir, copy.name)
+    assert len(results.trials) == 2 and (results.trials["status"] == "completed").all()
+    for _, curve in results.curves.groupby("trial_id"):
+        assert curve["step"].tolist() == list(range(5, 31, 5))
+
+
+@pytest.mark.slow
+def test_resumed_copy_of_a_search_into_other_results_is_refused(local_ray, tmp_path):
+    """An Optuna search's restored searcher keeps its study in the first results directory's
+    optuna.db: resuming a copy of its Tune state with other --results is refused (one line
+    naming the first directory, exit code 2 in the scripts) before anything runs or is
+    written, instead of adding trials to the first directory's study."""
+    import dataclasses
+
+    sweep = sweep_config(
+        tmp_path / "C",
+        "search",
+        base={**TINY, "max_steps": 2, "eval_every": 2},
+        search={"lr": ("loguniform", 1e-4, 1e-2)},
+        search_trials=1,
+        storage_path=str(tmp_path / "Cstore"),
+    )
+    assert run_sweep_with_deadline(sweep).finished
+    optuna_db = (Path(sweep.results_dir) / sweep.name / "optuna.db").read_bytes()
+    shutil.copytree(tmp_path / "Cstore", tmp_path / "Estore")
+    copy = dataclasses.replace(
+        sweep, results_dir=str(tmp_path / "E"), storage_path=str(tmp_path / "Estore")
+    )
+    with pytest.raises(ResultsError) as error:
+        run_sweep_with_deadline(copy, resume=True)
+    (line,) = str(error.value).splitlines()
+    assert f"resume it with --results {tmp_path / 'C'}" in line
+    assert (Path(sweep.results_dir) / sweep.name / "optuna.db").read_bytes() == optuna_db
+    assert visible_parquet_files(tmp_path / "E") == []
 
 
 # ----------------------------------------------------------------------------- disk faults
@@ -604,10 +767,56 @@ def test_full_or_read_only_results_dir_fails_at_start_up(tmp_path, small_disk, c
     assert not (small_disk / "elsewhere").exists()
 
 
+BAD_STORAGE = {
+    "read-only storage path": (["--storage", "{ro}/ray"], "Read-only file system"),
+    "unknown storage scheme": (["--storage", "notaurl://x"], "Unrecognized filesystem type"),
+    "Optuna URL of no database": (["--optuna-storage", "notaurl://x"], "not a database URL"),
+    "SQLite file in no directory": (
+        ["--optuna-storage", "sqlite:////nonexistent/x.db"],
+        "directory /nonexistent does not exist",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_STORAGE))
+def test_bad_storage_exits_2_before_ray_starts_and_writes_nothing(
+    case, tmp_path, capsys, monkeypatch, request
+):
+    """A grid sweep (which uses no Optuna storage, and still checks a given URL) with a bad
+    --storage or --optuna-storage: one line naming the flag and the cause, exit code 2, Ray
+    never started, no results skeleton. The same through `scale-fpt sweep FILE.yaml`."""
+    from scale_fpt import sweep as sweep_module
+    from scale_fpt.study import study_main
+
+    def ray_must_not_start(*args, **kwargs):
+        raise AssertionError("Ray was started")
+
+    monkeypatch.setattr(sweep_module, "connect_ray", ray_must_not_start)
+    flags, cause = BAD_STORAGE[case]
+    if "{ro}" in flags[1]:
+        disk = request.getfixturevalue("small_disk")
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        flags = [flags[0], flags[1].format(ro=disk)]
+    presets = {"local": lambda: SweepConfig(name="store", base={**TINY, "max_steps": 2})}
+    results = tmp_path / "results"
+    assert study_main("store", presets, ["--results", str(results), *flags]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"error: {flags[0]} " in line and cause in line, line
+
+    field = {"--storage": "storage_path", "--optuna-storage": "optuna_storage"}[flags[0]]
+    yaml_file = tmp_path / "sweep.yaml"
+    yaml_file.write_text(f"name: store\nbase: {{task: bit-xor}}\n{field}: '{flags[1]}'\n")
+    assert cli.main(["sweep", str(yaml_file), "--results", str(results)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"scale-fpt: error: {flags[0]} ") and cause in line, line
+    assert not results.exists()
+
+
 WRITER_LOOP = """
 import sys
 from scale_fpt.results import ResultsWriter
 from scale_fpt.config import TrialConfig
+from scale_fpt.recovery import tune_reports  # each report also records the ``pid`` that made it
 root, start = sys.argv[1], int(sys.argv[2])
 flat = TrialConfig().to_flat()
 writer = ResultsWriter(root, "s")
@@ -675,7 +884,19 @@ class LocalCluster:
 
     def __init__(self):
         self.temp_dir = tempfile.mkdtemp(prefix="sfray", dir="/tmp")  # short: socket paths
-        self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+        # Its own HOME holding a ~/.ray/auth_token, as a machine that once ran a plain local
+        # ray.init() has: the nodes must form whether or not that file exists, because the
+        # auth mode is set explicitly. (Kernels stay in this machine's build cache.)
+        home = Path(self.temp_dir) / "home"
+        (home / ".ray").mkdir(parents=True)
+        (home / ".ray" / "auth_token").write_text("a-token-left-by-an-earlier-ray-init")
+        self.env = {
+            **os.environ,
+            "HOME": str(home),
+            "TORCH_EXTENSIONS_DIR": torch_extensions_dir(),
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
         self.ray = str(Path(sys.executable).with_name("ray"))
         if not os.path.exists(self.ray):
             self.ray = shutil.which("ray") or "ray"
@@ -1055,6 +1276,56 @@ def test_malformed_sweep_yaml_exits_2_naming_every_problem(text, tmp_path, capfd
     for expected in MALFORMED_SWEEPS[text]:
         assert expected in message, (expected, message)
     assert not results.exists()
+
+
+EVERY_KIND_OF_SWEEP_PROBLEM = """\
+name: 12
+max_failures: two
+seeds: [zero, 1]
+base: {task: nope, model: gpt2-tiny}
+grid: {batch_size: [], seed: [3, 4], init: [random, bogus]}
+search: {lr: 5}
+"""
+
+
+def test_sweep_yaml_problems_of_every_kind_arrive_in_one_message(tmp_path, capfd):
+    """Top-level types, grid shapes, seeds and every arm's trial-config values: one run of
+    `scale-fpt sweep` names all of them (not one kind per attempt), exit code 2."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text(EVERY_KIND_OF_SWEEP_PROBLEM)
+    results = tmp_path / "results"
+    code, message = run_cli(capfd, "sweep", path, "--results", results)
+    assert code == 2
+    for expected in (
+        "'name' must be a str, got 12",  # top-level types
+        "'max_failures' must be an int, got 'two'",
+        "search 'lr' must be a list",
+        "grid 'batch_size': needs a non-empty list",  # grid shapes
+        "seeds: 'zero' is not an integer seed",  # seeds
+        "grid 'seed': seeds are set by 'seeds'",
+        "nope/gpt2-tiny/random/1: --task: unknown value 'nope'",  # per-arm values
+        "nope/gpt2-tiny/bogus/1: --init: unknown value 'bogus'",
+    ):
+        assert expected in message, (expected, message)
+    assert not results.exists()
+
+
+def test_negative_sweep_limits_exit_2_and_help_says_zero_is_unlimited(tmp_path, capsys):
+    """--max-concurrent -1 and --max-failures -3 are refused in one message (not replaced
+    by the preset's values); --help explains 0."""
+    from scale_fpt.study import parser, study_main
+    from scale_fpt.sweep import SweepConfig
+
+    presets = {"local": lambda: SweepConfig(name="limits", base={**TINY, "max_steps": 2})}
+    results = tmp_path / "results"
+    argv = ["--results", str(results), "--max-concurrent", "-1", "--max-failures", "-3"]
+    assert study_main("limits", presets, argv) == 2
+    err = capsys.readouterr().err
+    assert "--max-concurrent: must be >= 0 (0 = unlimited), got -1" in err
+    assert "--max-failures: must be >= 0 (0 = no retries), got -3" in err
+    assert "Traceback" not in err and not results.exists()
+    help_text = " ".join(parser("limits", presets).format_help().split())
+    assert "--max-concurrent MAX_CONCURRENT trials at once; 0 = unlimited" in help_text
 
 
 def test_missing_sweep_file_exits_2(tmp_path, capfd):

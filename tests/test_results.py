@@ -175,6 +175,38 @@ def test_no_results_at_all_is_a_clear_error(tmp_path):
 # ---------------------------------------------------------------------------- de-duplication
 
 
+def test_damaged_files_are_skipped_and_named_and_a_damaged_curve_is_rewritten(tmp_path, caplog):
+    """A truncated trials file and a garbage curves file: load_results reads the rest and
+    logs one warning line per damaged file, naming it; a resumed writer takes the damaged
+    curve as empty (one warning) and replaces it with the rows written from then on; a
+    damaged trial row reads as no status."""
+    writer = ResultsWriter(tmp_path, SWEEP)
+    writer.write_trial(trial_row("a"))
+    writer.write_trial(trial_row("b"))
+    writer.write_curve("a", [curve_row(10)])
+    writer.write_curve("b", [curve_row(10)])
+    trials_a = tmp_path / SWEEP / "trials" / "a.parquet"
+    trials_a.write_bytes(trials_a.read_bytes()[:100])
+    curve_b = tmp_path / SWEEP / "curves" / "b.parquet"
+    curve_b.write_bytes(b"not parquet at all")
+
+    caplog.clear()
+    results = load_results(tmp_path)
+    assert results.trials["trial_id"].tolist() == ["b"]
+    assert results.curves["trial_id"].tolist() == ["a"]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2
+    assert all("\n" not in w and "skipping damaged results file" in w for w in warnings)
+    assert {w.split(" file ")[1].split(" (")[0] for w in warnings} == {str(trials_a), str(curve_b)}
+
+    caplog.clear()
+    resumed = ResultsWriter(tmp_path, SWEEP)
+    assert resumed.status("a") is None and resumed.status("b") == "completed"
+    resumed.write_curve("b", [curve_row(20)])
+    assert pq.read_table(curve_b).column("step").to_pylist() == [20]
+    assert sum(str(curve_b) in r.getMessage() for r in caplog.records) == 1
+
+
 def test_same_trial_twice_replaces_its_row(tmp_path):
     writer = ResultsWriter(tmp_path, SWEEP)
     writer.write_trial(trial_row("a", status="running", steps_done=10))

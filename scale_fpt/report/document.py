@@ -27,7 +27,7 @@ import pandas as pd
 from scale_fpt.config import ConfigError
 from scale_fpt.report import attention, figures, tables
 from scale_fpt.report.published import TASK_TITLES
-from scale_fpt.results import load_results
+from scale_fpt.results import ResultsError, load_results
 
 MAX_LISTED_IDS = 30
 
@@ -401,6 +401,8 @@ def build_report(
     """Write report.md, report.html, figures/ and tables/ to ``out`` (default
     RESULTS_DIR/report); returns the path of report.md."""
     results = load_results(results_dir)
+    if results.trials.empty:  # e.g. every trials file damaged (each named by load_results)
+        raise ResultsError([f"no readable trial rows under {results_dir}: nothing to report"])
     out = Path(out) if out else Path(results_dir) / "report"
     for sub in ("figures", "tables"):
         (out / sub).mkdir(parents=True, exist_ok=True)
