@@ -837,12 +837,14 @@ def tune_cohort(flat: dict) -> None:
     (``sweep.tune_trial``), so a sweep can send every arm through this trainable."""
     from ray import tune
 
-    from scale_fpt.sweep import config_only_row, tune_trial
+    from scale_fpt.prebuild import prebuild_ops
+    from scale_fpt.sweep import config_only_row, report_placed, tune_trial
 
     flat = dict(flat)
     sweep = flat.pop("sweep")
     compile_model = bool(flat.pop("compile", False))
     members = [{**flat, **m} for m in flat.pop("members")]  # pops "members" first
+    prebuild_ops()  # the first cohort on a node builds its kernels; the others wait for it
     if len(members) == 1 and pack_problem(members[0]):
         tune_trial({**members[0], "sweep": sweep})
         return
@@ -863,7 +865,7 @@ def tune_cohort(flat: dict) -> None:
         cohort = None
     if cohort is None:
         nan = float("nan")
-        tune.report(
+        report_placed(
             {
                 "step": 0,
                 "test_accuracy": nan,
@@ -885,7 +887,7 @@ def tune_cohort(flat: dict) -> None:
             reported_final = cohort.finished
             with tempfile.TemporaryDirectory(prefix="scale_fpt_cohort_") as directory:
                 cohort.save(directory)
-                tune.report(
+                report_placed(
                     {
                         "step": step,
                         **cohort_metrics(cohort),
@@ -898,7 +900,7 @@ def tune_cohort(flat: dict) -> None:
 
         cohort.fit(on_eval)
         if not reported_final:  # every member diverged between evaluations (or restored done)
-            tune.report(
+            report_placed(
                 {
                     "step": cohort.step,
                     **cohort_metrics(cohort),

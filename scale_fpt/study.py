@@ -28,6 +28,10 @@ PAPER_STEPS = {
 }
 
 
+PAPER_GPU = "a10g-24gb"
+"""The GPU the paper presets plan for: cluster/gpu.yaml's worker types (``--gpu`` to change)."""
+
+
 def paper_overrides() -> tuple:
     """Per-task settings of the paper: step budgets, and lr 1e-4 for homology."""
     steps = tuple(({"task": task}, {"max_steps": n}) for task, n in PAPER_STEPS.items())
@@ -90,8 +94,40 @@ def parser(description: str, presets: dict) -> argparse.ArgumentParser:
         default=0,
         help="train up to K compatible trials per process on one backbone",
     )
+    add_gpu_flags(p)
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
     return p
+
+
+def add_gpu_flags(p: argparse.ArgumentParser) -> None:
+    """What each trial asks Ray for (``SweepConfig.gpus_per_trial``, ``gpu``, ...)."""
+    from scale_fpt.planner import GPUS
+
+    p.add_argument(
+        "--gpus-per-trial",
+        default="",
+        metavar="auto|0|N|FRACTION",
+        help="GPUs per trial: auto (sized by the memory planner; CPU where the cluster has "
+        "and can launch no GPU), 0 (CPU only), N, or a fraction such as 0.25 (default: the "
+        "preset's)",
+    )
+    p.add_argument(
+        "--gpu",
+        default="",
+        choices=["", *GPUS],
+        metavar="NAME",
+        help=f"the GPU trials run on, for the planner: {', '.join(GPUS)} (default: the "
+        "preset's, else the cluster's GPU node types)",
+    )
+    p.add_argument(
+        "--gpu-memory", type=float, default=0.0, help="GiB of one GPU, for a GPU not in --gpu"
+    )
+    p.add_argument(
+        "--cluster-config",
+        default="",
+        help="cluster YAML whose node types auto plans for (default: ~/ray_bootstrap_config.yaml "
+        "when present)",
+    )
 
 
 def split(text: str, kind=str) -> list:
@@ -127,6 +163,10 @@ def narrow(sweep, args: argparse.Namespace):
         "storage_path": args.storage,
         "optuna_storage": args.optuna_storage,
         "search_trials": args.search_trials,
+        "gpus_per_trial": args.gpus_per_trial,
+        "gpu": args.gpu,
+        "gpu_memory_gb": args.gpu_memory,
+        "cluster_config": args.cluster_config,
     }
     changes.update({k: v for k, v in optional.items() if v})
     if args.max_concurrent >= 0:
