@@ -149,16 +149,25 @@ def autoscaler_offer() -> GPUOffer | None:
     return node_types_offer({"available_node_types": node_types}, "autoscaler")
 
 
-def gpu_offer(cluster_config: str = "") -> GPUOffer:
-    """What GPUs the connected Ray cluster has or can launch: the node types of
-    ``cluster_config`` (default: ``BOOTSTRAP_CONFIG`` when present), else the autoscaler's
-    node groups in the GCS, else the GPUs of the running nodes; none of these: no GPU."""
+def config_file_offer(cluster_config: str = "") -> GPUOffer | None:
+    """GPUs of the node types in ``cluster_config`` (default: ``BOOTSTRAP_CONFIG`` when
+    present); None without a file or without GPU node types."""
     path = os.path.expanduser(cluster_config or BOOTSTRAP_CONFIG)
-    if cluster_config or os.path.exists(path):
-        offer = node_types_offer(load_cluster_config(path), path)
-        if offer:
-            return offer
-    return autoscaler_offer() or running_nodes_offer() or GPUOffer(None, 0, "none")
+    if not cluster_config and not os.path.exists(path):
+        return None
+    return node_types_offer(load_cluster_config(path), path)
+
+
+def gpu_offer(cluster_config: str = "") -> GPUOffer:
+    """What GPUs the connected Ray cluster has or can launch: the node types of the cluster
+    config (``config_file_offer``), else the autoscaler's node groups in the GCS, else the
+    GPUs of the running nodes; none of these: no GPU."""
+    return (
+        config_file_offer(cluster_config)
+        or autoscaler_offer()
+        or running_nodes_offer()
+        or GPUOffer(None, 0, "none")
+    )
 
 
 def _precheck(config: dict) -> list[str]:

@@ -24,10 +24,11 @@ gradients, stage 3 also the weights (keeping the two blocks being gathered whole
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from scale_fpt.config import ConfigError, TrialConfig
+from scale_fpt.config import ConfigError, ModelConfig, TaskConfig, TrainConfig, TrialConfig
 from scale_fpt.scaling import activation_bytes
 
 MIB = 2**20
@@ -288,15 +289,23 @@ def parse_gpus_per_trial(text: str) -> tuple[str, float]:
 def model_shape(config: TrialConfig) -> ModelShape:
     """The numbers memory depends on, for any model and fine-tuning subset (built on the
     meta device: no weights read, nothing allocated)."""
+    return shape_of(config.task, config.model, config.train.finetune)
+
+
+@functools.lru_cache(maxsize=256)
+def shape_of(task: TaskConfig, model: ModelConfig, finetune: str) -> ModelShape:
+    """``model_shape`` of what the shape depends on (cached: a study has many seeds and
+    learning rates per shape)."""
     import torch
 
     from scale_fpt.models import build_model
     from scale_fpt.tasks import task_spec
     from scale_fpt.trial import step_flops
 
-    spec = task_spec(config.task)
+    spec = task_spec(task)
+    architecture = TrialConfig(task, replace(model, init="random"), TrainConfig(finetune=finetune))
     with torch.device("meta"):
-        built = build_model(config.replace(init="random"), spec)
+        built = build_model(architecture, spec)
     blocks = getattr(built.module.backbone, "h", None)
     block = sum(p.numel() for p in blocks[0].parameters()) if blocks is not None else 0
     return ModelShape(

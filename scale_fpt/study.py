@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from scale_fpt.config import ConfigError
+from scale_fpt.config import ConfigError, TrialConfig
 
 # Gradient steps per task for the paper presets: the order of the paper's steps to
 # convergence (Table 4); the paper trained until convergence rather than a fixed budget.
@@ -95,6 +95,12 @@ def parser(description: str, presets: dict) -> argparse.ArgumentParser:
         help="train up to K compatible trials per process on one backbone",
     )
     add_gpu_flags(p)
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="print where each trial runs (GPUs, ZeRO stage, trials per GPU) and the "
+        "study's estimated GPU-hours; runs nothing",
+    )
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
     return p
 
@@ -225,6 +231,9 @@ def study_main(
     args = parser(description, presets).parse_args(argv)
     try:
         sweep = narrow(presets[args.preset](), args).validate()
+        if args.plan:
+            print(placement_table(sweep))
+            return 0
         from scale_fpt.pretrain import ensure_backbone
         from scale_fpt.sweep import run_sweep
 
@@ -245,6 +254,46 @@ def study_main(
         )
         return 130
     return 0
+
+
+def placement_table(sweep) -> str:
+    """What runs where: each distinct plan with its trials, and the study's GPU-hours per
+    model (``planner.study_gpu_hours``) on the GPU the sweep plans for. Needs no Ray: the
+    GPU is the declared one (``--gpu``), else ``planner.DEFAULT_GPU``."""
+    from collections import Counter
+
+    from scale_fpt import planner
+    from scale_fpt.cluster import GPUOffer
+    from scale_fpt.sweep import sweep_gpus
+
+    if sweep.gpu or sweep.gpu_memory_gb or sweep.gpus_per_trial == "0":
+        offer = sweep_gpus(sweep)
+    else:
+        offer = GPUOffer(planner.GPUS[planner.DEFAULT_GPU], 0, "default")
+    max_gpus = offer.max_gpus_per_node or 8
+    arms = sweep.arms()
+    counts: Counter = Counter()
+    for arm in arms:
+        config = TrialConfig.from_flat(arm)
+        plan = planner.plan_trial(config, sweep.gpus_per_trial, offer.gpu, max_gpus)
+        counts[(config.model.model, config.train.finetune, config.task.task, plan.describe())] += 1
+    per_arm = sweep.search_trials if sweep.search else 1  # an Optuna search runs each arm N times
+    where = offer.gpu.name if offer.gpu else "CPUs"
+    lines = [f"{sweep.name}: {len(arms)} arms x {per_arm} trial(s) on {where}"]
+    lines += [
+        f"  {n:>3} x {model} {finetune} {task}: {where}"
+        for (model, finetune, task, where), n in sorted(counts.items())
+    ]
+    if offer.gpu is not None:
+        hours = planner.study_gpu_hours(arms, sweep.gpus_per_trial, offer.gpu, max_gpus)
+        hours = {model: h * per_arm for model, h in hours.items()}
+        lines.append(
+            "GPU-hours (estimate: planned GPU share x max_steps x step time, "
+            f"{planner.ASSUMED_MFU:.0%} of the bf16 peak or "
+            f"{planner.STEP_LATENCY_PER_LAYER_S * 1000:.1f} ms per block per step): "
+            + ", ".join(f"{model} {h:,.1f}" for model, h in hours.items())
+        )
+    return "\n".join(lines)
 
 
 def summary_table(sweep) -> str:

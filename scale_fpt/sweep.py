@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from scale_fpt import planner
-from scale_fpt.cluster import GPUOffer, gpu_offer
+from scale_fpt.cluster import GPUOffer, config_file_offer, gpu_offer
 from scale_fpt.config import FIELD_TYPES, ConfigError, TrialConfig, flag
 from scale_fpt.prebuild import prebuild_ops
 from scale_fpt.results import ResultsError, ResultsWriter
@@ -282,15 +282,19 @@ def placement_problems(sweep: SweepConfig) -> list[str]:
 
 def sweep_gpus(sweep: SweepConfig) -> GPUOffer:
     """What GPUs the sweep's trials are planned for: a declared ``gpu`` / ``gpu_memory_gb``
-    is taken as said; else what the cluster has or can launch (``cluster.gpu_offer``);
-    ``gpus_per_trial`` 0 plans none. Called on the driver once Ray is connected."""
+    is taken as said (with the widest node of ``cluster_config``, if one is found); else what
+    the connected cluster has or can launch (``cluster.gpu_offer``); ``gpus_per_trial`` 0
+    plans none."""
     if planner.parse_gpus_per_trial(sweep.gpus_per_trial)[0] == "cpu":
         return GPUOffer(None, 0, "--gpus-per-trial 0")
+    if not (sweep.gpu or sweep.gpu_memory_gb):
+        return gpu_offer(sweep.cluster_config)
     if sweep.gpu_memory_gb:
-        return GPUOffer(planner.gpu_with_memory(sweep.gpu_memory_gb, sweep.gpu), 0, "declared")
-    if sweep.gpu:
-        return GPUOffer(planner.gpu_named(sweep.gpu), 0, "declared")
-    return gpu_offer(sweep.cluster_config)
+        gpu = planner.gpu_with_memory(sweep.gpu_memory_gb, sweep.gpu)
+    else:
+        gpu = planner.gpu_named(sweep.gpu)
+    found = config_file_offer(sweep.cluster_config)
+    return GPUOffer(gpu, found.max_gpus_per_node if found else 0, "declared")
 
 
 def trial_plan(flat: dict, sweep: SweepConfig, offer: GPUOffer) -> planner.TrialPlan:

@@ -46,7 +46,7 @@ def test_concurrent_first_builds_on_a_node_serialise(tmp_path):
     assert (tmp_path / "ext" / "scale_fpt_build.lock").exists()
 
 
-def fake_cluster_config(port: int, worker_type: str = "l4-24gb-x1") -> dict:
+def fake_cluster_config(port: int, worker_type: str = "l4_24gb_x1") -> dict:
     """Ray's fake multi-node provider: a head of 4 CPUs and 0 GPUs, and one worker type with
     1 GPU and min 0 (the keys the autoscaler reads without ``prepare_config``)."""
     import ray._private.services as services
