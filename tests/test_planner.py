@@ -190,3 +190,42 @@ def test_plan_bounds_the_memory_of_a_real_step_from_above_within_25_percent():
         trial.close()
     planned = planner.trial_memory(planner.model_shape(config), "bf16", 16).allocated
     assert measured <= planned <= 1.25 * measured, (planned, measured)
+
+
+def test_study_plan_lists_placements_and_gpu_hours_without_ray():
+    from scale_fpt.study import placement_table
+    from scale_fpt.sweep import SweepConfig
+
+    arms = {"model": "gpt2", "task": "bit-xor", "precision": "bf16", "max_steps": 1000}
+    sweep = SweepConfig(name="s", base=arms, seeds=(0, 1), gpu="a10g-24gb")
+    table = placement_table(sweep).splitlines()
+    assert table[0] == "s: 2 arms x 1 trial(s) on a10g-24gb"
+    assert table[1].startswith("    2 x gpt2 fpt bit-xor: a10g-24gb, ZeRO 0, 4 trials per GPU;")
+    hours = planner.study_gpu_hours(sweep.arms(), "auto", GPUS["a10g-24gb"])
+    assert table[-1].endswith(f"gpt2 {hours['gpt2']:,.1f}, total {hours['total']:,.1f}")
+    cpu = placement_table(SweepConfig(name="s", base=arms, gpus_per_trial="0")).splitlines()
+    assert cpu == ["s: 1 arms x 1 trial(s) on CPUs", "    1 x gpt2 fpt bit-xor: CPU"]
+
+
+def test_sweep_yaml_and_study_flags_declare_gpus(tmp_path):
+    import argparse
+
+    from scale_fpt.study import narrow, parser
+    from scale_fpt.sweep import SweepConfig
+
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\nbase: {model: gpt2}\ngpus_per_trial: 1\ngpu: h100-80gb\n")
+    sweep = SweepConfig.from_yaml(path)
+    assert (sweep.gpus_per_trial, sweep.gpu) == ("1", "h100-80gb")
+    flags = ["--gpus-per-trial", "0.5", "--gpu", "l4-24gb", "--cluster-config", "c.yaml"]
+    args = parser("d", {"local": None}).parse_args(flags)
+    assert isinstance(args, argparse.Namespace)
+    narrowed = narrow(sweep, args)
+    assert (narrowed.gpus_per_trial, narrowed.gpu, narrowed.cluster_config) == (
+        "0.5",
+        "l4-24gb",
+        "c.yaml",
+    )
+    path.write_text("name: s\ngpus_per_trial: two\n")
+    with pytest.raises(ConfigError, match="--gpus-per-trial: 'two'"):
+        SweepConfig.from_yaml(path)
