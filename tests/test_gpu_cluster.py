@@ -3,6 +3,7 @@ ask for GPUs; CPU workers see no GPU; kernels build once per node; cluster GPU o
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -41,52 +42,21 @@ def test_concurrent_first_builds_on_a_node_serialise(tmp_path):
     assert [p.wait(timeout=120) for p in processes] == [0, 0, 0]
     spans = sorted(tuple(map(float, line.split())) for line in log.read_text().splitlines())
     assert len(spans) == 3
-    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+    for (_, end), (start, _) in itertools.pairwise(spans):
         assert start >= end  # one build at a time
     assert (tmp_path / "ext" / "scale_fpt_build.lock").exists()
 
 
 def fake_cluster_config(port: int, worker_type: str = "l4_24gb_x1") -> dict:
-    """Ray's fake multi-node provider: a head of 4 CPUs and 0 GPUs, and one worker type with
-    1 GPU and min 0 (the keys the autoscaler reads without ``prepare_config``)."""
+    """examples/fake_gpu_cluster.yaml (Ray's fake multi-node provider: a head of 4 CPUs and
+    0 GPUs, one worker type with 1 GPU and min 0) with its head on ``port``."""
     import ray._private.services as services
 
-    return {
-        "cluster_name": "fake-gpu",
-        "max_workers": 1,
-        "provider": {
-            "type": "fake_multinode",
-            "use_node_id_as_ip": True,
-            "disable_node_updaters": True,
-            "disable_launch_config_check": True,
-            "gcs_address": f"{services.get_node_ip_address()}:{port}",
-        },
-        "available_node_types": {
-            "ray.head.default": {"resources": {"CPU": 4, "GPU": 0}, "node_config": {}, "max_workers": 0},
-            worker_type: {
-                "resources": {"CPU": 2, "GPU": 1, "object_store_memory": 150_000_000},
-                "node_config": {},
-                "min_workers": 0,
-                "max_workers": 1,
-            },
-        },
-        "head_node_type": "ray.head.default",
-        "auth": {},
-        "upscaling_speed": 1.0,
-        "idle_timeout_minutes": 0.1,
-        "docker": {},
-        "initialization_commands": [],
-        "setup_commands": [],
-        "head_setup_commands": [],
-        "worker_setup_commands": [],
-        "head_start_ray_commands": [],
-        "worker_start_ray_commands": [],
-        "file_mounts": {},
-        "cluster_synced_files": [],
-        "file_mounts_sync_continuously": False,
-        "rsync_exclude": [],
-        "rsync_filter": [],
-    }
+    config = yaml.safe_load((ROOT / "examples" / "fake_gpu_cluster.yaml").read_text())
+    config["provider"]["gcs_address"] = f"{services.get_node_ip_address()}:{port}"
+    types = config["available_node_types"]
+    types[worker_type] = types.pop("l4_24gb_x1")
+    return config
 
 
 def test_gpu_offers_come_from_node_types_named_by_their_gpu(tmp_path):
