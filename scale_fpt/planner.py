@@ -10,8 +10,8 @@ Memory of one training process on one GPU (bytes):
   bf16/fp16), trained or frozen;
 - gradients: one per trained parameter in the training precision, and for bf16/fp16 the fp32
   gradients DeepSpeed's mixed-precision optimisers accumulate beside them;
-- optimiser: Adam's two fp32 moments per trained parameter, plus the fp32 master copy that
-  the bf16/fp16 optimisers keep;
+- optimiser: Adam's two fp32 moments per trained parameter, the fp32 master copy that the
+  bf16/fp16 optimisers keep, and the fp32 temporary of Adam's step (``sqrt(v)``);
 - activations: what the backward pass keeps, per block ~34 values per token and width unit
   (Korthikanti et al. 2022; no attention-score term: CUDA runs SDPA's fused kernels), only
   when a trained parameter lies below the output head;
@@ -162,7 +162,9 @@ def trial_memory(
     if zero_stage >= 2:
         bucket = min(trained, ZERO_BUCKET_ELEMENTS) * width
         module_grads = math.ceil(module_grads / workers) + bucket
-    optimizer = trained * (8 + (4 if mixed else 0))  # Adam moments (+ fp32 master)
+    # Adam's moments, the fp32 master copy (mixed precision) and the step's temporary:
+    # torch's foreach Adam materialises sqrt(v), one fp32 tensor of the trained parameters.
+    optimizer = trained * (8 + (4 if mixed else 0) + 4)
     if zero_stage >= 1:
         optimizer = math.ceil(optimizer / workers)
         fp32_grads = math.ceil(fp32_grads / workers)

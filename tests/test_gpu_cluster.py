@@ -74,16 +74,24 @@ def test_gpu_offers_come_from_node_types_named_by_their_gpu(tmp_path):
 
 @pytest.mark.slow
 def test_cpu_workers_see_no_gpu_and_gpu_workers_see_theirs():
-    """Ray's workers on a node with one (declared) GPU: a task given no GPU sees
+    """Ray's workers on a node with one (declared) L4: a task given no GPU sees
     CUDA_VISIBLE_DEVICES="" (so torch never makes a CUDA context there), one given the GPU
-    sees its id."""
+    sees its id; with no cluster config, auto plans for the running node's GPU."""
     import ray
 
     from scale_fpt.sweep import connect_ray
 
     ray.shutdown()
-    connect_ray(address="local", num_cpus=2, num_gpus=1, object_store_memory=100 * 2**20)
+    connect_ray(
+        address="local",
+        num_cpus=2,
+        num_gpus=1,
+        resources={"accelerator_type:L4": 1},
+        object_store_memory=100 * 2**20,
+    )
     try:
+        offer = gpu_offer()  # no ~/ray_bootstrap_config.yaml here: the running nodes
+        assert (offer.gpu, offer.max_gpus_per_node, offer.source) == (GPUS["l4-24gb"], 1, "nodes")
 
         @ray.remote
         def visible():

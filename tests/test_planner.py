@@ -22,26 +22,27 @@ SHAPE = ModelShape(
 
 
 def test_one_process_memory_counts_every_byte_per_precision():
-    # bf16: 2-byte weights; 2-byte module grads + DeepSpeed's fp32 grads; fp32 master + Adam.
+    # bf16: 2-byte weights; 2-byte module grads + DeepSpeed's fp32 grads; fp32 master, Adam's
+    # two moments and the step's sqrt(v) temporary.
     assert trial_memory(SHAPE, "bf16", batch_size=2) == TrialMemory(
-        weights=2000, gradients=100 * 2 + 100 * 4, optimizer=100 * 12, activations=4352
+        weights=2000, gradients=100 * 2 + 100 * 4, optimizer=100 * 16, activations=4352
     )
     assert trial_memory(SHAPE, "fp16", batch_size=2) == trial_memory(SHAPE, "bf16", batch_size=2)
     # fp32: no master copy, no second gradient; activations twice as wide.
-    assert trial_memory(SHAPE, "fp32", batch_size=2) == TrialMemory(4000, 400, 800, 8704)
-    assert trial_memory(SHAPE, "bf16", 2).allocated == 8152
+    assert trial_memory(SHAPE, "fp32", batch_size=2) == TrialMemory(4000, 400, 1200, 8704)
+    assert trial_memory(SHAPE, "bf16", 2).allocated == 8552
     # activations: layers x batch x tokens x width x 34 values x 2 bytes / 2
     assert 2 * 2 * 4 * 8 * 34 == 4352
 
 
 def test_zero_stages_shard_optimizer_then_gradients_then_weights():
     one = trial_memory(SHAPE, "bf16", 2, zero_stage=0, workers=2)
-    assert one == TrialMemory(2000, 600, 1200, 2176)  # micro batch 1 per worker
+    assert one == TrialMemory(2000, 600, 1600, 2176)  # micro batch 1 per worker
     stage1 = trial_memory(SHAPE, "bf16", 2, zero_stage=1, workers=2)
-    assert stage1 == TrialMemory(2000, 200 + 200, 600, 2176)
+    assert stage1 == TrialMemory(2000, 200 + 200, 800, 2176)
     stage2 = trial_memory(SHAPE, "bf16", 2, zero_stage=2, workers=2)
     # 16-bit grads halved plus one reduce bucket (all 100 trained elements, 2 bytes each)
-    assert stage2 == TrialMemory(2000, 100 + 200 + 200, 600, 2176)
+    assert stage2 == TrialMemory(2000, 100 + 200 + 200, 800, 2176)
     stage3 = trial_memory(SHAPE, "bf16", 2, zero_stage=3, workers=2)
     assert stage3.weights == 1000 + 2 * 300 * 2  # half the weights + two gathered blocks
 
@@ -97,8 +98,8 @@ def test_plans_share_a_gpu_take_one_or_span_several_at_zero_2():
     )
     assert on_a10g.gpu_share == 2.0 and on_a10g.fits
     on_h100 = plan_of(xl_full, "h100-80gb")
-    assert (on_h100.gpus, on_h100.zero_stage, on_h100.trials_per_gpu) == (1, 0, 2)
-    assert on_h100.gpu_share == 0.5
+    assert (on_h100.gpus, on_h100.zero_stage, on_h100.trials_per_gpu) == (1, 0, 1)
+    assert on_h100.gpu_share == 1.0
     small = plan_of({"model": "gpt2", "task": "bit-xor", "precision": "bf16"}, "l4-24gb")
     assert (small.gpus, small.trials_per_gpu, small.gpu_share) == (1, 4, 0.25)
     asked = plan_of(xl_full, "h100-80gb", gpus="4")
@@ -162,7 +163,7 @@ def test_plan_command_prints_gpus_zero_stage_and_trials_per_gpu(capsys):
     summary = json.loads(out.strip().splitlines()[-1])
     assert (summary["gpus"], summary["zero_stage"], summary["workers"]) == (2, 2, 2)
     assert cli.main([*args, "--gpu", "h100-80gb"]) == 0
-    assert "GPUs needed: 1; ZeRO stage: 0; trials per GPU: 2" in capsys.readouterr().out
+    assert "GPUs needed: 1; ZeRO stage: 0; trials per GPU: 1" in capsys.readouterr().out
     assert cli.main([*args, "--gpu", "v100", "--gpus-per-trial", "two"]) == 2
     err = capsys.readouterr().err
     assert "--gpu: unknown GPU 'v100'" in err and "--gpus-per-trial: 'two'" in err
