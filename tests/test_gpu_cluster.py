@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -125,7 +124,6 @@ def test_local_preset_on_a_fake_autoscaling_gpu_cluster_launches_gpu_nodes(tmp_p
         flags = ["--preset", "local", "--tasks", "bit-xor", "--inits", "random", "--seeds", "0,1"]
         flags += ["--steps", "20", "--set", "eval_every=10", "--set", "test_batches=2"]
         flags += ["--results", str(results), "--cluster-config", str(config)]
-        started = time.monotonic()
         driver = subprocess.run(
             [sys.executable, str(ROOT / "sweeps" / "scale.py"), *flags],
             env={**cluster.env, "RAY_ADDRESS": cluster.address, "PYTHONPATH": str(ROOT)},
@@ -147,6 +145,5 @@ def test_local_preset_on_a_fake_autoscaling_gpu_cluster_launches_gpu_nodes(tmp_p
         assert (trials["device"] == expected_device).all()
         if not torch.cuda.is_available():
             assert trials["gpu_model"].isna().all()  # Ray's GPU, but no CUDA behind it
-        assert time.monotonic() - started < 420
     finally:
         cluster.shutdown()
