@@ -126,7 +126,8 @@ def main(argv=None) -> int:
         f"{args.trials} trials of gpt2-tiny bit-xor, {args.steps} steps + 1 evaluation each, "
         f"{concurrent} at a time, reuse_actors=True, 1 CPU per trial"
     )
-    from scale_fpt.sweep import connect_ray, prebuild_ops, tune_trial
+    from scale_fpt.prebuild import prebuild_ops
+    from scale_fpt.sweep import connect_ray, tune_trial
 
     prebuild_ops()  # DeepSpeed's one-time op build is not a per-sweep cost
     work = tempfile.mkdtemp(prefix="scale_fpt_ray_bench_")

@@ -95,8 +95,11 @@ def build_parser() -> Parser:
     )
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    plan = commands.add_parser("plan", help="parameter counts, FLOPs and memory; trains nothing")
+    plan = commands.add_parser(
+        "plan", help="parameter counts, FLOPs, memory and GPUs per trial; trains nothing"
+    )
     add_trial_flags(plan)
+    add_plan_flags(plan)
 
     pretrain = commands.add_parser("pretrain", help="pretrain a CPU-sized backbone locally")
     from scale_fpt import pretrain as pretrain_module
@@ -131,6 +134,28 @@ def build_parser() -> Parser:
     return parser
 
 
+def add_plan_flags(parser: argparse.ArgumentParser) -> None:
+    from scale_fpt.planner import DEFAULT_GPU, GPUS
+
+    group = parser.add_argument_group("GPU plan")
+    group.add_argument(
+        "--gpu",
+        default=DEFAULT_GPU,
+        help=f"the GPU to plan for: {', '.join(GPUS)} (default: {DEFAULT_GPU})",
+    )
+    group.add_argument(
+        "--gpu-memory", type=float, default=0.0, help="GiB of that GPU (default: the table's)"
+    )
+    group.add_argument(
+        "--gpus-per-trial",
+        default="auto",
+        help="auto (fewest GPUs that hold the trial), N, or a fraction (default: auto)",
+    )
+    group.add_argument(
+        "--max-gpus", type=int, default=8, help="most GPUs one trial may span (default: 8)"
+    )
+
+
 def trial_config(args: argparse.Namespace) -> TrialConfig:
     flat = {k: v for k, v in vars(args).items() if k in FIELD_TYPES and v is not None}
     return TrialConfig.from_flat(flat)
@@ -148,12 +173,14 @@ def main(argv: list[str] | None = None) -> int:
                 config = trial_config(args)
             except ConfigError as e:
                 problems += e.problems
+        if args.command == "plan":
+            problems += plan_flag_problems(args)
         if problems:
             raise ConfigError(problems)
         if args.command == "train":
             return train(args, config)
         if args.command == "plan":
-            return plan(config)
+            return plan(config, gpu_plan(args, config))
         if args.command == "sweep":
             return run_sweep_file(args)
         if args.command == "pretrain":
@@ -256,11 +283,39 @@ def progress_bar(config: TrialConfig, start: int, disable: bool):
     )
 
 
-def plan(config: TrialConfig) -> int:
+def plan_flag_problems(args: argparse.Namespace) -> list[str]:
+    from scale_fpt import planner
+
+    problems = [] if args.max_gpus >= 1 else [f"--max-gpus: must be >= 1, got {args.max_gpus}"]
+    if args.gpu not in planner.GPUS and not args.gpu_memory > 0:
+        problems.append(
+            f"--gpu: unknown GPU {args.gpu!r}; choose from {', '.join(planner.GPUS)} "
+            "(or give --gpu-memory GiB)"
+        )
+    try:
+        planner.parse_gpus_per_trial(args.gpus_per_trial)
+    except ConfigError as e:
+        problems += e.problems
+    return problems
+
+
+def gpu_plan(args: argparse.Namespace, config: TrialConfig):
+    """The planner's placement of the trial on ``--gpu`` (flags checked by
+    ``plan_flag_problems``)."""
+    from scale_fpt import planner
+
+    if args.gpu_memory > 0:
+        gpu = planner.gpu_with_memory(args.gpu_memory, args.gpu)
+    else:
+        gpu = planner.GPUS[args.gpu]
+    return planner.plan_trial(config, args.gpus_per_trial, gpu, args.max_gpus)
+
+
+def plan(config: TrialConfig, placement) -> int:
     """Counts from the architecture alone: built on the meta device, no weights loaded."""
     import torch
 
-    from scale_fpt import scaling
+    from scale_fpt import planner
     from scale_fpt.models import build_model
     from scale_fpt.tasks import task_spec
     from scale_fpt.tasks.preprocessing import preprocessing
@@ -272,10 +327,10 @@ def plan(config: TrialConfig) -> int:
         built = build_model(architecture, spec)
     train = config.train
     train_flops, eval_flops = step_flops(built, spec, train.batch_size)
-    memory = scaling.state_bytes(built.total_params, built.trainable_params, train.precision)
-    activations = scaling.activation_bytes(
-        built.n_layer, built.d_model, spec.n_tokens, train.batch_size, train.precision
+    one = planner.trial_memory(
+        planner.model_shape(config), train.precision, train.batch_size, train.zero_stage
     )
+    memory, activations = one.weights + one.gradients + one.optimizer, one.activations
     print(f"{'group':<10}{'trainable':>16}{'frozen':>16}{'total':>16}")
     for group, count in built.counts.items():
         frozen = count["total"] - count["trainable"]
@@ -291,7 +346,21 @@ def plan(config: TrialConfig) -> int:
         f"FLOPs per training step: {train_flops:.3e}; per evaluation batch of the same size: {eval_flops:.3e}"
     )
     print(
-        f"memory: weights+grads+Adam {memory / 2**20:,.1f} MiB, activations ~{activations / 2**20:,.1f} MiB"
+        f"memory of one process: weights+grads+optimizer {memory / 2**20:,.1f} MiB, "
+        f"activations ~{activations / 2**20:,.1f} MiB"
+    )
+    print(f"on {placement.gpu.name} ({placement.gpu.memory_mib:,} MiB): {placement.describe()}")
+    if placement.memory:
+        m = placement.memory
+        print(
+            f"  per GPU: weights {m.weights / 2**20:,.1f} MiB, gradients {m.gradients / 2**20:,.1f}"
+            f" MiB, optimizer {m.optimizer / 2**20:,.1f} MiB, activations "
+            f"{m.activations / 2**20:,.1f} MiB; with CUDA context and allocator slack "
+            f"{m.device / 2**20:,.1f} MiB"
+        )
+    print(
+        f"GPUs needed: {placement.gpus}; ZeRO stage: {placement.zero_stage}; "
+        f"trials per GPU: {placement.trials_per_gpu}"
     )
     aspects = preprocessing(config)
     print(f"preprocessing of {config.task.task} (* = differs from what the paper's numbers used):")
@@ -307,6 +376,13 @@ def plan(config: TrialConfig) -> int:
         "state_bytes": memory,
         "activation_bytes": activations,
         "preprocessing": [dataclasses.asdict(a) for a in aspects],
+        "gpu": placement.gpu.name,
+        "gpus": placement.gpus,
+        "zero_stage": placement.zero_stage,
+        "trials_per_gpu": placement.trials_per_gpu,
+        "workers": placement.workers,
+        "gpu_bytes": placement.memory.device if placement.memory else None,
+        "fits": placement.fits,
     }
     print(json.dumps(summary))
     return 0

@@ -16,9 +16,14 @@ import json
 import logging
 import os
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from scale_fpt.config import ConfigError
+from scale_fpt.planner import GPU, GPUS, gpu_in_name
+
+BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"
+"""Where ``ray up`` leaves the cluster config on the head (its autoscaler reads it)."""
 
 
 def load_cluster_config(path: str | os.PathLike) -> dict:
@@ -54,7 +59,7 @@ def validate_cluster_config(path: str | os.PathLike) -> None:
     """Validate a Ray cluster launcher YAML offline, as ``ray up`` would before launching.
 
     Raises ConfigError with one message per problem, each naming the file and the offending
-    key, e.g. ``available_node_types.worker_gpu1.resources.GPU`` (a key that is not a Python
+    key, e.g. ``available_node_types.a10g_24gb_x1.resources.GPU`` (a key that is not a Python
     identifier is quoted: ``available_node_types["ray.worker.gpu"].resources.GPU``). Needs no
     network and no cloud credentials.
     """
@@ -77,6 +82,92 @@ def validate_cluster_config(path: str | os.PathLike) -> None:
         raise ConfigError([f"{path}: {_describe_ray_error(e)}"]) from None
     finally:
         util_logger.setLevel(level)
+
+
+@dataclass(frozen=True)
+class GPUOffer:
+    """The GPUs a sweep's trials are planned for."""
+
+    gpu: GPU | None
+    """The GPU model (None: no GPU anywhere, trials run on CPUs)."""
+    max_gpus_per_node: int
+    """Most GPUs one node has or can have: the widest data-parallel trial (0: unknown)."""
+    source: str
+    """Where this was read: ``declared``, a config path, ``autoscaler``, ``nodes``, ``none``."""
+
+
+def node_types_offer(config: dict, source: str) -> GPUOffer | None:
+    """GPUs of a cluster config's node types (min 0 counts: the autoscaler can launch
+    them). The GPU is the one named in the GPU node types' names (``a10g-24gb-x1``), the
+    smallest of them when several; a GPU type whose name names none is planned as
+    ``planner.DEFAULT_GPU``."""
+    from scale_fpt.planner import DEFAULT_GPU
+
+    gpu_types = {
+        name: int((spec or {}).get("resources", {}).get("GPU", 0))
+        for name, spec in (config.get("available_node_types") or {}).items()
+    }
+    gpu_types = {name: n for name, n in gpu_types.items() if n > 0}
+    if not gpu_types:
+        return None
+    named = [gpu_in_name(name) or GPUS[DEFAULT_GPU] for name in gpu_types]
+    return GPUOffer(min(named, key=lambda g: g.memory_mib), max(gpu_types.values()), source)
+
+
+def running_nodes_offer() -> GPUOffer | None:
+    """GPUs of the nodes up now; the model from Ray's ``accelerator_type:X`` resource."""
+    import ray
+
+    from scale_fpt.planner import DEFAULT_GPU
+
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("GPU", 0) > 0]
+    if not nodes:
+        return None
+    types = [
+        k.split(":", 1)[1]
+        for n in nodes
+        for k in n["Resources"]
+        if k.startswith("accelerator_type:")
+    ]
+    known = [g for t in types for g in GPUS.values() if t.lower() in g.model.lower()]
+    gpu = min(known, key=lambda g: g.memory_mib) if known else GPUS[DEFAULT_GPU]
+    return GPUOffer(gpu, int(max(n["Resources"]["GPU"] for n in nodes)), "nodes")
+
+
+def autoscaler_offer() -> GPUOffer | None:
+    """GPUs of the node groups the autoscaler reported to Ray's GCS (autoscaler v2, KubeRay)."""
+    from ray._private.state import state
+
+    config = state.get_cluster_config()
+    if config is None:
+        return None
+    node_types = {
+        group.name: {"resources": dict(group.resources)}
+        for group in config.node_group_configs
+        if group.max_count != 0
+    }
+    return node_types_offer({"available_node_types": node_types}, "autoscaler")
+
+
+def config_file_offer(cluster_config: str = "") -> GPUOffer | None:
+    """GPUs of the node types in ``cluster_config`` (default: ``BOOTSTRAP_CONFIG`` when
+    present); None without a file or without GPU node types."""
+    path = os.path.expanduser(cluster_config or BOOTSTRAP_CONFIG)
+    if not cluster_config and not os.path.exists(path):
+        return None
+    return node_types_offer(load_cluster_config(path), path)
+
+
+def gpu_offer(cluster_config: str = "") -> GPUOffer:
+    """What GPUs the connected Ray cluster has or can launch: the node types of the cluster
+    config (``config_file_offer``), else the autoscaler's node groups in the GCS, else the
+    GPUs of the running nodes; none of these: no GPU."""
+    return (
+        config_file_offer(cluster_config)
+        or autoscaler_offer()
+        or running_nodes_offer()
+        or GPUOffer(None, 0, "none")
+    )
 
 
 def _precheck(config: dict) -> list[str]:

@@ -1,4 +1,4 @@
-"""Sizes and scaling rules as small pure functions: parameter counts, FLOPs, memory, resources.
+"""Sizes and scaling rules as small pure functions: parameter counts, FLOPs, activations.
 
 Nothing here builds a model; tests check every formula against the modules ``models`` builds.
 """
@@ -108,33 +108,8 @@ def eval_step_flops(matmul_params: int, attention_fwd: int, n_tokens: int, batch
     return batch * (n_tokens * 2 * matmul_params + attention_fwd)
 
 
-def state_bytes(total_params: int, trainable_params: int, precision: str) -> int:
-    """Weights (in the training precision) plus gradients and Adam state (fp32) of trained ones.
-
-    Mixed precision keeps an fp32 master copy of trained weights: 4 (master) + 4 + 4 (Adam).
-    """
-    weight_bytes = 4 if precision == "fp32" else 2
-    per_trained = 8 if precision == "fp32" else 12
-    grad_bytes = weight_bytes
-    return total_params * weight_bytes + trainable_params * (grad_bytes + per_trained)
-
-
 def activation_bytes(n_layer: int, d_model: int, n_tokens: int, batch: int, precision: str) -> int:
     """Activations kept for backward, per GPT-2 block ~ 34 values per token-width unit
     (Korthikanti et al. 2022, without the attention-score term that SDPA does not store)."""
     width = 4 if precision == "fp32" else 2
     return n_layer * batch * n_tokens * d_model * 34 * width // 2
-
-
-def gpu_fraction(memory_bytes: int, gpu_memory_bytes: int, max_trials_per_gpu: int = 4) -> float:
-    """Share of one GPU a trial asks Ray for: whole GPUs when the trial needs more than half a
-    device, else the smallest of 1/2, 1/4, ... (at most ``max_trials_per_gpu`` per device) that
-    leaves room for its memory. Fractions that divide 1 let Ray pack trials exactly."""
-    if memory_bytes > gpu_memory_bytes / 2:
-        return 1.0
-    fraction = 0.5
-    while (
-        fraction / 2 >= 1 / max_trials_per_gpu and memory_bytes <= gpu_memory_bytes * fraction / 2
-    ):
-        fraction /= 2
-    return fraction

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from scale_fpt.config import ConfigError
+from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.report.published import STEPS, TASK_COLUMNS
 
 PAPER_STEPS = {
@@ -23,6 +23,10 @@ PAPER_STEPS = {
 convergence of the slower, random-init frozen transformer (Table 4, row "random"), so no arm
 is stopped before the paper's slowest arm converged. (The paper trained each run until
 convergence; a fixed budget equal for every arm is the like-for-like reading.)"""
+
+
+PAPER_GPU = "a10g-24gb"
+"""The GPU the paper presets plan for: cluster/gpu.yaml's worker types (``--gpu`` to change)."""
 
 
 def paper_overrides() -> tuple:
@@ -95,8 +99,46 @@ def parser(description: str, presets: dict) -> argparse.ArgumentParser:
         default=0,
         help="train up to K compatible trials per process on one backbone",
     )
+    add_gpu_flags(p)
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="print where each trial runs (GPUs, ZeRO stage, trials per GPU) and the "
+        "study's estimated GPU-hours; runs nothing",
+    )
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
     return p
+
+
+def add_gpu_flags(p: argparse.ArgumentParser) -> None:
+    """What each trial asks Ray for (``SweepConfig.gpus_per_trial``, ``gpu``, ...)."""
+    from scale_fpt.planner import GPUS
+
+    p.add_argument(
+        "--gpus-per-trial",
+        default="",
+        metavar="auto|0|N|FRACTION",
+        help="GPUs per trial: auto (sized by the memory planner; CPU where the cluster has "
+        "and can launch no GPU), 0 (CPU only), N, or a fraction such as 0.25 (default: the "
+        "preset's)",
+    )
+    p.add_argument(
+        "--gpu",
+        default="",
+        choices=["", *GPUS],
+        metavar="NAME",
+        help=f"the GPU trials run on, for the planner: {', '.join(GPUS)} (default: the "
+        "preset's, else the cluster's GPU node types)",
+    )
+    p.add_argument(
+        "--gpu-memory", type=float, default=0.0, help="GiB of one GPU, for a GPU not in --gpu"
+    )
+    p.add_argument(
+        "--cluster-config",
+        default="",
+        help="cluster YAML whose node types auto plans for (default: ~/ray_bootstrap_config.yaml "
+        "when present)",
+    )
 
 
 def split(text: str, kind=str) -> list:
@@ -132,6 +174,10 @@ def narrow(sweep, args: argparse.Namespace):
         "storage_path": args.storage,
         "optuna_storage": args.optuna_storage,
         "search_trials": args.search_trials,
+        "gpus_per_trial": args.gpus_per_trial,
+        "gpu": args.gpu,
+        "gpu_memory_gb": args.gpu_memory,
+        "cluster_config": args.cluster_config,
     }
     changes.update({k: v for k, v in optional.items() if v})
     # Given values pass unchecked: SweepConfig.validate names a negative one.
@@ -190,6 +236,9 @@ def study_main(
     args = parser(description, presets).parse_args(argv)
     try:
         sweep = narrow(presets[args.preset](), args).validate()
+        if args.plan:
+            print(placement_table(sweep))
+            return 0
         from scale_fpt.pretrain import ensure_backbone
         from scale_fpt.storage import check_sweep_storage
 
@@ -213,6 +262,46 @@ def study_main(
         )
         return 130
     return 0
+
+
+def placement_table(sweep) -> str:
+    """What runs where: each distinct plan with its trials, and the study's GPU-hours per
+    model (``planner.study_gpu_hours``) on the GPU the sweep plans for. Needs no Ray: the
+    GPU is the declared one (``--gpu``), else ``planner.DEFAULT_GPU``."""
+    from collections import Counter
+
+    from scale_fpt import planner
+    from scale_fpt.cluster import GPUOffer
+    from scale_fpt.sweep import sweep_gpus
+
+    if sweep.gpu or sweep.gpu_memory_gb or sweep.gpus_per_trial == "0":
+        offer = sweep_gpus(sweep)
+    else:
+        offer = GPUOffer(planner.GPUS[planner.DEFAULT_GPU], 0, "default")
+    max_gpus = offer.max_gpus_per_node or 8
+    arms = sweep.arms()
+    counts: Counter = Counter()
+    for arm in arms:
+        config = TrialConfig.from_flat(arm)
+        plan = planner.plan_trial(config, sweep.gpus_per_trial, offer.gpu, max_gpus)
+        counts[(config.model.model, config.train.finetune, config.task.task, plan.describe())] += 1
+    per_arm = sweep.search_trials if sweep.search else 1  # an Optuna search runs each arm N times
+    where = offer.gpu.name if offer.gpu else "CPUs"
+    lines = [f"{sweep.name}: {len(arms)} arms x {per_arm} trial(s) on {where}"]
+    lines += [
+        f"  {n:>3} x {model} {finetune} {task}: {where}"
+        for (model, finetune, task, where), n in sorted(counts.items())
+    ]
+    if offer.gpu is not None:
+        hours = planner.study_gpu_hours(arms, sweep.gpus_per_trial, offer.gpu, max_gpus)
+        hours = {model: h * per_arm for model, h in hours.items()}
+        lines.append(
+            "GPU-hours (estimate: planned GPU share x max_steps x step time, "
+            f"{planner.ASSUMED_MFU:.0%} of the bf16 peak or "
+            f"{planner.STEP_LATENCY_PER_LAYER_S * 1000:.1f} ms per block per step): "
+            + ", ".join(f"{model} {h:,.1f}" for model, h in hours.items())
+        )
+    return "\n".join(lines)
 
 
 def summary_table(sweep) -> str:

@@ -20,11 +20,13 @@ import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from scale_fpt import scaling
+from scale_fpt import planner
+from scale_fpt.cluster import GPUOffer, config_file_offer, gpu_offer
 from scale_fpt.config import FIELD_TYPES, ConfigError, TrialConfig, flag
 from scale_fpt.loop import evaluation_steps
 from scale_fpt.packing import cohort_memory_bytes, cohorts
 from scale_fpt.recovery import restore_missing_rows
+from scale_fpt.prebuild import prebuild_ops
 from scale_fpt.results import ResultsError, ResultsWriter
 from scale_fpt.storage import check_sweep_storage
 from scale_fpt.trial import TrialRun, error_text, git_sha, provenance, trial_id_for
@@ -73,8 +75,22 @@ class SweepConfig:
     """ASHA: evaluations every trial gets before it can be stopped."""
     cpus_per_trial: int = 1
     """CPU cores per trial."""
-    gpu_memory_gb: float = 24.0
-    """Memory of one GPU of the cluster, to pack small trials onto one device."""
+    gpus_per_trial: str = "auto"
+    """GPUs each trial asks Ray for, whether or not a GPU node is up yet (the autoscaler
+    launches GPU nodes for pending trials): ``auto`` (the memory planner sizes each trial on
+    ``gpu``: a share of one GPU, one GPU, or N GPUs at ZeRO 2/3; CPU when the cluster has and
+    can launch no GPU), ``0`` (CPU only), ``N`` (N GPUs) or a fraction (``0.25``: four
+    trials per GPU)."""
+    gpu: str = ""
+    """The GPU trials run on (``scale_fpt.planner.GPUS``: h100-80gb, a100-80gb, a100-40gb,
+    a10g-24gb, l4-24gb). Empty: the GPU named by the cluster's GPU node types
+    (``cluster_config``), else by the running nodes' Ray accelerator type."""
+    gpu_memory_gb: float = 0.0
+    """Memory of one GPU in GiB, for a GPU the table lacks (0: the memory of ``gpu``)."""
+    cluster_config: str = ""
+    """The cluster launcher YAML whose node types the autoscaler can launch (what ``auto``
+    plans for). Empty: ``~/ray_bootstrap_config.yaml`` when it exists (``ray up`` leaves it on
+    the head, where ``ray submit`` runs the sweep)."""
     reuse_actors: bool = True
     """Reuse trial processes (saves the import and start-up of torch and DeepSpeed)."""
     pack: int = 1
@@ -112,6 +128,7 @@ class SweepConfig:
         for name, zero in (("max_concurrent", "unlimited"), ("max_failures", "no retries")):
             if getattr(self, name) < 0:
                 out.append(f"{flag(name)}: must be >= 0 (0 = {zero}), got {getattr(self, name)}")
+        out += placement_problems(self)
         return out
 
     def seed_problems(self) -> list[str]:
@@ -203,6 +220,9 @@ class SweepConfig:
             ) from None
         if not isinstance(data, dict):
             raise ConfigError([f"{path}: a sweep file is a mapping of SweepConfig fields"])
+        gpus = data.get("gpus_per_trial")
+        if isinstance(gpus, int | float) and not isinstance(gpus, bool):
+            data["gpus_per_trial"] = str(gpus)  # `gpus_per_trial: 1` means "1"
         problems, values = yaml_field_problems(cls, data)
         # The well-typed fields make a sweep whose own problems (grid shapes, seeds, every
         # arm's trial config) join the type problems: all of them in one message.
@@ -296,37 +316,136 @@ def arm_label(flat: dict) -> str:
 # --------------------------------------------------------------------------- resources
 
 
-def trial_resources(flat: dict, sweep: SweepConfig, gpus: bool) -> dict:
-    """Ray resources of one trial: CPU-only without GPUs; else a share of one GPU sized by
-    the trial's weights, optimiser state and activations (whole GPUs for large models)."""
-    if not gpus:
-        return {"CPU": sweep.cpus_per_trial}
-    config = TrialConfig.from_flat(flat)
-    size = scaling.GPT2_SIZES.get(config.model.model)
-    if size is None:  # unknown architecture: a whole device is the safe default
-        return {"CPU": sweep.cpus_per_trial, "GPU": 1.0}
-    counts = scaling.gpt2_group_params(size)
-    total = sum(counts.values())
-    trained = total if config.train.finetune == "full" else counts["ln"] + counts["pos"]
-    memory = scaling.state_bytes(total, trained, config.train.precision)
-    memory += scaling.activation_bytes(
-        size.n_layer, size.n_embd, 1024, config.train.batch_size, config.train.precision
-    )
-    fraction = scaling.gpu_fraction(memory, int(sweep.gpu_memory_gb * 2**30))
-    return {"CPU": sweep.cpus_per_trial, "GPU": fraction}
+def placement_problems(sweep: SweepConfig) -> list[str]:
+    """Problems of the sweep's GPU declarations (``gpus_per_trial``, ``gpu``, memory)."""
+    out = []
+    try:
+        planner.parse_gpus_per_trial(sweep.gpus_per_trial)
+    except ConfigError as e:
+        out += e.problems
+    if sweep.gpu and sweep.gpu not in planner.GPUS:
+        out.append(f"--gpu: unknown GPU {sweep.gpu!r}; choose from {', '.join(planner.GPUS)}")
+    if sweep.gpu_memory_gb < 0:
+        out.append(f"--gpu-memory: must be >= 0 GiB, got {sweep.gpu_memory_gb}")
+    return out
 
 
-def cohort_resources(members: list[dict], sweep: SweepConfig, gpus: bool) -> dict:
+def sweep_gpus(sweep: SweepConfig) -> GPUOffer:
+    """What GPUs the sweep's trials are planned for: a declared ``gpu`` / ``gpu_memory_gb``
+    is taken as said (with the widest node of ``cluster_config``, if one is found); else what
+    the connected cluster has or can launch (``cluster.gpu_offer``); ``gpus_per_trial`` 0
+    plans none."""
+    if planner.parse_gpus_per_trial(sweep.gpus_per_trial)[0] == "cpu":
+        return GPUOffer(None, 0, "--gpus-per-trial 0")
+    if not (sweep.gpu or sweep.gpu_memory_gb):
+        return gpu_offer(sweep.cluster_config)
+    if sweep.gpu_memory_gb:
+        gpu = planner.gpu_with_memory(sweep.gpu_memory_gb, sweep.gpu)
+    else:
+        gpu = planner.gpu_named(sweep.gpu)
+    found = config_file_offer(sweep.cluster_config)
+    return GPUOffer(gpu, found.max_gpus_per_node if found else 0, "declared")
+
+
+def trial_plan(flat: dict, sweep: SweepConfig, offer: GPUOffer) -> planner.TrialPlan:
+    """The planner's decision for one trial of the sweep (``planner.plan_trial``). A config
+    that cannot be built plans CPU: the trial fails at once and is recorded as failed."""
+    try:
+        config = TrialConfig.from_flat(flat)
+        return planner.plan_trial(
+            config, sweep.gpus_per_trial, offer.gpu, offer.max_gpus_per_node or 8
+        )
+    except ConfigError:
+        return planner.CPU_PLAN
+
+
+def planned_arms(arms: list[dict], sweep: SweepConfig, offer: GPUOffer) -> list[dict]:
+    """The arms, each trial that the planner spreads over several GPUs set to run that way
+    (its ZeRO stage and ``workers``: ``planner.with_plan``); others stay as declared, so
+    their trial ids do not depend on the cluster. ConfigError naming every trial that fits
+    no GPU of the offer."""
+    out, problems = [], []
+    for arm in arms:
+        plan = trial_plan(arm, sweep, offer)
+        if not plan.fits:
+            problems.append(
+                f"{arm_label(arm)}: does not fit: {plan.describe()}; use a larger --gpu, a "
+                "smaller batch or fewer trained groups"
+            )
+        out.append(planner.with_plan(arm, plan) if plan.gpus > 1 else arm)
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def plan_bundles(plan: planner.TrialPlan, cpus: int) -> list[dict]:
+    """Ray placement-group bundles of a planned trial: one bundle on CPU or on (a share of)
+    one GPU; one bundle per GPU for a data-parallel trial (packed on one node, the
+    multi-GPU node type; the trial's process runs in the first)."""
+    if not plan.gpus:
+        return [{"CPU": cpus}]
+    if plan.gpus == 1:
+        return [{"CPU": cpus, "GPU": plan.gpu_share}]
+    return [{"CPU": cpus, "GPU": 1} for _ in range(plan.gpus)]
+
+
+def trial_resources(flat: dict, sweep: SweepConfig, offer: GPUOffer):
+    """Ray resources of one trial, as the planner sizes it (``trial_plan``)."""
+    from ray import tune
+
+    plan = trial_plan(flat, sweep, offer)
+    strategy = "STRICT_PACK" if plan.gpus > 1 else "PACK"
+    return tune.PlacementGroupFactory(plan_bundles(plan, sweep.cpus_per_trial), strategy=strategy)
+
+
+def cohort_resources(members: list[dict], sweep: SweepConfig, offer: GPUOffer):
     """Ray resources of a packed cohort: the CPUs of a lone trial (a cohort's products are
     K times taller, not more numerous; one cohort per core is the fastest placement on a
-    CPU, benchmarks/packing.py), or a GPU share sized by its memory."""
-    if not gpus:
-        return {"CPU": sweep.cpus_per_trial}
-    memory = cohort_memory_bytes(members)
+    CPU, benchmarks/packing.py), or a GPU share sized by its memory (one GPU at most)."""
+    from ray import tune
+
+    kind = planner.parse_gpus_per_trial(sweep.gpus_per_trial)[0]
+    if offer.gpu is None:
+        return tune.PlacementGroupFactory([{"CPU": sweep.cpus_per_trial}])
+    if kind == "share":
+        plan = planner.gpu_share(float(sweep.gpus_per_trial), offer.gpu)
+    else:
+        from scale_fpt.packing import cohort_memory_bytes
+
+        device = cohort_memory_bytes(members) + planner.CUDA_CONTEXT_BYTES
+        share = planner.trials_per_gpu(device, offer.gpu.memory_bytes)
+        plan = planner.TrialPlan(1, 1 / share, share, 0, 1, None, offer.gpu)
+    return tune.PlacementGroupFactory(plan_bundles(plan, sweep.cpus_per_trial))
+
+
+def placement_columns() -> dict:
+    """Where this Ray trial runs, for its rows: node id, Ray's GPU ids, the CUDA device's
+    model (null without CUDA: a node whose GPU CUDA cannot see runs the trial on its CPU,
+    and ``device`` says ``cpu``), and the resources the trial asked for."""
+    import json
+
+    import ray
+    import torch
+    from ray import tune
+
+    context = ray.get_runtime_context()
+    gpu_ids = context.get_accelerator_ids().get("GPU", [])
+    requested = tune.get_context().get_trial_resources()
     return {
-        "CPU": sweep.cpus_per_trial,
-        "GPU": scaling.gpu_fraction(memory, int(sweep.gpu_memory_gb * 2**30)),
+        "node_id": context.get_node_id(),
+        "gpu_ids": json.dumps(list(gpu_ids)),
+        "gpu_model": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "resources_requested": json.dumps(getattr(requested, "bundles", requested)),
     }
+
+
+def report_placed(metrics: dict, checkpoint=None) -> None:
+    """``ray.tune.report`` with every reported trial row carrying ``placement_columns``."""
+    from ray import tune
+
+    placement = placement_columns()
+    rows = [{**row, **placement} for row in metrics.get("trial_rows", [])]
+    tune.report({**metrics, "trial_rows": rows}, checkpoint=checkpoint)
 
 
 # --------------------------------------------------------------------------- the trainable
@@ -342,6 +461,7 @@ def tune_trial(tune_config: dict) -> None:
     from ray import tune
 
     sweep, compile_model, members = tune_members(tune_config)
+    prebuild_ops()  # the first trial on a node builds its kernels; the others wait for it
     failed: list[dict] = []
     configs: list[tuple[dict, TrialConfig]] = []
     for member in members:
@@ -357,7 +477,7 @@ def tune_trial(tune_config: dict) -> None:
             # A bad combination fails the same way on every retry: record it, do not retry.
             failed += [config_only_row(sweep, m, "failed", error_text(e)) for m, _ in configs]
     if run is None:
-        tune.report({"step": 0, **report_metrics(failed), "trial_rows": failed, "final": True})
+        report_placed({"step": 0, **report_metrics(failed), "trial_rows": failed, "final": True})
         return
     try:
         checkpoint = tune.get_checkpoint()
@@ -371,7 +491,7 @@ def tune_trial(tune_config: dict) -> None:
             reported_final = run.finished
             with tempfile.TemporaryDirectory(prefix="scale_fpt_ckpt_") as directory:
                 run.save(directory)
-                tune.report(
+                report_placed(
                     {
                         "step": run.position,
                         **report_metrics(trial_rows),
@@ -384,7 +504,7 @@ def tune_trial(tune_config: dict) -> None:
 
         rows = run.run(on_eval=on_eval)
         if not reported_final:  # restored when already finished: report the end once more
-            tune.report(
+            report_placed(
                 {
                     "step": run.position,
                     **report_metrics(rows),
@@ -589,34 +709,24 @@ def search_algorithm(sweep: SweepConfig, arm: dict, study_name: str):
 def connect_ray(runtime_env: dict | None = None, **init_kwargs) -> None:
     """Attach to the running Ray cluster (``ray submit``, RAY_ADDRESS) or start a local one.
 
-    Workers get the driver's git SHA (nodes may lack .git) and SCALE_FPT_HOME (where the
+    Workers that Ray assigns no GPU see none (``CUDA_VISIBLE_DEVICES=""``). Workers get the
+    driver's git SHA (nodes may lack .git) and SCALE_FPT_HOME (where the
     driver built local backbones; shared storage on a cluster)."""
     import ray
 
     if ray.is_initialized():
         return
-    env = {"SCALE_FPT_GIT_SHA": git_sha(), **(runtime_env or {}).get("env_vars", {})}
+    env = {
+        "SCALE_FPT_GIT_SHA": git_sha(),
+        # A worker assigned no GPU gets CUDA_VISIBLE_DEVICES="" from Ray before the trial
+        # imports torch, so CPU trials never create a CUDA context (torch's Adam would).
+        "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1",
+        **(runtime_env or {}).get("env_vars", {}),
+    }
     # Tune snapshots its state at every checkpoint of a short trial; that is intended here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     init_kwargs.setdefault("log_to_driver", os.environ.get("SCALE_FPT_WORKER_LOGS") == "1")
     ray.init(runtime_env={**(runtime_env or {}), "env_vars": env}, **init_kwargs)
-
-
-def prebuild_ops() -> None:
-    """DeepSpeed JIT-builds its CPU communication op on first use, and scale_fpt its fused
-    CPU kernels (``models.ops``); concurrent first builds by several trials can hang or
-    queue, so build both once here before any trial starts."""
-    import torch
-
-    if torch.cuda.is_available():
-        return
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from deepspeed.ops.op_builder import ShareMemCommBuilder
-
-    from scale_fpt.models.ops import fused_kernels
-
-    ShareMemCommBuilder().load(verbose=False)
-    fused_kernels()
 
 
 @dataclass
@@ -643,19 +753,17 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
 
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
     connect_ray(runtime_env={"env_vars": {"SCALE_FPT_HOME": str(scale_fpt_home())}})
-    prebuild_ops()
-    import ray
-
-    gpus = ray.cluster_resources().get("GPU", 0) > 0
+    offer = sweep_gpus(sweep)
+    arms = planned_arms(sweep.arms(), sweep, offer)
     if sweep.search:
         plans = [
-            (f"{sweep.name}-{slug(arm_label(arm))}", [arm]) for arm in sweep.arms()
+            (f"{sweep.name}-{slug(arm_label(arm))}", [arm]) for arm in arms
         ]  # one Optuna study per arm
     else:
-        plans = [(sweep.name, sweep.arms())]
+        plans = [(sweep.name, arms)]
     trials = unfinished = 0
     for index, (experiment, arms) in enumerate(plans):
-        grid = run_experiment(sweep, experiment, arms, gpus, resume)
+        grid = run_experiment(sweep, experiment, arms, offer, resume)
         trials += len(grid)
         if saved_unfinished(os.path.join(sweep.ray_storage, experiment)):
             unfinished = unfinished_trials(sweep, [name for name, _ in plans[index:]])
@@ -735,7 +843,9 @@ def write_where_told(tuner, sweep: SweepConfig, callbacks: list) -> None:
     run_config.callbacks = callbacks
 
 
-def run_experiment(sweep: SweepConfig, experiment: str, arms: list[dict], gpus: bool, resume: bool):
+def run_experiment(
+    sweep: SweepConfig, experiment: str, arms: list[dict], offer: GPUOffer, resume: bool
+):
     from ray import tune
 
     path = os.path.join(sweep.ray_storage, experiment)
@@ -743,10 +853,8 @@ def run_experiment(sweep: SweepConfig, experiment: str, arms: list[dict], gpus: 
     def resources(config: dict) -> tune.PlacementGroupFactory:
         _, _, members = tune_members(config)
         if len(members) > 1:
-            request = cohort_resources(members, sweep, gpus)
-        else:
-            request = trial_resources(members[0], sweep, gpus)
-        return tune.PlacementGroupFactory([request])
+            return cohort_resources(members, sweep, offer)
+        return trial_resources(members[0], sweep, offer)
 
     trainable = tune.with_resources(tune_trial, resources)
     callbacks = sweep_callbacks(sweep)

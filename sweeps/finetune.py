@@ -15,7 +15,7 @@ Presets:
 
 import sys
 
-from scale_fpt.study import PAPER_STEPS, paper_overrides, study_main
+from scale_fpt.study import PAPER_GPU, PAPER_STEPS, paper_overrides, study_main
 from scale_fpt.sweep import SweepConfig
 
 SUBSETS = [
@@ -54,6 +54,8 @@ def paper() -> SweepConfig:
         grid={"task": list(PAPER_STEPS), "finetune": SUBSETS},
         seeds=(0, 1, 2),
         overrides=paper_overrides(),
+        gpus_per_trial="auto",
+        gpu=PAPER_GPU,
         max_failures=3,
     )
 

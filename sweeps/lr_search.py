@@ -22,7 +22,7 @@ Presets:
 
 import sys
 
-from scale_fpt.study import paper_overrides, study_main
+from scale_fpt.study import PAPER_GPU, paper_overrides, study_main
 from scale_fpt.sweep import SweepConfig
 
 
@@ -52,6 +52,8 @@ def paper() -> SweepConfig:
         search_trials=12,
         overrides=paper_overrides(),
         max_concurrent=8,
+        gpus_per_trial="auto",
+        gpu=PAPER_GPU,
         max_failures=3,
     )
 

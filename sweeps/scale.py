@@ -18,7 +18,7 @@ Narrow either with --tasks/--models/--inits/--seeds/--steps (see --help).
 
 import sys
 
-from scale_fpt.study import PAPER_STEPS, paper_overrides, study_main
+from scale_fpt.study import PAPER_GPU, PAPER_STEPS, paper_overrides, study_main
 from scale_fpt.sweep import SweepConfig
 
 
@@ -60,6 +60,8 @@ def paper() -> SweepConfig:
         },
         seeds=(0, 1, 2),
         overrides=paper_overrides(),
+        gpus_per_trial="auto",
+        gpu=PAPER_GPU,
         max_failures=3,
     )
 

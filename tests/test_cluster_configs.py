@@ -249,15 +249,15 @@ def gpu_config() -> dict:
 
 
 def test_rejects_fractional_resource(tmp_path, gpu_config):
-    gpu_config["available_node_types"]["worker_gpu1"]["resources"]["GPU"] = 0.5
+    gpu_config["available_node_types"]["a10g_24gb_x1"]["resources"]["GPU"] = 0.5
     (problem,) = _problems(_write(tmp_path, gpu_config))
-    assert "available_node_types.worker_gpu1.resources.GPU" in problem
+    assert "available_node_types.a10g_24gb_x1.resources.GPU" in problem
     assert "0.5" in problem and "integer" in problem
 
 
 def test_rejects_fractional_resource_in_dotted_node_type(tmp_path, gpu_config):
     types = gpu_config["available_node_types"]
-    types["ray.worker.gpu"] = types.pop("worker_gpu1")
+    types["ray.worker.gpu"] = types.pop("a10g_24gb_x1")
     types["ray.worker.gpu"]["resources"]["CPU"] = 3.5
     (problem,) = _problems(_write(tmp_path, gpu_config))
     assert 'available_node_types["ray.worker.gpu"].resources.CPU' in problem
@@ -268,7 +268,7 @@ def test_ray_itself_rejects_fractional_resource(gpu_config):
     import jsonschema
     from ray.autoscaler._private.util import prepare_config, validate_config
 
-    gpu_config["available_node_types"]["worker_gpu1"]["resources"]["GPU"] = 0.5
+    gpu_config["available_node_types"]["a10g_24gb_x1"]["resources"]["GPU"] = 0.5
     with pytest.raises(jsonschema.ValidationError):
         validate_config(prepare_config(gpu_config))
 
@@ -282,9 +282,9 @@ def test_rejects_unknown_top_level_key(tmp_path, gpu_config):
 
 
 def test_rejects_unknown_node_type_key(tmp_path, gpu_config):
-    gpu_config["available_node_types"]["worker_gpu4"]["instance_type"] = "g5.12xlarge"
+    gpu_config["available_node_types"]["a10g_24gb_x4"]["instance_type"] = "g5.12xlarge"
     (problem,) = _problems(_write(tmp_path, gpu_config))
-    assert "available_node_types.worker_gpu4.instance_type: unknown key" in problem
+    assert "available_node_types.a10g_24gb_x4.instance_type: unknown key" in problem
 
 
 def test_rejects_missing_head_node_type(tmp_path, gpu_config):
@@ -307,8 +307,8 @@ def test_rejects_top_level_min_workers(tmp_path, gpu_config):
 
 
 def test_reports_every_problem_at_once(tmp_path, gpu_config):
-    gpu_config["available_node_types"]["worker_gpu1"]["resources"]["GPU"] = 0.5
-    gpu_config["available_node_types"]["worker_gpu4"]["max_workers"] = "two"
+    gpu_config["available_node_types"]["a10g_24gb_x1"]["resources"]["GPU"] = 0.5
+    gpu_config["available_node_types"]["a10g_24gb_x4"]["max_workers"] = "two"
     gpu_config["worker_count"] = 3
     del gpu_config["head_node_type"]
     assert len(_problems(_write(tmp_path, gpu_config))) == 4
@@ -316,7 +316,7 @@ def test_reports_every_problem_at_once(tmp_path, gpu_config):
 
 def test_rejects_min_workers_above_max_workers(tmp_path, gpu_config):
     """A check only Ray's validate_config (after prepare_config) makes."""
-    gpu_config["available_node_types"]["worker_gpu1"]["min_workers"] = 20
+    gpu_config["available_node_types"]["a10g_24gb_x1"]["min_workers"] = 20
     (problem,) = _problems(_write(tmp_path, gpu_config))
     assert "rejected by Ray's cluster launcher" in problem and "max_workers" in problem
 

@@ -26,7 +26,6 @@ import os
 import pickle
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ import pytest
 from conftest import torch_extensions_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ray_clusters import LocalCluster, wait_until
 
 from scale_fpt import cli
 from scale_fpt.config import TrialConfig
@@ -88,7 +88,8 @@ def local_ray(tmp_path_factory):
     connect_ray(
         runtime_env={
             "worker_process_setup_hook": limit_address_space,
-            "env_vars": {"SCALE_FPT_HOME": str(home)},
+            # CPU-only workers (num_gpus=0): on a GPU machine they must not see the GPU either
+            "env_vars": {"SCALE_FPT_HOME": str(home), "CUDA_VISIBLE_DEVICES": ""},
         },
         address="local",
         num_cpus=2,
@@ -115,18 +116,6 @@ def tune_trial_dir(sweep: SweepConfig, **arm) -> Path | None:
         if len(members) == 1 and all(members[0].get(k) == v for k, v in arm.items()):
             return directory
     return None
-
-
-def wait_until(condition, what: str, done: threading.Event | None = None, timeout: float = 240):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        if done is not None and done.is_set():
-            raise AssertionError(f"the sweep ended before {what}")
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 SWEEP_DEADLINE_S = 480
@@ -867,123 +856,6 @@ def test_writer_killed_mid_write_never_leaves_a_broken_file(tmp_path):
 
 
 # ------------------------------------------------------------------------ a killed node
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LocalCluster:
-    """A Ray cluster of separate `ray start --block` processes on this machine: a head and
-    worker nodes of one CPU each, in a private temp dir. Each node's processes (raylet,
-    agents, and the workers its raylet starts) descend from its `ray start` process, so a
-    node is killed, and the cluster torn down, by those process ids alone. (`ray stop` would
-    stop every Ray on the machine, other people's included.)"""
-
-    def __init__(self):
-        self.temp_dir = tempfile.mkdtemp(prefix="sfray", dir="/tmp")  # short: socket paths
-        # Its own HOME holding a ~/.ray/auth_token, as a machine that once ran a plain local
-        # ray.init() has: the nodes must form whether or not that file exists, because the
-        # auth mode is set explicitly. (Kernels stay in this machine's build cache.)
-        home = Path(self.temp_dir) / "home"
-        (home / ".ray").mkdir(parents=True)
-        (home / ".ray" / "auth_token").write_text("a-token-left-by-an-earlier-ray-init")
-        self.env = {
-            **os.environ,
-            "HOME": str(home),
-            "TORCH_EXTENSIONS_DIR": torch_extensions_dir(),
-            "RAY_AUTH_MODE": "disabled",
-            "RAY_USAGE_STATS_ENABLED": "0",
-        }
-        self.ray = str(Path(sys.executable).with_name("ray"))
-        if not os.path.exists(self.ray):
-            self.ray = shutil.which("ray") or "ray"
-        self.nodes: list[subprocess.Popen] = []
-        self.seen: set[int] = set()
-        self.address = ""
-        self.workers: list[subprocess.Popen] = []
-
-    def launch(self, workers: int) -> None:
-        head = self.start(["--head", f"--port={free_port()}", "--include-dashboard=false"])
-        address_file = Path(self.temp_dir) / "ray_current_cluster"  # written once it is up
-        wait_until(lambda: address_file.exists() or head.poll() is not None, "the head", None, 90)
-        assert head.poll() is None, self.log(head)
-        self.address = address_file.read_text().strip()
-        self.workers = [self.start([f"--address={self.address}"]) for _ in range(workers)]
-
-    def start(self, args: list[str]) -> subprocess.Popen:
-        ports = (
-            "node-manager-port",
-            "object-manager-port",
-            "metrics-export-port",
-            "dashboard-agent-listen-port",
-            "dashboard-agent-grpc-port",
-            "runtime-env-agent-port",
-        )
-        log = open(Path(self.temp_dir) / f"node{len(self.nodes)}.log", "w")  # noqa: SIM115
-        node = subprocess.Popen(
-            [self.ray, "start", "--block", *args, "--num-cpus=1", f"--temp-dir={self.temp_dir}"]
-            + [f"--{p}={free_port()}" for p in ports]
-            + ["--num-gpus=0", "--object-store-memory=150000000", "--disable-usage-stats"],
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        node.log_file = log
-        self.nodes.append(node)
-        return node
-
-    def log(self, node) -> str:
-        return Path(node.log_file.name).read_text()[-3000:]
-
-    def processes(self, node):
-        import psutil
-
-        try:
-            root = psutil.Process(node.pid)
-            found = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
-        self.seen.update(p.pid for p in found)
-        return found
-
-    def kill(self, node) -> list[int]:
-        """SIGKILL a node's processes by pid; returns the pids."""
-        import psutil
-
-        found = self.processes(node)
-        for process in found:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-        psutil.wait_procs(found, timeout=30)
-        node.wait(timeout=30)
-        return [p.pid for p in found]
-
-    def shutdown(self) -> None:
-        """Stop every node (SIGTERM, then SIGKILL), and any process of ours that outlived
-        its node; the temp dir goes too."""
-        import psutil
-
-        found = [p for node in self.nodes for p in self.processes(node)]
-        for process in found:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.terminate()
-        _, alive = psutil.wait_procs(found, timeout=5)
-        for process in alive:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-        for pid in self.seen:  # orphans, e.g. workers of a raylet that died first
-            with contextlib.suppress(psutil.NoSuchProcess):
-                if psutil.Process(pid).is_running():
-                    psutil.Process(pid).kill()
-        for node in self.nodes:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                node.wait(timeout=10)
-            node.log_file.close()
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 @pytest.fixture

@@ -156,24 +156,33 @@ def test_last_block_skips_exactly_the_readout_flops(tiny_gpt2_dir):
     from scale_fpt.steps.cohort import CohortStep
     from scale_fpt.tasks import build_task
 
+    # The count is of operators, the same on any device: pin the cohort to the CPU (with a
+    # GPU visible it would land on CUDA) and make every input where the model is.
     config = TrialConfig.from_flat(
-        {"task": "bit-xor", "model": tiny_gpt2_dir, "init": "pretrained", "dropout": 0.1}
+        {
+            "task": "bit-xor",
+            "model": tiny_gpt2_dir,
+            "init": "pretrained",
+            "dropout": 0.1,
+            "accelerator": "cpu",
+        }
     )
     step = CohortStep([config], build_task(config.task, config.train.seed))
     model = step.model
     T, B, d = 16, 3, model.d
     params = model.member_params(None)
+    device = next(iter(params.values())).device
     k = 2
 
     def counted(positions) -> int:
-        h = torch.randn(1, B * T, d, requires_grad=True)
+        h = torch.randn(1, B * T, d, device=device, requires_grad=True)
         with FlopCounterMode(display=False) as counter:
             out = model._block(h, model.n_layer - 1, params, T, positions)
             torch.autograd.grad(out.sum(), h)
         return counter.get_total_flops()
 
     full = counted(None)
-    readout = counted(predicting_positions(T, k, None, B, "cpu"))
+    readout = counted(predicting_positions(T, k, None, B, device))
     n_inner = model.frozen[0][4].shape[1]
     step.close()
     assert full - readout == scaling.readout_flops_skipped(d, n_inner, T, k, B)

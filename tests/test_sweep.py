@@ -4,6 +4,7 @@ Optuna searches continued from their SQLite storage, resources, bad sweep config
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -97,16 +98,58 @@ def test_reported_metrics_are_the_best_members_and_nan_before_any_evaluation():
     assert all(math.isnan(v) for v in report_metrics(rows[2:]).values())
 
 
-def test_trial_resources_follow_model_size_and_precision():
-    sweep = SweepConfig(name="s", gpu_memory_gb=24)
-    cpu = trial_resources({"model": "gpt2-large"}, sweep, gpus=False)
-    assert cpu == {"CPU": 1}
-    small = trial_resources({"model": "gpt2", "batch_size": 4}, sweep, gpus=True)
-    large_full = trial_resources({"model": "gpt2-large", "finetune": "full"}, sweep, gpus=True)
-    xl_full = trial_resources({"model": "gpt2-xl", "finetune": "full"}, sweep, gpus=True)
-    assert small["GPU"] < 1  # packed onto a shared device
-    assert 1 / small["GPU"] == int(1 / small["GPU"])  # fractions that divide a device
-    assert large_full["GPU"] == 1.0 and xl_full["GPU"] == 1.0  # whole devices
+def test_trial_resources_are_declared_by_the_plan_not_probed():
+    from scale_fpt.cluster import GPUOffer
+    from scale_fpt.planner import GPUS
+
+    a10g = GPUOffer(GPUS["a10g-24gb"], 4, "declared")
+    sweep = SweepConfig(name="s", gpu="a10g-24gb")
+
+    def bundles(flat, sweep=sweep, offer=a10g):
+        return trial_resources(flat, sweep, offer).bundles
+
+    assert bundles({"model": "gpt2-large"}, offer=GPUOffer(None, 0, "none")) == [{"CPU": 1}]
+    assert bundles({"model": "gpt2", "batch_size": 4}) == [{"CPU": 1, "GPU": 0.25}]
+    assert bundles({"model": "gpt2-large", "finetune": "full"}) == [{"CPU": 1, "GPU": 1.0}]
+    xl_full = {"model": "gpt2-xl", "finetune": "full", "precision": "bf16", "batch_size": 8}
+    assert bundles(xl_full) == [{"CPU": 1, "GPU": 1}] * 2  # two GPUs, ZeRO 2
+    assert trial_resources(xl_full, sweep, a10g).strategy == "STRICT_PACK"
+    cpu_sweep = SweepConfig(name="s", gpus_per_trial="0")
+    assert bundles({"model": "gpt2"}, sweep=cpu_sweep) == [{"CPU": 1}]
+    half = SweepConfig(name="s", gpus_per_trial="0.5")
+    assert bundles({"model": "gpt2"}, sweep=half) == [{"CPU": 1, "GPU": 0.5}]
+    # an arm that cannot be built asks for a CPU: it fails at once and is recorded
+    assert bundles({"model": "gpt2", "finetune": "nope"}) == [{"CPU": 1}]
+
+
+def test_planned_arms_set_workers_and_zero_stage_only_for_multi_gpu_trials():
+    from scale_fpt.cluster import GPUOffer
+    from scale_fpt.planner import GPUS
+    from scale_fpt.sweep import planned_arms
+
+    sweep = SweepConfig(name="s")
+    offer = GPUOffer(GPUS["a10g-24gb"], 4, "declared")
+    small = {"model": "gpt2", "precision": "bf16"}
+    xl_full = {"model": "gpt2-xl", "finetune": "full", "precision": "bf16", "batch_size": 8}
+    planned = planned_arms([small, xl_full], sweep, offer)
+    assert planned[0] == small  # unchanged: its trial id does not depend on the cluster
+    assert planned[1]["zero_stage"] == 2
+    with pytest.raises(ConfigError, match="does not fit") as e:
+        planned_arms(
+            [{**xl_full, "batch_size": 4096}, {**xl_full, "seed": 1, "batch_size": 4096}],
+            sweep,
+            GPUOffer(GPUS["a10g-24gb"], 1, "declared"),
+        )
+    assert len(e.value.problems) == 2
+
+
+def test_gpu_declarations_are_validated_at_once():
+    sweep = SweepConfig(name="s", gpus_per_trial="lots", gpu="v100", gpu_memory_gb=-1)
+    with pytest.raises(ConfigError) as e:
+        sweep.validate()
+    text = str(e.value)
+    assert "--gpus-per-trial: 'lots'" in text and "--gpu: unknown GPU 'v100'" in text
+    assert "--gpu-memory" in text
 
 
 @pytest.mark.slow
@@ -141,6 +184,12 @@ def test_grid_sweep_writes_contract_rows_once(tmp_path):
     # Every trial's checkpoint holds its trained weights (what the report rebuilds it from).
     weights = trials.apply(lambda r: Path(r["checkpoint"], f"weights-{r['trial_id']}.pt"), axis=1)
     assert weights.map(Path.is_file).all()
+    # where each trial ran and what it asked for (no GPU here: CPU only, none assigned)
+    import ray
+
+    assert set(trials["node_id"]) <= {n["NodeID"] for n in ray.nodes()}
+    assert (trials["gpu_ids"] == "[]").all() and trials["gpu_model"].isna().all()
+    assert [json.loads(r) for r in trials["resources_requested"]] == [[{"CPU": 1}]] * 2
 
 
 @pytest.mark.slow

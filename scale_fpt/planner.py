@@ -1,0 +1,400 @@
+"""Where a trial runs: GPUs per trial, ZeRO stage, trials per GPU, from its memory.
+
+Small pure functions (``trial_memory``, ``plan_memory``, ``gpu_share``, ``gpu_hours``) do
+the arithmetic on plain numbers; ``model_shape`` and ``plan_trial`` read those numbers off a
+``TrialConfig`` (the model is built on PyTorch's meta device: no weights, no data).
+
+Memory of one training process on one GPU (bytes):
+
+- weights: every parameter in the training precision (DeepSpeed casts the whole module to
+  bf16/fp16), trained or frozen;
+- gradients: one per trained parameter in the training precision, and for bf16/fp16 the fp32
+  gradients DeepSpeed's mixed-precision optimisers accumulate beside them;
+- optimiser: Adam's two fp32 moments per trained parameter, the fp32 master copy that the
+  bf16/fp16 optimisers keep, and the fp32 temporary of Adam's step (``sqrt(v)``);
+- activations: what the backward pass keeps, per block ~34 values per token and width unit
+  (Korthikanti et al. 2022; no attention-score term: CUDA runs SDPA's fused kernels), only
+  when a trained parameter lies below the output head;
+- on top: the CUDA context (never in ``torch.cuda.max_memory_allocated``) and the caching
+  allocator's slack (fragmentation, cuBLAS workspaces).
+
+ZeRO stage 1 shards the optimiser state over the data-parallel workers, stage 2 also the
+gradients, stage 3 also the weights (keeping the two blocks being gathered whole).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+
+from scale_fpt.config import ConfigError, ModelConfig, TaskConfig, TrainConfig, TrialConfig
+from scale_fpt.scaling import activation_bytes
+
+MIB = 2**20
+CUDA_CONTEXT_BYTES = 640 * MIB
+"""CUDA context, cuBLAS/cuDNN handles and kernels of one process (~0.5 GB measured on
+CUDA 12 with lazy loading; outside the caching allocator)."""
+ALLOCATOR_SLACK = 0.15
+"""Fraction on top of the allocated bytes: fragmentation of the caching allocator and
+library workspaces."""
+ZERO_BUCKET_ELEMENTS = 50_000_000
+"""Elements of ZeRO-2/3's gradient reduce bucket (``reduce_bucket_size``) at most."""
+MAX_TRIALS_PER_GPU = 4
+"""Trials that share one GPU at most (beyond that they compete for its compute)."""
+
+
+@dataclass(frozen=True)
+class GPU:
+    """A GPU model the planner knows."""
+
+    name: str
+    """What ``--gpu`` and the cluster's node type names call it."""
+    memory_mib: int
+    """Device memory as CUDA reports it (``nvidia-smi``'s total)."""
+    model: str
+    """The device name ``torch.cuda.get_device_name`` gives (Ray's accelerator type is
+    its short form)."""
+    bf16_tflops: float = 0.0
+    """Dense bf16 tensor-core peak (datasheet), for GPU-hour estimates."""
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.memory_mib * MIB
+
+
+GPUS: dict[str, GPU] = {
+    g.name: g
+    for g in (
+        GPU("h100-80gb", 81559, "NVIDIA H100 80GB HBM3", 989.0),
+        GPU("a100-80gb", 81920, "NVIDIA A100-SXM4-80GB", 312.0),
+        GPU("a100-40gb", 40960, "NVIDIA A100-SXM4-40GB", 312.0),
+        GPU("a10g-24gb", 23028, "NVIDIA A10G", 125.0),
+        GPU("l4-24gb", 23034, "NVIDIA L4", 121.0),
+    )
+}
+DEFAULT_GPU = "a10g-24gb"
+"""The GPU of cluster/gpu.yaml's worker types (what ``auto`` plans for when nothing says)."""
+
+
+def gpu_named(name: str) -> GPU:
+    if name not in GPUS:
+        raise ConfigError([f"--gpu: unknown GPU {name!r}; choose from {', '.join(GPUS)}"])
+    return GPUS[name]
+
+
+def gpu_with_memory(memory_gb: float, name: str = "") -> GPU:
+    """A GPU of ``memory_gb`` GiB (``--gpu-memory``), named after the table's GPU if given."""
+    base = GPUS.get(name)
+    label = base.name if base else f"{memory_gb:g}gb"
+    return GPU(
+        label, int(memory_gb * 1024), base.model if base else "", base.bf16_tflops if base else 0.0
+    )
+
+
+def gpu_in_name(text: str) -> GPU | None:
+    """The known GPU whose name appears in ``text`` (a node type such as ``a10g-24gb-x4``)."""
+    lowered = text.lower().replace("_", "-")
+    return next((g for g in GPUS.values() if g.name in lowered), None)
+
+
+# --------------------------------------------------------------------------- memory
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What memory depends on, read off a trial config."""
+
+    total_params: int
+    """Every parameter of the model (frozen ones too)."""
+    trained_params: int
+    """Parameters the optimiser updates."""
+    n_layer: int
+    d_model: int
+    n_tokens: int
+    """The task's sequence length."""
+    block_params: int
+    """Parameters of one backbone block (what ZeRO-3 gathers at a time)."""
+    backbone_backward: bool
+    """A trained parameter lies below the output head, so backward runs through the body."""
+    train_flops_per_example: int = 0
+    """Training FLOPs of one example (``trial.step_flops``), for time estimates."""
+
+
+@dataclass(frozen=True)
+class TrialMemory:
+    """Bytes one training process holds on its GPU."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+
+    @property
+    def allocated(self) -> int:
+        """What ``torch.cuda.max_memory_allocated`` of a training step should show."""
+        return self.weights + self.gradients + self.optimizer + self.activations
+
+    @property
+    def device(self) -> int:
+        """What the process needs of the device: allocated, slack and CUDA context."""
+        return math.ceil(self.allocated * (1 + ALLOCATOR_SLACK)) + CUDA_CONTEXT_BYTES
+
+
+def precision_bytes(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+def trial_memory(
+    shape: ModelShape, precision: str, batch_size: int, zero_stage: int = 0, workers: int = 1
+) -> TrialMemory:
+    """Memory of one of ``workers`` data-parallel processes (each with ``batch_size /
+    workers`` examples) at ``zero_stage``."""
+    width = precision_bytes(precision)
+    mixed = precision != "fp32"
+    trained = shape.trained_params
+    weights = shape.total_params * width
+    if zero_stage >= 3:
+        weights = math.ceil(weights / workers) + 2 * shape.block_params * width
+    # 16-bit gradients of the module, plus the fp32 gradients mixed precision accumulates.
+    fp32_grads = trained * 4 if mixed else 0
+    module_grads = trained * width if mixed else trained * 4
+    if zero_stage >= 2:
+        bucket = min(trained, ZERO_BUCKET_ELEMENTS) * width
+        module_grads = math.ceil(module_grads / workers) + bucket
+    # Adam's moments, the fp32 master copy (mixed precision) and the step's temporary:
+    # torch's foreach Adam materialises sqrt(v), one fp32 tensor of the trained parameters.
+    optimizer = trained * (8 + (4 if mixed else 0) + 4)
+    if zero_stage >= 1:
+        optimizer = math.ceil(optimizer / workers)
+        fp32_grads = math.ceil(fp32_grads / workers)
+    micro_batch = math.ceil(batch_size / workers)
+    layers = shape.n_layer if shape.backbone_backward else 1  # no backward: one block live
+    activations = activation_bytes(layers, shape.d_model, shape.n_tokens, micro_batch, precision)
+    return TrialMemory(weights, module_grads + fp32_grads, optimizer, activations)
+
+
+# --------------------------------------------------------------------------- plans
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """Where one trial runs and what it asks Ray for."""
+
+    gpus: int
+    """Whole GPUs of the trial: 0 on CPUs, 1 for a trial on one GPU or a share of one, N for
+    a data-parallel trial over N GPUs."""
+    gpu_share: float
+    """Ray's ``GPU`` request of a one-GPU trial (1/trials_per_gpu); N for N GPUs; 0 on CPU."""
+    trials_per_gpu: int
+    """Trials that share one GPU (1 for a trial of one or more whole GPUs)."""
+    zero_stage: int
+    """DeepSpeed ZeRO stage the trial runs at."""
+    workers: int
+    """Data-parallel training processes (``TrainConfig.workers``): one per GPU."""
+    memory: TrialMemory | None
+    """Per process, at this plan (None on CPU)."""
+    gpu: GPU | None
+    """The GPU planned for (None on CPU)."""
+    fits: bool = True
+    """False: not even ``max_gpus`` GPUs at ZeRO-3 hold the trial."""
+
+    def describe(self) -> str:
+        if not self.gpus:
+            return "CPU"
+        where = f"{self.gpus} x {self.gpu.name}" if self.gpus > 1 else self.gpu.name
+        need = f"{self.memory.device / 2**30:.1f} GiB per GPU" if self.memory else "as declared"
+        share = f", {self.trials_per_gpu} trials per GPU" if self.trials_per_gpu > 1 else ""
+        fits = "" if self.fits else " (DOES NOT FIT)"
+        return f"{where}, ZeRO {self.zero_stage}{share}; {need}{fits}"
+
+
+CPU_PLAN = TrialPlan(0, 0.0, 1, 0, 1, None, None)
+
+
+def trials_per_gpu(device_bytes: int, gpu_bytes: int, limit: int = MAX_TRIALS_PER_GPU) -> int:
+    """How many processes of ``device_bytes`` share a GPU: a power of two (so Ray's
+    fractions 1/2, 1/4 pack a device exactly), at most ``limit``, at least 1."""
+    n = 1
+    while n * 2 <= limit and n * 2 * device_bytes <= gpu_bytes:
+        n *= 2
+    return n
+
+
+def plan_memory(
+    shape: ModelShape,
+    precision: str,
+    batch_size: int,
+    gpu: GPU,
+    gpus: int = 0,
+    zero_stage: int = 0,
+    max_gpus: int = 8,
+) -> TrialPlan:
+    """The plan of a trial of ``shape`` on ``gpu``.
+
+    ``gpus`` 0 (auto): one process if it fits one GPU (sharing that GPU with as many trials
+    as fit, up to ``MAX_TRIALS_PER_GPU``), else the fewest data-parallel workers (2, 4, 8,
+    ... up to ``max_gpus``) at the lowest ZeRO stage (2, then 3) that fit. ``gpus`` N:
+    exactly N GPUs. A ``zero_stage`` above 0 (the config asks for one) is kept."""
+    capacity = gpu.memory_bytes
+    if gpus <= 1:
+        memory = trial_memory(shape, precision, batch_size, zero_stage, 1)
+        fits = memory.device <= capacity
+        share = trials_per_gpu(memory.device, capacity) if gpus == 0 else 1
+        single = TrialPlan(1, 1 / share, share, zero_stage, 1, memory, gpu, fits)
+        if fits or gpus == 1 or max_gpus < 2:
+            return single
+    counts = [gpus] if gpus else [n for n in (2, 4, 8, 16) if n <= max_gpus]
+    stages = [zero_stage] if zero_stage else [2, 3]
+    for n in counts:
+        for stage in stages:
+            memory = trial_memory(shape, precision, batch_size, stage, n)
+            plan = TrialPlan(n, float(n), 1, stage, n, memory, gpu, memory.device <= capacity)
+            if plan.fits:
+                return plan
+    return plan
+
+
+def gpu_share(fraction: float, gpu: GPU | None) -> TrialPlan:
+    """The plan of a trial declared to take ``fraction`` (0 < f < 1) of one GPU."""
+    share = max(1, round(1 / fraction))
+    return TrialPlan(1, fraction, share, 0, 1, None, gpu)
+
+
+def parse_gpus_per_trial(text: str) -> tuple[str, float]:
+    """``auto`` -> ("auto", 0); ``0`` -> ("cpu", 0); ``N`` -> ("gpus", N); ``0.25`` ->
+    ("share", 0.25). ConfigError for anything else."""
+    text = str(text).strip()
+    if text == "auto":
+        return "auto", 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value == 0:
+        return "cpu", 0.0
+    if 0 < value < 1:
+        return "share", value
+    if value >= 1 and value.is_integer():
+        return "gpus", value
+    raise ConfigError(
+        [
+            f"--gpus-per-trial: {text!r} is not auto, 0 (CPU only), a whole number of GPUs "
+            "or a fraction of one GPU (0 < f < 1)"
+        ]
+    )
+
+
+# --------------------------------------------------------------------------- from configs
+
+
+def model_shape(config: TrialConfig) -> ModelShape:
+    """The numbers memory depends on, for any model and fine-tuning subset (built on the
+    meta device: no weights read, nothing allocated)."""
+    return shape_of(config.task, config.model, config.train.finetune)
+
+
+@functools.lru_cache(maxsize=256)
+def shape_of(task: TaskConfig, model: ModelConfig, finetune: str) -> ModelShape:
+    """``model_shape`` of what the shape depends on (cached: a study has many seeds and
+    learning rates per shape)."""
+    import torch
+
+    from scale_fpt.models import build_model
+    from scale_fpt.tasks import task_spec
+    from scale_fpt.trial import step_flops
+
+    spec = task_spec(task)
+    architecture = TrialConfig(task, replace(model, init="random"), TrainConfig(finetune=finetune))
+    with torch.device("meta"):
+        built = build_model(architecture, spec)
+    blocks = getattr(built.module.backbone, "h", None)
+    block = sum(p.numel() for p in blocks[0].parameters()) if blocks is not None else 0
+    return ModelShape(
+        total_params=built.total_params,
+        trained_params=built.trainable_params,
+        n_layer=built.n_layer,
+        d_model=built.d_model,
+        n_tokens=spec.n_tokens,
+        block_params=block,
+        backbone_backward=any(g != "output" for g in built.trained_groups),
+        train_flops_per_example=step_flops(built, spec, 1)[0],
+    )
+
+
+def plan_trial(
+    config: TrialConfig, gpus_per_trial: str, gpu: GPU | None, max_gpus: int = 8
+) -> TrialPlan:
+    """The plan of one trial config under a sweep's ``gpus_per_trial`` on ``gpu``
+    (None: no GPU anywhere, so ``auto`` plans CPU)."""
+    kind, value = parse_gpus_per_trial(gpus_per_trial)
+    if kind == "cpu" or (kind == "auto" and gpu is None):
+        return CPU_PLAN
+    gpu = gpu or GPUS[DEFAULT_GPU]
+    if kind == "share":
+        return gpu_share(value, gpu)
+    train = config.train
+    if kind == "auto" and getattr(train, "workers", 1) > 1:  # the config asks for N workers
+        kind, value = "gpus", float(train.workers)
+    return plan_memory(
+        model_shape(config),
+        train.precision,
+        train.batch_size,
+        gpu,
+        gpus=int(value),
+        zero_stage=train.zero_stage,
+        max_gpus=max_gpus,
+    )
+
+
+def with_plan(flat: dict, plan: TrialPlan) -> dict:
+    """A flat trial config that runs as planned: its ZeRO stage and, for a trial over
+    several GPUs, ``workers`` (the field TrainConfig gains for data-parallel trials; a
+    config without it keeps one worker)."""
+    from scale_fpt.config import FIELD_TYPES
+
+    out = {**flat, "zero_stage": plan.zero_stage}
+    if "workers" in FIELD_TYPES:
+        out["workers"] = plan.workers
+    return out
+
+
+# --------------------------------------------------------------------------- GPU-hours
+
+ASSUMED_MFU = 0.4
+"""Fraction of the bf16 peak a compute-bound step reaches (an assumption, not measured)."""
+STEP_LATENCY_PER_LAYER_S = 0.0036
+"""Floor of a step's time per backbone block: small GPT-2 steps are bound by kernel launches
+and DeepSpeed's bookkeeping, not FLOPs (gpt2, bit-xor, bf16 on one H100: 22.8 steps/s =
+44 ms for 12 blocks, issue 10)."""
+
+
+def step_seconds(shape: ModelShape, batch_size: int, plan: TrialPlan) -> float:
+    """Estimated seconds of one training step under ``plan`` (workers split the batch)."""
+    flops = shape.train_flops_per_example * math.ceil(batch_size / plan.workers)
+    compute = flops / (plan.gpu.bf16_tflops * 1e12 * ASSUMED_MFU)
+    return max(compute, shape.n_layer * STEP_LATENCY_PER_LAYER_S)
+
+
+def gpu_hours(plan: TrialPlan, steps: int, seconds_per_step: float) -> float:
+    """GPU-hours a trial holds: its share of GPUs (``gpu_share``) for its steps."""
+    return plan.gpu_share * steps * seconds_per_step / 3600
+
+
+def study_gpu_hours(
+    arms: list[dict], gpus_per_trial: str, gpu: GPU, max_gpus: int = 8
+) -> dict[str, float]:
+    """GPU-hours of a study's trials on ``gpu`` per model (and ``total``): each trial's plan
+    (``plan_trial``) held for its ``max_steps`` at ``step_seconds``."""
+    out: dict[str, float] = {}
+    for arm in arms:
+        config = TrialConfig.from_flat(arm)
+        plan = plan_trial(config, gpus_per_trial, gpu, max_gpus)
+        if not plan.gpus or plan.gpu is None:
+            continue
+        shape = model_shape(config)
+        seconds = step_seconds(shape, config.train.batch_size, plan)
+        hours = gpu_hours(plan, config.train.max_steps, seconds)
+        out[config.model.model] = out.get(config.model.model, 0.0) + hours
+    out["total"] = sum(out.values())
+    return out

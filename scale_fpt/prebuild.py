@@ -1,0 +1,59 @@
+"""JIT-built ops, built once per node before that node's first trial.
+
+DeepSpeed builds its CPU communication op on first use, and scale_fpt its fused CPU kernels
+(``models.ops``), both into the node's torch extensions directory. Trials that start side by
+side on a fresh node would all build at once (concurrent first builds can hang or queue
+behind torch's own build baton). Every trial therefore calls ``prebuild_ops`` before it
+builds anything: the first process on a node builds under a node-wide file lock, the others
+wait for it and then load the cached builds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import os
+from pathlib import Path
+
+BUILD_LOCK = "scale_fpt_build.lock"
+"""File in the torch extensions directory that serialises builds on one node."""
+
+
+def extensions_dir() -> Path:
+    """Where torch caches JIT builds on this node (``TORCH_EXTENSIONS_DIR`` or its default)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+
+
+@contextlib.contextmanager
+def node_build_lock():
+    """Hold the node's build lock (an exclusive ``fcntl`` lock; released if the process
+    dies, so a killed build never blocks the node)."""
+    directory = extensions_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / BUILD_LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@functools.cache
+def prebuild_ops() -> None:
+    """Build (or load) DeepSpeed's CPU op and the fused CPU kernels under the node's build
+    lock; once per process. A process that sees CUDA needs neither."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.ops.op_builder import ShareMemCommBuilder
+
+    from scale_fpt.models.ops import fused_kernels
+
+    with node_build_lock():
+        ShareMemCommBuilder().load(verbose=False)
+        fused_kernels()

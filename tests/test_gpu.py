@@ -1,0 +1,151 @@
+"""GPU paths, on a CUDA GPU (`pytest -m gpu`); every test is skipped where CUDA is absent.
+
+A bf16 trial learns bit-xor; fp16 trains with DeepSpeed's loss scaling; a packed cohort
+compiled with torch.compile equals the unpacked trials; the custom attention equals SDPA on
+CUDA; four trials share one GPU through fractional Ray resources; a trial spans two GPUs at
+ZeRO-3 (two GPUs and TrainConfig's ``workers`` needed).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from scale_fpt.config import FIELD_TYPES, TrialConfig
+from scale_fpt.sweep import SweepConfig
+from scale_fpt.trial import Trial
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+XOR = {"task": "bit-xor", "test_batches": 4, "accelerator": "cuda"}
+
+
+def run_trial(flat: dict) -> tuple[Trial, dict]:
+    trial = Trial(TrialConfig.from_flat(flat))
+    try:
+        return trial, trial.run()
+    finally:
+        trial.close()
+
+
+def test_bf16_trial_learns_bit_xor():
+    """gpt2, random init, frozen (fpt), bf16: the run of issue 10 (test accuracy 1.0 after
+    3000 steps on one H100)."""
+    _, row = run_trial(
+        {**XOR, "model": "gpt2", "init": "random", "precision": "bf16", "max_steps": 3000}
+    )
+    assert row["status"] == "completed" and row["device"] == torch.cuda.get_device_name()
+    assert row["best_test_accuracy"] >= 0.95
+
+
+def test_fp16_trains_with_loss_scaling():
+    flat = {**XOR, "model": "gpt2-tiny", "init": "random", "finetune": "full"}
+    trial = Trial(TrialConfig.from_flat({**flat, "precision": "fp16", "max_steps": 200}))
+    try:
+        first, _ = trial.trainer.train_step(0)
+        row = trial.run()
+        scale = trial.trainer.engine.optimizer.cur_scale  # DeepSpeed's dynamic loss scaler
+    finally:
+        trial.close()
+    assert row["status"] == "completed"
+    assert 1 <= scale <= 2**16  # started at 2^16 (initial_scale_power), moved by overflows
+    assert row["final_train_loss"] < first
+
+
+def test_packed_compiled_cohort_equals_the_unpacked_trials(tiny_gpt2_dir):
+    from scale_fpt.packing import Cohort
+
+    base = {**XOR, "model": tiny_gpt2_dir, "init": "pretrained", "dropout": 0.0}
+    base.update(batch_size=4, max_steps=10, eval_every=5)
+    members = [{"lr": 1e-3, "seed": 0}, {"lr": 3e-3, "seed": 1, "finetune": "input+output+ln"}]
+    configs = [TrialConfig.from_flat({**base, **m}) for m in members]
+    cohort = Cohort(configs, compile=True)
+    try:
+        cohort.fit()
+        packed = [m.state for m in cohort.members]
+    finally:
+        cohort.close()
+    for config, state in zip(configs, packed, strict=True):
+        solo = Trial(config)
+        try:
+            solo.run()
+            reference = solo.trainer.state
+        finally:
+            solo.close()
+        assert [e.step for e in state.history] == [e.step for e in reference.history]
+        for p, s in zip(state.history, reference.history, strict=True):
+            assert p.train_loss == pytest.approx(s.train_loss, rel=1e-3)
+            assert p.test_accuracy == pytest.approx(s.test_accuracy, abs=1e-6)
+
+
+def test_custom_attention_equals_sdpa_on_cuda():
+    from scale_fpt.models import ops
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8, device="cuda", requires_grad=True) for _ in range(3))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    every = torch.arange(16, device="cuda").expand(2, 16)  # every query at its own position
+    custom = ops.causal_attention(q, k, v, scale=8**-0.5, query_positions=every)
+    torch.testing.assert_close(custom, expected, rtol=1e-4, atol=1e-5)
+    last = ops.causal_attention(q, k, v, 8**-0.5, query_positions=every[:, -3:])
+    torch.testing.assert_close(last, expected[:, :, -3:], rtol=1e-4, atol=1e-5)
+    grads = torch.autograd.grad(custom.sum(), (q, k, v))
+    sdpa_grads = torch.autograd.grad(expected.sum(), (q, k, v))
+    for mine, theirs in zip(grads, sdpa_grads, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture
+def gpu_ray():
+    import ray
+
+    from scale_fpt.sweep import connect_ray
+
+    ray.shutdown()
+    connect_ray(address="local", num_gpus=torch.cuda.device_count())
+    yield
+    ray.shutdown()
+
+
+def test_four_trials_share_one_gpu_through_fractional_resources(gpu_ray, tmp_path):
+    from scale_fpt.sweep import run_sweep
+
+    sweep = SweepConfig(
+        name="share",
+        base={**XOR, "model": "gpt2-tiny", "init": "random", "max_steps": 200, "eval_every": 100},
+        grid={"lr": [1e-4, 3e-4, 1e-3, 3e-3]},
+        gpus_per_trial="0.25",
+        results_dir=str(tmp_path),
+    )
+    assert run_sweep(sweep).finished
+    trials = pd.read_parquet(tmp_path / "share" / "trials")
+    assert len(trials) == 4 and (trials["status"] == "completed").all()
+    assert [json.loads(r) for r in trials["resources_requested"]] == [[{"CPU": 1, "GPU": 0.25}]] * 4
+    assert all(len(json.loads(ids)) == 1 for ids in trials["gpu_ids"])
+    assert (trials["gpu_model"] == torch.cuda.get_device_name()).all()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.skipif("workers" not in FIELD_TYPES, reason="needs TrainConfig.workers")
+def test_trial_over_two_gpus_at_zero_3(gpu_ray, tmp_path):
+    from scale_fpt.sweep import run_sweep
+
+    sweep = SweepConfig(
+        name="zero3",
+        base={**XOR, "model": "gpt2", "init": "random", "finetune": "full"},
+        grid={"max_steps": [100]},
+        overrides=(({}, {"workers": 2, "zero_stage": 3, "eval_every": 50}),),
+        gpus_per_trial="2",
+        results_dir=str(tmp_path),
+    )
+    assert run_sweep(sweep).finished
+    trials = pd.read_parquet(tmp_path / "zero3" / "trials")
+    assert (trials["status"] == "completed").all() and (trials["steps_done"] == 100).all()
+    assert json.loads(trials["resources_requested"].iloc[0]) == [{"CPU": 1, "GPU": 1}] * 2
+    assert (trials["zero_stage"] == 3).all()
