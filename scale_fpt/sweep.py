@@ -24,9 +24,9 @@ from scale_fpt import planner
 from scale_fpt.cluster import GPUOffer, config_file_offer, gpu_offer
 from scale_fpt.config import FIELD_TYPES, ConfigError, TrialConfig, flag
 from scale_fpt.loop import evaluation_steps
-from scale_fpt.packing import cohort_memory_bytes, cohorts
-from scale_fpt.recovery import restore_missing_rows
+from scale_fpt.packing import cohorts
 from scale_fpt.prebuild import prebuild_ops
+from scale_fpt.recovery import restore_missing_rows
 from scale_fpt.results import ResultsError, ResultsWriter
 from scale_fpt.storage import check_sweep_storage
 from scale_fpt.trial import TrialRun, error_text, git_sha, provenance, trial_id_for

@@ -37,7 +37,6 @@ from types import SimpleNamespace
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from conftest import torch_extensions_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ray_clusters import LocalCluster, wait_until
