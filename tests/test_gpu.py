@@ -16,7 +16,7 @@ import torch
 
 from scale_fpt.config import FIELD_TYPES, TrialConfig
 from scale_fpt.sweep import SweepConfig
-from scale_fpt.trial import Trial
+from scale_fpt.trial import TrialRun
 
 pytestmark = [
     pytest.mark.gpu,
@@ -26,12 +26,13 @@ pytestmark = [
 XOR = {"task": "bit-xor", "test_batches": 4, "accelerator": "cuda"}
 
 
-def run_trial(flat: dict) -> tuple[Trial, dict]:
-    trial = Trial(TrialConfig.from_flat(flat))
+def run_trial(flat: dict) -> tuple[TrialRun, dict]:
+    run = TrialRun([TrialConfig.from_flat(flat)])
     try:
-        return trial, trial.run()
+        (row,) = run.run()
+        return run, row
     finally:
-        trial.close()
+        run.close()
 
 
 def test_bf16_trial_learns_bit_xor():
@@ -46,36 +47,35 @@ def test_bf16_trial_learns_bit_xor():
 
 def test_fp16_trains_with_loss_scaling():
     flat = {**XOR, "model": "gpt2-tiny", "init": "random", "finetune": "full"}
-    trial = Trial(TrialConfig.from_flat({**flat, "precision": "fp16", "max_steps": 200}))
+    config = {**flat, "precision": "fp16", "max_steps": 200, "eval_every": 20, "log_evals": False}
+    run = TrialRun([TrialConfig.from_flat(config)])  # fp16 trains on the DeepSpeed engine step
     try:
-        first, _ = trial.trainer.train_step(0)
-        row = trial.run()
-        scale = trial.trainer.engine.optimizer.cur_scale  # DeepSpeed's dynamic loss scaler
+        (row,) = run.run()
+        first = run.states[0].history[0].train_loss  # mean over the first 20 steps
+        scale = run.step.engine.optimizer.cur_scale  # DeepSpeed's dynamic loss scaler
     finally:
-        trial.close()
+        run.close()
     assert row["status"] == "completed"
     assert 1 <= scale <= 2**16  # started at 2^16 (initial_scale_power), moved by overflows
     assert row["final_train_loss"] < first
 
 
 def test_packed_compiled_cohort_equals_the_unpacked_trials(tiny_gpt2_dir):
-    from scale_fpt.packing import Cohort
-
     base = {**XOR, "model": tiny_gpt2_dir, "init": "pretrained", "dropout": 0.0}
     base.update(batch_size=4, max_steps=10, eval_every=5)
     members = [{"lr": 1e-3, "seed": 0}, {"lr": 3e-3, "seed": 1, "finetune": "input+output+ln"}]
     configs = [TrialConfig.from_flat({**base, **m}) for m in members]
-    cohort = Cohort(configs, compile=True)
+    cohort = TrialRun(configs, compile=True)
     try:
-        cohort.fit()
-        packed = [m.state for m in cohort.members]
+        cohort.run()
+        packed = cohort.states
     finally:
         cohort.close()
     for config, state in zip(configs, packed, strict=True):
-        solo = Trial(config)
+        solo = TrialRun([config], kind="engine")  # unpacked, on a DeepSpeed engine
         try:
             solo.run()
-            reference = solo.trainer.state
+            (reference,) = solo.states
         finally:
             solo.close()
         assert [e.step for e in state.history] == [e.step for e in reference.history]

@@ -176,19 +176,19 @@ def test_plan_bounds_the_memory_of_a_real_step_from_above_within_25_percent():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from scale_fpt.trial import Trial
+    from scale_fpt.trial import TrialRun
 
     flat = {"model": "gpt2", "init": "random", "task": "bit-xor", "finetune": "full"}
     flat.update(precision="bf16", batch_size=16, max_steps=2, eval_every=2, test_batches=1)
     config = TrialConfig.from_flat({**flat, "accelerator": "cuda"})
     torch.cuda.reset_peak_memory_stats()
-    trial = Trial(config)
+    run = TrialRun([config])  # full fine-tuning: the DeepSpeed engine step
     try:
-        trial.trainer.train_step(0)
-        trial.trainer.train_step(1)
+        run.step.train_step(0)
+        run.step.train_step(1)
         measured = torch.cuda.max_memory_allocated()
     finally:
-        trial.close()
+        run.close()
     planned = planner.trial_memory(planner.model_shape(config), "bf16", 16).allocated
     assert measured <= planned <= 1.25 * measured, (planned, measured)
 
