@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from pathlib import Path
 
 TUNE_RESULTS_FILE = "result.json"
+
+
+log = logging.getLogger(__name__)
 
 
 def tune_reports(trial_dir: str | Path) -> list[dict]:
@@ -51,7 +55,15 @@ def restore_missing_rows(callback, experiment_path: str) -> set[str]:
 
     writer = callback.writer
     restored = set()
-    for trial in ExperimentAnalysis(experiment_path).trials:
+    try:
+        trials = ExperimentAnalysis(experiment_path).trials
+    except (OSError, ValueError) as e:
+        # A driver killed while Tune rewrote its state file leaves one that does not parse;
+        # Tune restores from its own copy, and rows not re-derived now are rewritten as the
+        # resumed trials report.
+        log.warning("cannot re-derive rows from %s (%s); resuming without", experiment_path, e)
+        return restored
+    for trial in trials:
         curves, last_rows = logged_rows(tune_reports(trial.path))
         for trial_id, logged in curves.items():
             on_disk = writer.curve(trial_id)
