@@ -71,10 +71,22 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def matmul_peak(seconds: float = 2.0, n: int | None = None) -> tuple[float, str]:
-    """The machine's own matrix-multiply rate (FLOP/s), measured now: the best of several
-    timed rounds of square matmuls (fp32 on CPU, bf16 on GPU), in the same process and
-    thread setting as the model steps it is compared with."""
+def header() -> None:
+    """What every benchmark prints first: the command, the date and the machine."""
+    import datetime
+    import shlex
+    import sys
+
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes")
+    print(f"command: python {shlex.join(sys.argv)}")
+    print(f"date: {now}")
+    print(f"machine: {machine()}")
+
+
+def matmul_rounds(seconds: float = 2.0, n: int | None = None) -> tuple[list[float], str]:
+    """The machine's own matrix-multiply rate (FLOP/s), measured now: the rate of each of
+    several timed rounds of square matmuls (fp32 on CPU, bf16 on GPU), in the same process
+    and thread setting as the model steps it is compared with. Callers take the median."""
     dtype = torch.bfloat16 if CUDA else torch.float32
     n = n or (8192 if CUDA else 2048)
     a = torch.randn(n, n, device=DEVICE, dtype=dtype)
@@ -84,17 +96,50 @@ def matmul_peak(seconds: float = 2.0, n: int | None = None) -> tuple[float, str]
         torch.matmul(a, b, out=out)
     sync()
     flops = 2 * n**3
-    best = 0.0
+    rates: list[float] = []
     deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or best == 0.0:
+    while time.perf_counter() < deadline or len(rates) < 3:
         reps = 10 if CUDA else 2
         start = time.perf_counter()
         for _ in range(reps):
             torch.matmul(a, b, out=out)
         sync()
-        best = max(best, reps * flops / (time.perf_counter() - start))
+        rates.append(reps * flops / (time.perf_counter() - start))
     dtype_name = str(dtype).removeprefix("torch.")
-    return best, f"torch.matmul {n}x{n} {dtype_name} on {DEVICE}"
+    return rates, f"torch.matmul {n}x{n} {dtype_name} on {DEVICE}, median of rounds"
+
+
+class Peaks:
+    """The denominators of MFU for this machine: on a GPU the published dense peak of the
+    device and precision (``scaling.DEVICE_PEAKS``), on a CPU (or a GPU not in the table)
+    the measured matmul rate. The measured rate is printed beside either way."""
+
+    def __init__(self, measured: float, how: str):
+        from scale_fpt import scaling
+
+        self.measured, self.how = measured, how
+        found = scaling.device_peak(torch.cuda.get_device_name(), PRECISION) if CUDA else None
+        self.published = found[1] if found else None
+        self.kind = (
+            f"published dense {PRECISION} peak of the {found[0].name} ({found[0].source})"
+            if found
+            else f"measured matmul rate ({how})"
+        )
+
+    @property
+    def mfu_peak(self) -> float:
+        return self.published or self.measured
+
+    def denominator(self) -> str:
+        if self.published:
+            return f"{si(self.published, 'FLOP/s')}, the {self.kind}"
+        return "the measured matmul rate (a CPU has no published peak)"
+
+    def describe(self) -> str:
+        measured = f"measured matmul {si(self.measured, 'FLOP/s')} ({self.how})"
+        if self.published:
+            return f"MFU denominator: {si(self.published, 'FLOP/s')}, {self.kind}; {measured}"
+        return f"MFU denominator: {measured} (a CPU has no published peak)"
 
 
 # --------------------------------------------------------------------------- memory
@@ -232,27 +277,14 @@ def trial_config(model: str, task: str, finetune: str, batch_size: int, **extra)
 
 
 def flops_per_step(config: TrialConfig) -> int:
-    """Training FLOPs of one step of ``config`` (4N + attention frozen, 6N full), counted by
-    ``scale_fpt.trial.step_flops`` on the model built on the meta device."""
+    """Model FLOPs of one training step of ``config`` (4N + attention frozen, 6N full),
+    counted by ``scale_fpt.trial.step_flops`` on the model built on the meta device: the one
+    definition both paths are measured by (the packed path runs fewer, as it skips the last
+    block for tokens that are not read out; its MFU counts the trial's work all the same)."""
     from scale_fpt.trial import counting_model, step_flops
 
     spec = task_spec(config.task)
     return step_flops(counting_model(config, spec), spec, config.train.batch_size)[0]
-
-
-def packed_flops_per_step(config: TrialConfig) -> int:
-    """FLOPs a packed member's step executes: ``flops_per_step`` minus the last block's work
-    for the tokens that are not read out (``scaling.readout_flops_skipped``)."""
-    from scale_fpt import scaling
-    from scale_fpt.models.backbones import load_architecture
-
-    spec = task_spec(config.task)
-    arch = load_architecture(config.model)
-    n_inner = arch.n_inner or 4 * arch.n_embd
-    skipped = scaling.readout_flops_skipped(
-        arch.n_embd, n_inner, spec.n_tokens, spec.n_predicting_tokens, config.train.batch_size
-    )
-    return flops_per_step(config) - skipped
 
 
 # --------------------------------------------------------------------------- timing

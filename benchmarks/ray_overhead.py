@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     concurrent = args.concurrent or cores
     os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
-    print(f"machine: {h.machine()}")
+    h.header()
     print(
         f"{args.trials} trials of gpt2-tiny bit-xor, {args.steps} steps + 1 evaluation each, "
         f"{concurrent} at a time, reuse_actors=True, 1 CPU per trial"

@@ -1,6 +1,7 @@
 """Training-step throughput at the hardware limit: tokens/s, FLOP/s and model FLOP
-utilisation (MFU) of one training step, side by side, against this machine's own matmul
-peak measured in the same run.
+utilisation (MFU) of one training step, side by side: on a GPU against the device's
+published dense peak (``scaling.DEVICE_PEAKS``), with the matmul rate measured in the same
+run beside it; on a CPU against that measured rate.
 
     python benchmarks/step_throughput.py                      # the README's table
     python benchmarks/step_throughput.py --quick              # a short smoke run
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import statistics
 import sys
 
 import _harness as h
@@ -91,7 +93,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    print(f"machine: {h.machine()}")
+    h.header()
     # Imports, the process group and DeepSpeed's first engine are one-time costs: pay them
     # before the first row so that its time and memory are the step's alone.
     warm = h.trial_config("gpt2-tiny", "bit-xor", "fpt", 2)
@@ -120,7 +122,7 @@ def main(argv=None) -> int:
                     # The peak is timed right before and after each row: on a shared machine
                     # the reachable rate drifts (115 vs 201 GFLOP/s within one run here), so
                     # each row's MFU divides by the peak of its own minutes (the higher one).
-                    peak_before, how = h.matmul_peak(args.peak_seconds)
+                    rounds_before, how = h.matmul_rounds(args.peak_seconds)
                     if path == "trial":
                         seconds, memory = run_trial_path(config, task, args.steps, args.warmup)
                     else:
@@ -128,15 +130,14 @@ def main(argv=None) -> int:
                             config, task, args.steps, args.warmup, h.CUDA and not args.no_compile
                         )
                     gc.collect()
-                    peak_after, _ = h.matmul_peak(args.peak_seconds)
-                    peak = max(peak_before, peak_after)
-                    # the packed path skips the last block's work for tokens not read out
-                    flops = (h.packed_flops_per_step if path == "packed" else h.flops_per_step)(
-                        config
-                    )
+                    rounds_after, _ = h.matmul_rounds(args.peak_seconds)
+                    peaks = h.Peaks(statistics.median(rounds_before + rounds_after), how)
+                    flops = h.flops_per_step(config)  # model FLOPs: one definition, both paths
+                    mfu = flops / seconds / peaks.mfu_peak
                     tokens = batch * task.spec.n_tokens
                     if model == "gpt2" and task.spec.n_tokens == 64 and finetune == "fpt":
-                        frozen_mfu.append((path, flops / seconds / peak))
+                        frozen_mfu.append((path, mfu))
+                    of_matmul = {"of matmul": f"{flops / seconds / peaks.measured:.1%}"}
                     rows.append(
                         {
                             "model": model,
@@ -149,8 +150,9 @@ def main(argv=None) -> int:
                             "tokens/s": h.si(tokens / seconds),
                             "FLOP/step": h.si(flops),
                             "FLOP/s": h.si(flops / seconds),
-                            "matmul peak": h.si(peak),
-                            "MFU": f"{flops / seconds / peak:.1%}",
+                            "matmul rate": h.si(peaks.measured),
+                            "MFU": f"{mfu:.1%}",
+                            **(of_matmul if peaks.published else {}),
                             "peak mem": h.si(memory, "B"),
                         }
                     )
@@ -162,14 +164,15 @@ def main(argv=None) -> int:
                         flush=True,
                     )
     print(
-        f"matmul peak per row: {how}, best of rounds over {args.peak_seconds} s, before and after"
+        f"matmul rate per row: {how} over {args.peak_seconds} s before and after the row; "
+        f"MFU denominator: {peaks.denominator()}"
     )
     print()
     h.print_table(rows, list(rows[0]))
     print()
-    print("MFU = (training FLOPs of the step / step time) / matmul peak; FLOPs from")
-    print("scale_fpt.scaling (4N + attention with the body frozen, 6N + attention full; the")
-    print("packed path's executed FLOPs: minus scaling.readout_flops_skipped).")
+    print("MFU = (model FLOPs of the step / median step time) / MFU denominator; model FLOPs")
+    print("from scale_fpt.scaling for both paths (4N + attention with the body frozen, 6N +")
+    print("attention full; checked against torch's FlopCounterMode in tests/test_flops.py).")
     for path, mfu in frozen_mfu:
         h.print_target(f"frozen gpt2, 64 tokens, {path} path: MFU", mfu, TARGET_MFU, ".1%")
     return 0

@@ -26,6 +26,7 @@ divergence need an optimiser that knows the member axis (``steps.adam.PackedAdam
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from scale_fpt.config import ConfigError, TrialConfig, parse_finetune
 from scale_fpt.models.backbones import load_architecture
@@ -91,8 +92,9 @@ def cohort_key(config: TrialConfig) -> tuple:
     return tuple(sorted((k, v) for k, v in config.to_flat().items() if k not in varying))
 
 
-def cohorts(arms: list[dict], k: int) -> list[list[dict]]:
-    """Group flat trial configs into cohorts of at most ``k`` compatible members.
+def cohorts(arms: list[dict], k: int | Callable[[list[dict]], int]) -> list[list[dict]]:
+    """Group flat trial configs into cohorts of at most ``k`` compatible members (``k`` may
+    be a function of each compatible group: ``--pack auto`` sizes cohorts per group).
 
     Compatible: the same task config, model, init, weights, dropout, precision, batch size,
     max/eval steps, evaluation batch size and device, a frozen body (finetune within
@@ -102,8 +104,9 @@ def cohorts(arms: list[dict], k: int) -> list[list[dict]]:
     ceil(n / k) cohorts of near-equal size. Arms that cannot be packed come back alone
     (``[[arm]]``), in order. Every arm appears in exactly one cohort.
     """
-    if k < 1:
+    if not callable(k) and k < 1:
         raise ValueError(f"cohort size must be >= 1, got {k}")
+    size = k if callable(k) else lambda group: k
     order: list[tuple] = []  # ("one", arm) or ("group", key), in order of first appearance
     groups: dict[tuple, list[dict]] = {}
     for arm in arms:
@@ -121,7 +124,10 @@ def cohorts(arms: list[dict], k: int) -> list[list[dict]]:
             out.append([item])
             continue
         members = groups[item]
-        n_cohorts = math.ceil(len(members) / k)
+        group_k = size(members)
+        if group_k < 1:
+            raise ValueError(f"cohort size must be >= 1, got {group_k}")
+        n_cohorts = math.ceil(len(members) / group_k)
         out.extend(
             members[i * len(members) // n_cohorts : (i + 1) * len(members) // n_cohorts]
             for i in range(n_cohorts)
@@ -131,13 +137,20 @@ def cohorts(arms: list[dict], k: int) -> list[list[dict]]:
 
 def cohort_memory_bytes(members: list[dict]) -> int:
     """Memory a cohort needs on its device (to size a Ray resource request): the frozen body
-    once, in the training precision; per member its trained tensors (fp32 weights, gradients
-    and two Adam moments; ``wpe`` only for the task's positions) and its activations."""
+    once, plus each member's share (``cohort_memory_parts``)."""
+    body, per_member = cohort_memory_parts(members[0])
+    return body + len(members) * per_member
+
+
+def cohort_memory_parts(member: dict) -> tuple[int, int]:
+    """(bytes of the frozen body, bytes per member) of a cohort of ``member``'s kind: the
+    body once, in the training precision; per member its trained tensors (fp32 weights,
+    gradients and two Adam moments; ``wpe`` only for the task's positions) and its
+    activations."""
     from scale_fpt import scaling
     from scale_fpt.tasks import task_spec
 
-    configs = [TrialConfig.from_flat(m) for m in members]
-    first = configs[0]
+    first = TrialConfig.from_flat(member)
     arch = load_architecture(first.model)
     size = scaling.GPT2Size(arch.n_layer, arch.n_embd, arch.n_head, arch.n_positions)
     spec = task_spec(first.task)
@@ -154,4 +167,4 @@ def cohort_memory_bytes(members: list[dict]) -> int:
     activations = scaling.activation_bytes(
         size.n_layer, size.n_embd, spec.n_tokens, first.train.batch_size, first.train.precision
     )
-    return body + len(configs) * (trained * 16 + activations)
+    return body, trained * 16 + activations

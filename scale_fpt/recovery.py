@@ -75,6 +75,7 @@ def restore_missing_rows(callback, experiment_path: str) -> set[str]:
         if not lost:
             continue
         restored.update(row["trial_id"] for row in lost)
+        lost = callback.tagged(trial, lost)  # a search's rows: their search_config
         callback.last_rows[trial.trial_id] = lost
         if trial.status == "TERMINATED":
             callback.write_complete(trial)

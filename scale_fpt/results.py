@@ -115,6 +115,11 @@ TRIAL_OUTCOME = [
     ("hostname", pa.string(), "node that ran the trial (last attempt)"),
     ("git_sha", pa.string(), "commit of scale_fpt that ran it ('-dirty' with local changes)"),
     ("versions", pa.string(), "JSON {package: version} of the stack"),
+    (
+        "search_config",
+        pa.int64(),
+        "the Optuna trial number of the search configuration this seed trains (null: grid)",
+    ),
     ("error", pa.string(), "error text of a failed trial, else null"),
     ("checkpoint", pa.string(), "directory of the trial's last checkpoint (trainable weights)"),
     ("finished_at", pa.string(), "UTC time the row was written (ISO 8601)"),

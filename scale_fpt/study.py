@@ -95,9 +95,11 @@ def parser(description: str, presets: dict) -> argparse.ArgumentParser:
     p.add_argument("--asha", action="store_true", help="stop weak trials early (ASHA)")
     p.add_argument(
         "--pack",
-        type=int,
-        default=0,
-        help="train up to K compatible trials per process on one backbone",
+        type=pack_value,
+        default=None,
+        metavar="K|auto",
+        help="train up to K compatible trials per process on one backbone; auto (the "
+        "default): K from the devices and their memory, 1: one trial per process",
     )
     add_gpu_flags(p)
     p.add_argument(
@@ -139,6 +141,19 @@ def add_gpu_flags(p: argparse.ArgumentParser) -> None:
         help="cluster YAML whose node types auto plans for (default: ~/ray_bootstrap_config.yaml "
         "when present)",
     )
+
+
+def pack_value(text: str) -> int | str:
+    """``--pack``: ``auto`` or a positive number of trials per cohort."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {text!r}")
+    return value
 
 
 def split(text: str, kind=str) -> list:
@@ -186,7 +201,7 @@ def narrow(sweep, args: argparse.Namespace):
             changes[name] = getattr(args, name)
     if args.asha:
         changes["asha"] = True
-    if args.pack:
+    if args.pack is not None:
         changes["pack"] = args.pack
     sweep = dataclasses.replace(sweep, **changes)
     assert isinstance(sweep, SweepConfig)

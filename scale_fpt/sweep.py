@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from scale_fpt import planner
+from scale_fpt import planner, scaling
 from scale_fpt.cluster import GPUOffer, config_file_offer, gpu_offer
 from scale_fpt.config import FIELD_TYPES, ConfigError, TrialConfig, flag
 from scale_fpt.loop import evaluation_steps
@@ -29,7 +29,14 @@ from scale_fpt.prebuild import prebuild_ops
 from scale_fpt.recovery import restore_missing_rows
 from scale_fpt.results import ResultsError, ResultsWriter
 from scale_fpt.storage import check_sweep_storage
-from scale_fpt.trial import TrialRun, error_text, git_sha, provenance, trial_id_for
+from scale_fpt.trial import (
+    TrialRun,
+    config_trial_id,
+    error_text,
+    git_sha,
+    provenance,
+    trial_id_for,
+)
 
 SEARCH_KINDS = ("loguniform", "uniform", "int", "choice")
 
@@ -93,11 +100,16 @@ class SweepConfig:
     the head, where ``ray submit`` runs the sweep)."""
     reuse_actors: bool = True
     """Reuse trial processes (saves the import and start-up of torch and DeepSpeed)."""
-    pack: int = 1
+    pack: int | str = "auto"
     """Trials per cohort: up to this many compatible grid trials (same frozen backbone,
     differing in lr, seed or trained subset of input/output/ln/pos) train together in one
     process over one copy of the backbone (``scale_fpt.packing``); each keeps its own rows.
-    1: one trial per process. Searches suggest one trial at a time and always run unpacked."""
+    1: one trial per process. ``auto``: each group of compatible trials is spread over the
+    cluster's slots (one cohort per GPU, or per ``cpus_per_trial`` CPUs), at most as many
+    members per cohort as fit in a slot's memory beside one frozen body
+    (``scaling.auto_cohort_size``); nothing is packed under ASHA (it stops whole Tune
+    trials). A search packs too: where an arm packs, it asks for as many configurations at
+    once as fill a cohort beside the seeds (``search.configs_per_ask``)."""
 
     def problems(self) -> list[str]:
         out = []
@@ -122,9 +134,13 @@ class SweepConfig:
                 "asha with search: Ray records early-stopped trials in Optuna as complete with "
                 "their truncated value, which misleads the sampler; use one or the other"
             )
-        for name in ("search_trials", "asha_grace_evals", "cpus_per_trial", "pack"):
+        for name in ("search_trials", "asha_grace_evals", "cpus_per_trial"):
             if getattr(self, name) < 1:
                 out.append(f"{flag(name)}: must be positive, got {getattr(self, name)}")
+        if self.pack != "auto" and not (
+            isinstance(self.pack, int) and not isinstance(self.pack, bool) and self.pack >= 1
+        ):
+            out.append(f"--pack: 'auto' or a positive number of trials, got {self.pack!r}")
         for name, zero in (("max_concurrent", "unlimited"), ("max_failures", "no retries")):
             if getattr(self, name) < 0:
                 out.append(f"{flag(name)}: must be >= 0 (0 = {zero}), got {getattr(self, name)}")
@@ -294,6 +310,8 @@ def scalar_field_types(cls) -> dict[str, type]:
     """SweepConfig's scalar fields and their types (from their defaults; ``name``: str)."""
     out = {"name": str}
     for f in fields(cls):
+        if "|" in str(f.type):  # int or str (``pack``): checked by SweepConfig.problems
+            continue
         if isinstance(f.default, str | int | float | bool):
             out[f.name] = type(f.default)
     return out
@@ -396,6 +414,63 @@ def trial_resources(flat: dict, sweep: SweepConfig, offer: GPUOffer):
     plan = trial_plan(flat, sweep, offer)
     strategy = "STRICT_PACK" if plan.gpus > 1 else "PACK"
     return tune.PlacementGroupFactory(plan_bundles(plan, sweep.cpus_per_trial), strategy=strategy)
+
+
+@dataclass(frozen=True)
+class Devices:
+    """Where a sweep's cohorts run side by side (read from the Ray cluster)."""
+
+    gpus: int
+    """GPUs in the cluster (0: CPUs only)."""
+    slots: int
+    """Cohorts that run at once: one per GPU, else one per ``cpus_per_trial`` CPUs (at most
+    ``max_concurrent``)."""
+    slot_bytes: int
+    """Memory of one slot: the offered GPU's, else the cluster's memory per slot."""
+
+
+def cluster_devices(sweep: SweepConfig, resources: dict, offer: GPUOffer) -> Devices:
+    """The slots of a cluster with Ray ``resources`` (``ray.cluster_resources()``) whose
+    GPUs are ``offer.gpu`` (its memory from the planner's table or ``gpu_memory_gb``)."""
+    gpus = int(resources.get("GPU", 0)) if offer.gpu is not None else 0
+    if gpus:
+        slots, slot_bytes = gpus, offer.gpu.memory_bytes
+    else:
+        slots = max(1, int(resources.get("CPU", 1)) // sweep.cpus_per_trial)
+        slot_bytes = int(resources.get("memory", 0)) // slots
+    if sweep.max_concurrent:
+        slots = min(slots, sweep.max_concurrent)
+    return Devices(gpus, slots, slot_bytes)
+
+
+def auto_pack(member: dict, n_members: int, devices: Devices) -> int:
+    """``--pack auto``'s cohort size for ``n_members`` trials compatible with ``member``:
+    spread over the slots, as many per cohort as fit in a slot's memory."""
+    from scale_fpt.packing import cohort_memory_parts
+
+    fits = scaling.members_that_fit(*cohort_memory_parts(member), devices.slot_bytes)
+    return scaling.auto_cohort_size(n_members, devices.slots, fits)
+
+
+def grid_cohorts(sweep: SweepConfig, arms: list[dict], devices: Devices) -> list[list[dict]]:
+    """The grid's arms grouped into the cohorts ``sweep.pack`` asks for."""
+    if sweep.pack != "auto":
+        return cohorts(arms, sweep.pack)
+    if sweep.asha:
+        return [[arm] for arm in arms]
+    return cohorts(arms, lambda group: auto_pack(group[0], len(group), devices))
+
+
+def search_pack(sweep: SweepConfig, seed_arms: list[dict], devices: Devices) -> int:
+    """Members per cohort of a search (``sweep.pack``, or ``auto``'s choice for every seed
+    of every configuration the run asks for)."""
+    from scale_fpt.packing import pack_problem
+
+    if sweep.pack != "auto":
+        return sweep.pack
+    if pack_problem(seed_arms[0]):
+        return 1
+    return auto_pack(seed_arms[0], len(seed_arms) * sweep.search_trials, devices)
 
 
 def cohort_resources(members: list[dict], sweep: SweepConfig, offer: GPUOffer):
@@ -525,6 +600,15 @@ def tune_members(tune_config: dict) -> tuple[str, bool, list[dict]]:
     return sweep, compile_model, [{**shared, **m} for m in members]
 
 
+def tune_search_members(tune_config: dict) -> None:
+    """Ray Tune function trainable of a search's trial: ``{"sweep": name, "members": [flat
+    config tagged with its search_config, ...]}`` (``search.SeedMeanSearcher``), trained
+    untagged by ``tune_trial``."""
+    from scale_fpt.search import without_search_configs
+
+    tune_trial(without_search_configs(tune_config))
+
+
 REPORTED_METRICS = {
     "val_accuracy": "val_accuracy",
     "best_val_accuracy": "best_val_accuracy",
@@ -547,13 +631,9 @@ def report_metrics(rows: list[dict]) -> dict:
 
 def config_only_row(sweep: str, flat: dict, status: str, error: str | None) -> dict:
     """The row of a trial that never built (bad combination) or never reported."""
-    try:
-        trial_id = trial_id_for(sweep, TrialConfig.from_flat(flat).to_flat())
-    except ConfigError:
-        trial_id = trial_id_for(sweep, flat)
     return {
         "sweep": sweep,
-        "trial_id": trial_id,
+        "trial_id": config_trial_id(sweep, flat),
         **flat,
         "status": status,
         "stop_reason": "failed" if status == "failed" else None,
@@ -583,10 +663,16 @@ def results_callback_class():
         def __init__(self, results_dir: str, sweep: str):
             self.results_dir, self.sweep = results_dir, sweep
             self.last_rows: dict[str, dict] = {}
+            self.search_configs: dict[str, dict[str, int]] = {}
             self._writer: ResultsWriter | None = None
 
         def __getstate__(self):  # Tune pickles callbacks into its experiment state
-            return {"results_dir": self.results_dir, "sweep": self.sweep, "last_rows": {}}
+            return {
+                "results_dir": self.results_dir,
+                "sweep": self.sweep,
+                "last_rows": {},
+                "search_configs": {},
+            }
 
         def __setstate__(self, state):
             self.__dict__.update(state, _writer=None)
@@ -609,18 +695,31 @@ def results_callback_class():
             with recording_write_failures():
                 self.write_error(trial)
 
+        def tagged(self, trial, rows: list[dict]) -> list[dict]:
+            """Rows with the search configuration each belongs to (None for grid trials)."""
+            from scale_fpt.search import SEARCH_CONFIG, member_search_configs
+
+            if trial.trial_id not in self.search_configs:
+                self.search_configs[trial.trial_id] = member_search_configs(
+                    self.sweep, trial.config
+                )
+            numbers = self.search_configs[trial.trial_id]
+            return [{**row, SEARCH_CONFIG: numbers.get(row["trial_id"])} for row in rows]
+
         def write_result(self, trial, result):
             # A Tune trial reports lists of rows: one trial's, or a packed cohort's.
             for row in result.get("curve_rows", []):
                 self.writer.write_curve(row["trial_id"], [row])
-            rows = result.get("trial_rows", [])
+            rows = self.tagged(trial, result.get("trial_rows", []))
             for row in rows:
                 self.writer.write_trial(row)
             if rows:
                 self.last_rows[trial.trial_id] = rows
 
         def reported_rows(self, trial) -> list[dict]:
-            return self.last_rows.get(trial.trial_id) or trial.last_result.get("trial_rows", [])
+            return self.last_rows.get(trial.trial_id) or self.tagged(
+                trial, trial.last_result.get("trial_rows", [])
+            )
 
         def write_complete(self, trial):
             checkpoint = trial.checkpoint.path if trial.checkpoint else None
@@ -631,11 +730,14 @@ def results_callback_class():
                 self.writer.write_trial({**row, "checkpoint": checkpoint})
 
         def write_error(self, trial):
+            from scale_fpt.search import without_search_configs
+
             error = trial_error_text(trial)
             rows = self.reported_rows(trial)
             if not rows:  # never reported: every member fails with the trial's error
-                _, _, members = tune_members(trial.config)
-                rows = [config_only_row(self.sweep, m, "failed", error) for m in members]
+                _, _, members = tune_members(without_search_configs(trial.config))
+                failed = [config_only_row(self.sweep, m, "failed", error) for m in members]
+                rows = self.tagged(trial, failed)
             for row in rows:
                 if row["status"] in ("running", "failed"):
                     failed = {"status": "failed", "stop_reason": "failed", "error": error}
@@ -676,34 +778,22 @@ def trial_error_text(trial) -> str:
     return str(getattr(trial, "error_msg", None) or "trial failed")
 
 
-def search_algorithm(sweep: SweepConfig, arm: dict, study_name: str):
-    import optuna
-    from ray.tune.search import ConcurrencyLimiter
-    from ray.tune.search.optuna import OptunaSearch
+def search_algorithm(sweep: SweepConfig, seed_arms: list[dict], study_name: str, devices: Devices):
+    """The searcher of one arm: its configurations trained for every seed of ``seed_arms``
+    and scored on the seed mean (``search.SeedMeanSearcher``)."""
+    from scale_fpt.search import SeedMeanSearcher
 
-    url = sweep.optuna_storage or f"sqlite:///{sweep.sweep_dir / 'optuna.db'}"
-    storage = optuna.storages.RDBStorage(url)
-    # A continued study must not replay the suggestions of its earlier runs (a seeded sampler
-    # starts its random draws over): offset the seed by the trials the study already has.
-    existing = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(storage)}
-    sampler_seed = arm["seed"] * 100_003 + existing.get(study_name, 0)
-    distributions = {}
-    for key, (kind, *args) in sweep.search.items():
-        distributions[key] = {
-            "loguniform": lambda lo, hi: optuna.distributions.FloatDistribution(lo, hi, log=True),
-            "uniform": lambda lo, hi: optuna.distributions.FloatDistribution(lo, hi),
-            "int": lambda lo, hi: optuna.distributions.IntDistribution(lo, hi),
-            "choice": lambda values: optuna.distributions.CategoricalDistribution(values),
-        }[kind](*args)
-    searcher = OptunaSearch(
-        space=distributions,
-        metric=sweep.metric,
-        mode="max",
-        sampler=optuna.samplers.TPESampler(seed=sampler_seed),
+    return SeedMeanSearcher(
+        sweep=sweep.name,
+        seed_arms=seed_arms,
+        search=sweep.search,
         study_name=study_name,
-        storage=storage,
+        storage_url=sweep.optuna_storage or f"sqlite:///{sweep.sweep_dir / 'optuna.db'}",
+        n_configs=sweep.search_trials,
+        pack=search_pack(sweep, seed_arms, devices),
+        parallel=sweep.max_concurrent or devices.slots,
+        metric=sweep.metric,
     )
-    return ConcurrencyLimiter(searcher, max_concurrent=max(1, sweep.max_concurrent or 2))
 
 
 def connect_ray(runtime_env: dict | None = None, **init_kwargs) -> None:
@@ -755,15 +845,21 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
     connect_ray(runtime_env={"env_vars": {"SCALE_FPT_HOME": str(scale_fpt_home())}})
     offer = sweep_gpus(sweep)
     arms = planned_arms(sweep.arms(), sweep, offer)
-    if sweep.search:
+    import ray
+
+    devices = cluster_devices(sweep, ray.cluster_resources(), offer)
+    if sweep.search:  # one Optuna study per arm, each of its configurations for every seed
+        from scale_fpt.search import seed_groups
+
         plans = [
-            (f"{sweep.name}-{slug(arm_label(arm))}", [arm]) for arm in arms
-        ]  # one Optuna study per arm
+            (f"{sweep.name}-{slug(arm_label({**group[0], 'seed': 'seeds'}))}", group)
+            for group in seed_groups(arms)
+        ]
     else:
         plans = [(sweep.name, arms)]
     trials = unfinished = 0
     for index, (experiment, arms) in enumerate(plans):
-        grid = run_experiment(sweep, experiment, arms, offer, resume)
+        grid = run_experiment(sweep, experiment, arms, offer, devices, resume)
         trials += len(grid)
         if saved_unfinished(os.path.join(sweep.ray_storage, experiment)):
             unfinished = unfinished_trials(sweep, [name for name, _ in plans[index:]])
@@ -844,19 +940,26 @@ def write_where_told(tuner, sweep: SweepConfig, callbacks: list) -> None:
 
 
 def run_experiment(
-    sweep: SweepConfig, experiment: str, arms: list[dict], offer: GPUOffer, resume: bool
+    sweep: SweepConfig,
+    experiment: str,
+    arms: list[dict],
+    offer: GPUOffer,
+    devices: Devices,
+    resume: bool,
 ):
     from ray import tune
 
     path = os.path.join(sweep.ray_storage, experiment)
 
     def resources(config: dict) -> tune.PlacementGroupFactory:
-        _, _, members = tune_members(config)
+        _, _, members = tune_members(without_search_configs(config))
         if len(members) > 1:
             return cohort_resources(members, sweep, offer)
         return trial_resources(members[0], sweep, offer)
 
-    trainable = tune.with_resources(tune_trial, resources)
+    from scale_fpt.search import without_search_configs
+
+    trainable = tune.with_resources(tune_search_members if sweep.search else tune_trial, resources)
     callbacks = sweep_callbacks(sweep)
     if resume and tune.Tuner.can_restore(path):
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True)
@@ -865,17 +968,14 @@ def run_experiment(
         return fit_reporting_write_failures(tuner)
 
     if sweep.search:
-        arm = arms[0]
-        param_space = {"sweep": sweep.name, **arm}
-        for key in sweep.search:
-            param_space.pop(key, None)
-        search_alg = search_algorithm(sweep, arm, experiment)
-        num_samples = sweep.search_trials
+        param_space = {"sweep": sweep.name}
+        search_alg = search_algorithm(sweep, arms, experiment, devices)
+        num_samples = -1  # the searcher says when it is done (Searcher.FINISHED)
     else:
         search_alg, num_samples = None, 1
         # One grid axis over whole member lists: exactly arms(), overrides included, in
-        # cohorts of up to ``pack`` compatible arms (pack 1: one arm per Tune trial).
-        groups = cohorts(arms, sweep.pack)
+        # the cohorts ``pack`` asks for (one arm per Tune trial when they do not pack).
+        groups = grid_cohorts(sweep, arms, devices)
         param_space = {"sweep": sweep.name, "members": tune.grid_search(groups)}
     scheduler = None
     if sweep.asha:

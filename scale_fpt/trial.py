@@ -46,6 +46,15 @@ def trial_id_for(sweep: str, flat: dict) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
+def config_trial_id(sweep: str, flat: dict) -> str:
+    """The id of the trial a flat config makes (the raw flat's id for a config that does
+    not build: its failed row still gets a stable id)."""
+    try:
+        return trial_id_for(sweep, TrialConfig.from_flat(flat).to_flat())
+    except ConfigError:
+        return trial_id_for(sweep, flat)
+
+
 @functools.cache
 def versions() -> str:
     found = {}

@@ -259,10 +259,13 @@ def test_optuna_search_continues_the_same_study(tmp_path):
         base={**TINY, "max_steps": 20, "eval_every": 20, "finetune": "fpt"},
         search={"lr": ("loguniform", 1e-4, 1e-2)},
         search_trials=2,
+        seeds=(0, 1),
+        pack=1,  # unpacked: one Tune trial per seed (tests/test_search.py: packed)
         results_dir=str(tmp_path),
         max_concurrent=2,
     )
     first = run_sweep(sweep)
+    assert first.trials == 4
     storage = f"sqlite:///{tmp_path / 'search' / 'optuna.db'}"
     (summary,) = optuna.get_all_study_summaries(storage)
     study = optuna.load_study(study_name=summary.study_name, storage=storage)
@@ -277,10 +280,10 @@ def test_optuna_search_continues_the_same_study(tmp_path):
     lrs = [t.params["lr"] for t in study.trials]
     assert len(set(lrs)) == 4, "the continued study replayed earlier suggestions"
     trials = load_results(tmp_path, "search").trials
-    assert sorted(trials["lr"]) == sorted(lrs)  # every Optuna trial is one Parquet row
-    values = {round(t.params["lr"], 12): t.value for t in study.trials}
-    for _, row in trials.iterrows():
-        assert values[round(row["lr"], 12)] == pytest.approx(row["best_val_accuracy"])
+    assert sorted(trials["lr"]) == sorted(lrs * 2)  # every Optuna trial: a row per seed
+    means = trials.groupby("search_config")[sweep.metric].mean()
+    for trial in study.trials:
+        assert trial.value == pytest.approx(means[trial.number])
 
 
 @pytest.mark.slow
