@@ -207,7 +207,20 @@ class TrainConfig:
     precision: str = "fp32"
     """fp32, bf16 or fp16 (fp16 needs a CUDA GPU)."""
     zero_stage: int = 0
-    """DeepSpeed ZeRO stage."""
+    """DeepSpeed ZeRO stage: 0 none; 1 shards the optimizer state, 2 also the gradients, 3
+    also the weights, over the trial's ``workers`` (one process shards nothing)."""
+    zero_offload: bool = False
+    """ZeRO stage 2 or 3: keep the optimizer state (fp32 master weights, Adam moments) in CPU
+    memory and step it there (DeepSpeed's ``offload_optimizer``): less GPU memory for a
+    slower step."""
+    activation_checkpointing: bool = False
+    """Recompute each transformer block's activations in the backward pass instead of keeping
+    them (the backbone's gradient checkpointing): activation memory of one block instead of
+    all, for about a third more compute. Same results."""
+    workers: int = 1
+    """Data-parallel processes of one trial (one DeepSpeed engine each; a whole GPU each on a
+    GPU cluster, all on one node): each takes ``batch_size / workers`` examples of every
+    batch, so the trial trains as one process would. 1: the trial is one process."""
     grad_clip: float = 1.0
     """Gradient-norm clipping (paper: 1.0; 0 disables)."""
     accuracy_threshold: float = 0.9
@@ -239,7 +252,25 @@ class TrainConfig:
             out.append(f"--grad-clip: must be >= 0, got {self.grad_clip}")
         if not 0.0 <= self.accuracy_threshold <= 1.0:
             out.append(f"--accuracy-threshold: must be in [0, 1], got {self.accuracy_threshold}")
-        return [p for p in out if p]
+        return [p for p in out if p] + self.parallel_problems()
+
+    def parallel_problems(self) -> list[str]:
+        """How the trial is split over processes and what ZeRO does with it."""
+        out = []
+        if self.workers < 1:
+            out.append(f"--workers: must be >= 1, got {self.workers}")
+        elif self.batch_size >= 1 and self.batch_size % self.workers:
+            out.append(
+                f"--workers {self.workers} must divide --batch-size {self.batch_size} (each "
+                f"worker takes an equal part of every batch); e.g. --batch-size "
+                f"{-(-self.batch_size // self.workers) * self.workers}"
+            )
+        if self.zero_offload and self.zero_stage not in (2, 3):
+            out.append(
+                f"--zero-offload: needs --zero-stage 2 or 3 (got {self.zero_stage}); the "
+                "optimizer state moves to the CPU in ZeRO's partitioned form"
+            )
+        return out
 
 
 CONCERNS = (TaskConfig, ModelConfig, TrainConfig)
@@ -293,7 +324,13 @@ class TrialConfig:
         return config
 
     def problems(self) -> list[str]:
-        return self.task.problems() + self.model.problems() + self.train.problems()
+        out = self.task.problems() + self.model.problems() + self.train.problems()
+        if self.train.activation_checkpointing and self.model.model == "lstm":
+            out.append(
+                "--activation-checkpointing: recomputes transformer blocks; the lstm baseline "
+                "has none (drop the flag or pick a GPT-2 model)"
+            )
+        return out
 
     def validate(self) -> TrialConfig:
         problems = self.problems()

@@ -63,6 +63,9 @@ class Step(Protocol):
 
     size: int
     """K: the number of member trials."""
+    rank: int
+    """This process's rank in the trial's data-parallel world (0 in a world of one): every
+    rank writes its part of the step's tensors, rank 0 alone the checkpoint's other files."""
     metrics: MemberMetrics
     """Device sums of the members' train loss and accuracy since the last evaluation
     (``take``), ``diverged_at`` (K,) (first step with a non-finite loss, NEVER if none) and
@@ -263,8 +266,11 @@ def save_checkpoint(
     os.makedirs(directory, exist_ok=True)
     step.save(directory)
     for member, trial_id in enumerate(trial_ids):
-        weights = {"module": step.member_weights(member)}
-        torch.save(weights, os.path.join(directory, weights_file(trial_id)))
+        weights = {"module": step.member_weights(member)}  # collective under ZeRO-3
+        if step.rank == 0:
+            torch.save(weights, os.path.join(directory, weights_file(trial_id)))
+    if step.rank != 0:
+        return
     progress = {
         "format": CHECKPOINT_FORMAT,
         "trial_ids": trial_ids,

@@ -52,6 +52,10 @@ def pack_problem(flat: dict) -> str | None:
         return "; ".join(e.problems)
     if config.model.model == "lstm":
         return "the lstm baseline has no transformer body to share"
+    if config.train.workers > 1:
+        return f"--workers {config.train.workers}: a trial over several processes runs alone"
+    if config.train.zero_offload or config.train.activation_checkpointing:
+        return "--zero-offload/--activation-checkpointing: DeepSpeed engine features, not packed"
     extra = set(parse_finetune(config.train.finetune)) - set(PACKABLE_GROUPS)
     if extra:
         return f"--finetune trains {'+'.join(sorted(extra))}: the body is not frozen"

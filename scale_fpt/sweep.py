@@ -16,13 +16,13 @@ import dataclasses
 import itertools
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from scale_fpt import planner, scaling
 from scale_fpt.cluster import GPUOffer, config_file_offer, gpu_offer
 from scale_fpt.config import FIELD_TYPES, ConfigError, TrialConfig, flag
+from scale_fpt.distributed import rank_workers, train_rank
 from scale_fpt.loop import evaluation_steps
 from scale_fpt.packing import cohorts
 from scale_fpt.prebuild import prebuild_ops
@@ -396,12 +396,13 @@ def planned_arms(arms: list[dict], sweep: SweepConfig, offer: GPUOffer) -> list[
     return out
 
 
-def plan_bundles(plan: planner.TrialPlan, cpus: int) -> list[dict]:
+def plan_bundles(plan: planner.TrialPlan, cpus: int, workers: int = 1) -> list[dict]:
     """Ray placement-group bundles of a planned trial: one bundle on CPU or on (a share of)
     one GPU; one bundle per GPU for a data-parallel trial (packed on one node, the
-    multi-GPU node type; the trial's process runs in the first)."""
+    multi-GPU node type; the trial's process runs in the first); one CPU bundle per worker
+    for a trial of ``workers`` processes on CPUs."""
     if not plan.gpus:
-        return [{"CPU": cpus}]
+        return [{"CPU": cpus} for _ in range(workers)]
     if plan.gpus == 1:
         return [{"CPU": cpus, "GPU": plan.gpu_share}]
     return [{"CPU": cpus, "GPU": 1} for _ in range(plan.gpus)]
@@ -412,8 +413,18 @@ def trial_resources(flat: dict, sweep: SweepConfig, offer: GPUOffer):
     from ray import tune
 
     plan = trial_plan(flat, sweep, offer)
-    strategy = "STRICT_PACK" if plan.gpus > 1 else "PACK"
-    return tune.PlacementGroupFactory(plan_bundles(plan, sweep.cpus_per_trial), strategy=strategy)
+    bundles = plan_bundles(plan, sweep.cpus_per_trial, trial_workers(flat))
+    strategy = "STRICT_PACK" if len(bundles) > 1 else "PACK"
+    return tune.PlacementGroupFactory(bundles, strategy=strategy)
+
+
+def trial_workers(flat: dict) -> int:
+    """Processes of the trial ``flat`` (its ``workers``; 1 for a config that does not
+    validate, which fails as one process)."""
+    try:
+        return TrialConfig.from_flat(flat).train.workers
+    except ConfigError:
+        return 1
 
 
 @dataclass(frozen=True)
@@ -532,7 +543,9 @@ def tune_trial(tune_config: dict) -> None:
     search puts its suggested values there; no ``members``: one trial of the shared keys).
     Each report carries the ``curve_rows`` of the members evaluated and the ``trial_rows``
     of all; a retried trial resumes from Tune's checkpoint. A member whose config is bad
-    gets a failed row and the others train."""
+    gets a failed row and the others train. A lone trial of ``workers`` > 1 is this process
+    as rank 0 plus worker actors in the trial's placement group (``scale_fpt.distributed``);
+    only rank 0 reports."""
     from ray import tune
 
     sweep, compile_model, members = tune_members(tune_config)
@@ -544,51 +557,48 @@ def tune_trial(tune_config: dict) -> None:
             configs.append((member, TrialConfig.from_flat(member)))
         except ConfigError as e:
             failed.append(config_only_row(sweep, member, "failed", error_text(e)))
-    run = None
-    if configs:
-        try:
-            run = TrialRun([c for _, c in configs], sweep=sweep, compile=compile_model)
-        except ConfigError as e:
-            # A bad combination fails the same way on every retry: record it, do not retry.
-            failed += [config_only_row(sweep, m, "failed", error_text(e)) for m, _ in configs]
-    if run is None:
+    if not configs:
         report_placed({"step": 0, **report_metrics(failed), "trial_rows": failed, "final": True})
         return
+    checkpoint = tune.get_checkpoint()
+    reported_final = False
+
+    def report(curve_rows: list[dict], trial_rows: list[dict], directory: str) -> None:
+        nonlocal reported_final
+        reported_final = run.finished
+        report_placed(
+            {
+                "step": run.position,
+                **report_metrics(trial_rows),
+                "curve_rows": curve_rows,
+                "trial_rows": failed + trial_rows,
+                "final": reported_final,
+            },
+            checkpoint=tune.Checkpoint.from_directory(directory),
+        )
+
+    lone = configs[0][1] if len(configs) == 1 else None  # only a lone trial spans workers
     try:
-        checkpoint = tune.get_checkpoint()
-        if checkpoint:
-            with checkpoint.as_directory() as directory:
-                run.restore(directory)
-        reported_final = False
-
-        def on_eval(curve_rows: list[dict], trial_rows: list[dict]) -> None:
-            nonlocal reported_final
-            reported_final = run.finished
-            with tempfile.TemporaryDirectory(prefix="scale_fpt_ckpt_") as directory:
-                run.save(directory)
-                report_placed(
-                    {
-                        "step": run.position,
-                        **report_metrics(trial_rows),
-                        "curve_rows": curve_rows,
-                        "trial_rows": failed + trial_rows,
-                        "final": reported_final,
-                    },
-                    checkpoint=tune.Checkpoint.from_directory(directory),
-                )
-
-        rows = run.run(on_eval=on_eval)
-        if not reported_final:  # restored when already finished: report the end once more
-            report_placed(
-                {
-                    "step": run.position,
-                    **report_metrics(rows),
-                    "trial_rows": failed + rows,
-                    "final": True,
-                }
-            )
-    finally:
-        run.close()
+        with rank_workers(lone, sweep, checkpoint) as (world, staging):
+            run = TrialRun([c for _, c in configs], sweep=sweep, compile=compile_model, world=world)
+            try:
+                rows = train_rank(run, checkpoint, staging, report)
+            finally:
+                run.close()
+    except ConfigError as e:
+        # A bad combination fails the same way on every retry: record it, do not retry.
+        failed += [config_only_row(sweep, m, "failed", error_text(e)) for m, _ in configs]
+        report_placed({"step": 0, **report_metrics(failed), "trial_rows": failed, "final": True})
+        return
+    if not reported_final:  # restored when already finished: report the end once more
+        report_placed(
+            {
+                "step": run.position,
+                **report_metrics(rows),
+                "trial_rows": failed + rows,
+                "final": True,
+            }
+        )
 
 
 def tune_members(tune_config: dict) -> tuple[str, bool, list[dict]]:

@@ -34,6 +34,7 @@ from scale_fpt.steps.cohort import CohortStep
 from scale_fpt.steps.engine import EngineStep
 from scale_fpt.tasks import build_task
 from scale_fpt.tasks.base import Task, TaskSpec
+from scale_fpt.world import SINGLE_PROCESS, World
 
 STACK = ("scale-fpt", "torch", "transformers", "deepspeed", "ray", "optuna", "datasets", "pyarrow")
 
@@ -180,7 +181,9 @@ class TrialRun:
     ``configs``: one trial, or the members of a cohort (``packing.cohorts``). ``kind``:
     ``cohort`` or ``engine`` (default ``packing.step_kind``; a cohort of K > 1 is always
     ``cohort``). ``task``: a prebuilt task (benchmarks pass synthetic data); by default
-    built from the first config. ``compile``: ``torch.compile`` the packed model."""
+    built from the first config. ``compile``: ``torch.compile`` the packed model.
+    ``world``: this process's place in a trial of ``workers`` > 1 processes (an ``engine``
+    trial; ``scale_fpt.distributed`` launches the ranks)."""
 
     def __init__(
         self,
@@ -189,6 +192,7 @@ class TrialRun:
         kind: str | None = None,
         task: Task | None = None,
         compile: bool = False,
+        world: World = SINGLE_PROCESS,
     ):
         first = configs[0]
         self.kind = kind or ("cohort" if len(configs) > 1 else step_kind(first))
@@ -199,7 +203,7 @@ class TrialRun:
         # the trial's dropout stream; GPT-2 dropout is keyed and does not draw from it.
         torch.manual_seed(seed_streams(first.train.seed).dropout)
         if self.kind == "engine":
-            self.step = EngineStep(first.train, task, build_model(first, task.spec))
+            self.step = EngineStep(first.train, task, build_model(first, task.spec), world)
         else:
             self.step = CohortStep(configs, task, compile=compile)
         self.train = first.train

@@ -44,7 +44,7 @@ import hashlib
 import logging
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,6 +135,28 @@ def dropout_keys(member_seeds: Sequence[int], step: int) -> Iterator[None]:
         yield
     finally:
         _KEYS.reset(token)
+
+
+def keyed_checkpoint(function: Callable, *args):
+    """torch's non-reentrant activation checkpoint of ``function(*args)`` whose recomputation
+    in the backward pass draws the dropout masks its forward pass drew: the forward draws from
+    the live ``dropout_keys`` (advancing its sites as without checkpointing); the
+    recomputation, outside that context, replays the same keys from the same first site."""
+    from torch.utils.checkpoint import checkpoint
+
+    keys = _KEYS.get()
+    first_site = None if keys is None else keys.sites
+
+    def run(*inputs):
+        if keys is None or _KEYS.get() is keys:
+            return function(*inputs)
+        token = _KEYS.set(_Keys(keys.step_keys, first_site))
+        try:
+            return function(*inputs)
+        finally:
+            _KEYS.reset(token)
+
+    return checkpoint(run, *args, use_reentrant=False)
 
 
 def _site_seeds() -> list[int] | None:

@@ -86,20 +86,25 @@ class MemberMetrics:
 
 
 @torch.no_grad()
-def evaluation_sums(batches, forward, size: int, device) -> torch.Tensor:
+def evaluation_sums(batches, forward, size: int, device, total=None) -> torch.Tensor:
     """(size, 2) [mean loss, accuracy] over every prediction of the evaluation ``batches``;
-    ``forward(batch) -> (logits (size, ...), targets (size, ...))``. Stays on the device."""
-    loss_sum = torch.zeros(size, dtype=torch.float64, device=device)
-    correct = torch.zeros(size, dtype=torch.float64, device=device)
-    count = 0
+    ``forward(batch) -> (logits (size, ...), targets (size, ...))``, or None for a batch
+    this process counts nothing of. ``total``: sums a tensor over the processes that share
+    the evaluation (a data-parallel world); None: this process alone. Stays on the device."""
+    sums = torch.zeros(size, 3, dtype=torch.float64, device=device)  # [loss, correct, count]
     for batch in batches:
-        logits, targets = forward(batch)
+        out = forward(batch)
+        if out is None:
+            continue
+        logits, targets = out
         loss, n_correct = member_losses(logits, targets)
         n = targets[0].numel()
-        loss_sum += loss.double() * n
-        correct += n_correct
-        count += n
-    return torch.stack([loss_sum, correct], 1) / max(count, 1)
+        sums[:, 0] += loss.double() * n
+        sums[:, 1] += n_correct
+        sums[:, 2] += n
+    if total is not None:
+        sums = total(sums)
+    return sums[:, :2] / sums[:, 2:].clamp(min=1)
 
 
 __all__ = ["NEVER", "MemberMetrics", "evaluation_sums", "member_losses"]

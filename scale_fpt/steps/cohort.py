@@ -48,6 +48,8 @@ class CohortStep:
     ``task``: the task built for the first member; each member reads its own training
     stream from a copy carrying its own seed (the fixed evaluation sets are shared)."""
 
+    rank = 0  # a cohort is one process
+
     def __init__(self, configs: list[TrialConfig], task: Task, compile: bool = False):
         if not configs:
             raise ValueError("a cohort needs at least one member")

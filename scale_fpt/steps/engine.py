@@ -3,9 +3,12 @@
 For the trials a packed cohort cannot run: ZeRO (``zero_stage`` > 0), several
 data-parallel workers, fine-tuning of the body (``ff``/``attn``/``full``), fp16 loss
 scaling, the LSTM and non-GPT-2 backbones (``packing.step_kind``). The DeepSpeed config is
-derived from ``TrainConfig`` (``deepspeed_config``). The step joins the process group it
-finds (``runtime.init_distributed`` makes a world of one when there is none), so it makes
-no assumption about the world size.
+derived from ``TrainConfig`` (``deepspeed_config``). A trial of one process joins the
+process group it finds (``runtime.init_distributed`` makes a world of one when there is
+none); a trial of ``workers`` > 1 is a ``World`` of that many ranks (``scale_fpt.world``,
+launched by ``scale_fpt.distributed``): each rank trains on its slice of every batch and
+evaluates its slice of every evaluation batch, and the metrics are all-reduced, so every
+rank holds the whole batch's numbers.
 
 As ``CohortStep``: the step reads nothing on the host; its loss, accuracy and divergence
 accumulate on the device (K = 1) and GPT-2 dropout masks are keyed on (dropout seed, step,
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from scale_fpt.config import TrainConfig
+from scale_fpt.config import ConfigError, TrainConfig
 from scale_fpt.models import BuiltModel, ops
 from scale_fpt.runtime import (
     DTYPES,
@@ -31,19 +34,23 @@ from scale_fpt.runtime import (
 from scale_fpt.seeding import seed_streams
 from scale_fpt.steps import MemberMetrics, evaluation_sums, member_losses
 from scale_fpt.tasks.base import Batch, Task
+from scale_fpt.world import SINGLE_PROCESS, World, init_world, leave_world, rank_seed, rows
 
 CHECKPOINT_TAG = "trial"
 
 
 def deepspeed_config(train: TrainConfig) -> dict:
-    """The DeepSpeed config of a trial, derived from its TrainConfig."""
+    """The DeepSpeed config of a trial, derived from its TrainConfig: ``batch_size`` is the
+    global batch, split evenly over the trial's ``workers``."""
     return {
-        "train_micro_batch_size_per_gpu": train.batch_size,
+        "train_batch_size": train.batch_size,
+        "train_micro_batch_size_per_gpu": train.batch_size // train.workers,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": train.grad_clip,
         "optimizer": {
             "type": "Adam",
-            # torch's Adam (no weight decay, as the paper) avoids building DeepSpeed's fused op.
+            # torch's Adam (no weight decay, as the paper) avoids building DeepSpeed's fused op;
+            # with ZeRO-Offload it steps the optimizer state where it lives, on the CPU.
             "params": {
                 "lr": train.lr,
                 "weight_decay": 0.0,
@@ -51,7 +58,8 @@ def deepspeed_config(train: TrainConfig) -> dict:
                 "adam_w_mode": False,
             },
         },
-        "zero_optimization": {"stage": train.zero_stage},
+        "zero_force_ds_cpu_optimizer": False,
+        "zero_optimization": zero_optimization(train),
         "bf16": {"enabled": train.precision == "bf16"},
         "fp16": {"enabled": train.precision == "fp16", "initial_scale_power": 16},
         "steps_per_print": 1 << 62,
@@ -59,15 +67,63 @@ def deepspeed_config(train: TrainConfig) -> dict:
     }
 
 
+def zero_optimization(train: TrainConfig) -> dict:
+    """DeepSpeed's ``zero_optimization`` section: the stage and, when asked, the optimizer
+    state offloaded to (pinned) CPU memory."""
+    section: dict = {"stage": train.zero_stage}
+    if train.zero_offload:
+        section["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    return section
+
+
+def enable_activation_checkpointing(module: torch.nn.Module, train: TrainConfig) -> None:
+    """Recompute the backbone's transformer blocks in the backward pass
+    (``TrainConfig.activation_checkpointing``), through the Hugging Face backbone's own
+    gradient checkpointing, each block through ``ops.keyed_checkpoint``: non-reentrant (the
+    blocks' inputs need no ``requires_grad``, a frozen body), and the recomputation draws the
+    same dropout masks (keyed GPT-2 dropout replays its keys; torch's RNG state is restored
+    for other backbones)."""
+    if not train.activation_checkpointing:
+        return
+    backbone = module.backbone
+    if not getattr(backbone, "supports_gradient_checkpointing", False):
+        raise ConfigError(
+            [f"--activation-checkpointing: {type(backbone).__name__} has no gradient checkpointing"]
+        )
+    backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for block in backbone.modules():
+        if getattr(block, "gradient_checkpointing", False):
+            block._gradient_checkpointing_func = ops.keyed_checkpoint
+
+
+def world_problems(train: TrainConfig, world: World) -> list[str]:
+    if world.size == train.workers:
+        return []
+    return [
+        f"--workers {train.workers}: this process is one of {world.size}; a trial over several "
+        "workers runs in a sweep (scale-fpt sweep, sweeps/*.py), which starts its workers"
+    ]
+
+
 class EngineStep:
     """The step of one trial on a DeepSpeed engine (K = 1)."""
 
     size = 1
 
-    def __init__(self, train: TrainConfig, task: Task, built: BuiltModel):
-        self.train_config, self.task = train, task
+    def __init__(
+        self, train: TrainConfig, task: Task, built: BuiltModel, world: World = SINGLE_PROCESS
+    ):
+        self.train_config, self.task, self.world = train, task, world
+        self.rank = world.rank
         self.device = trial_device(train)
-        init_distributed(self.device)
+        problems = world_problems(train, world)
+        if problems:
+            raise ConfigError(problems)
+        enable_activation_checkpointing(built.module, train)
+        if world.size > 1:
+            init_world(self.device, world)
+        else:
+            init_distributed(self.device)
         import deepspeed
 
         trainable = [p for p in built.module.parameters() if p.requires_grad]
@@ -75,7 +131,12 @@ class EngineStep:
             model=built.module, model_parameters=trainable, config=deepspeed_config(train)
         )
         self.dtype = DTYPES[train.precision]
-        self.keys = [seed_streams(train.seed).dropout]
+        # Each rank draws its own dropout masks (rank 0 those of a world of one): equal masks
+        # on every rank's slice would correlate the ranks.
+        dropout_seed = rank_seed(seed_streams(train.seed).dropout, world.rank)
+        self.keys = [dropout_seed]
+        if world.size > 1:
+            torch.manual_seed(dropout_seed)  # what draws from torch's global generator
         self.metrics = MemberMetrics(1, self.engine.device)
         flush_denormals()
         retain_freed_memory()
@@ -89,26 +150,40 @@ class EngineStep:
         return x, batch.lengths, batch.y
 
     def train_step(self, step: int) -> None:
-        x, lengths, y = self.inputs(self.task.train_batch(step, self.train_config.batch_size))
+        """One step on this rank's slice of the step's batch; the metrics recorded are the
+        whole batch's (all ranks agree on them, so all count or skip the update alike)."""
+        batch = self.world.shard(self.task.train_batch(step, self.train_config.batch_size))
+        x, lengths, y = self.inputs(batch)
         self.engine.train()
         with ops.dropout_keys(self.keys, step):
-            logits = self.engine(x, lengths)  # (B, k, m, C)
+            logits = self.engine(x, lengths)  # (B/N, k, m, C)
         loss, correct = member_losses(logits[None], y[None])  # (1,), (1,)
-        counts = self.metrics.record(step, loss, correct, y.numel(), None)
+        # Every rank's slice has batch_size / workers examples: the mean of the ranks' means
+        # is the whole batch's mean, and the correct counts add up.
+        whole_loss = self.world.mean(loss.detach())  # (1,)
+        whole_correct = self.world.sum(correct.double())  # (1,)
+        counts = self.metrics.record(
+            step, whole_loss, whole_correct, y.numel() * self.world.size, None
+        )
         self.engine.backward(torch.where(counts, loss, 0.0).sum())
         self.engine.step()
 
     @torch.no_grad()
     def evaluate(self, split: str) -> torch.Tensor:
-        """(1, 2) [loss, accuracy] on the fixed ``split``."""
+        """(1, 2) [loss, accuracy] on the fixed ``split``, each rank evaluating its slice of
+        every batch (sums all-reduced). Every rank runs every forward pass, as ZeRO-3 gathers
+        weights collectively: a rank whose slice is empty runs the batch's first row and
+        counts none."""
         self.engine.eval()
 
-        def forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-            x, lengths, y = self.inputs(batch)
-            return self.engine(x, lengths)[None], y[None]
+        def forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
+            part = self.world.shard(batch)
+            x, lengths, y = self.inputs(part if len(part) else rows(batch, 0, 1))
+            logits = self.engine(x, lengths)[None]
+            return (logits, y[None]) if len(part) else None
 
         batches = self.task.eval_batches(split, self.train_config.eval_batch_size)
-        return evaluation_sums(batches, forward, 1, self.engine.device)
+        return evaluation_sums(batches, forward, 1, self.engine.device, self.world.sum)
 
     def save(self, directory: str) -> None:
         """Trainable weights and optimiser state (frozen weights are rebuilt from the config
@@ -146,3 +221,4 @@ class EngineStep:
         flush_denormals(False)
         self.engine.destroy()
         del self.engine
+        leave_world(self.world)
