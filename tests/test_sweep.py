@@ -35,6 +35,7 @@ CONTRACT_CURVE_COLUMNS = {
 # Columns that legitimately differ between two runs of the same trial.
 VOLATILE = {
     "wall_time_s", "train_time_s", "samples_per_s", "finished_at", "hostname", "checkpoint",
+    "node_id",  # a resumed sweep runs on a new local Ray, whose node has another id
 }  # fmt: skip
 TINY = {"task": "bit-xor", "model": "gpt2-tiny", "init": "random", "test_batches": 2}
 

@@ -540,9 +540,9 @@ def test_trial_row_contents(tmp_path, finetune, trained_groups, trained_matmul):
     finally:
         trial.close()
 
-    # Placement columns are filled where Ray placed the trial (sweep.report_placed); a trial
-    # run outside Ray leaves them null.
-    placement = {"node_id", "gpu_ids", "gpu_model", "resources_requested"}
+    # Placement columns (sweep.report_placed) and search_config are filled by a sweep; a
+    # trial run outside Ray leaves them null.
+    placement = {"node_id", "gpu_ids", "gpu_model", "resources_requested", "search_config"}
     assert set(TRIAL_SCHEMA.names) - placement <= set(row), set(TRIAL_SCHEMA.names) - set(row)
     assert row["sweep"] == "t" and re.fullmatch(r"[0-9a-f]{12}", row["trial_id"])
     assert {k: row[k] for k in cfg.to_flat()} == cfg.to_flat()
