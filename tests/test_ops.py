@@ -38,24 +38,18 @@ def test_gelu_tanh_equals_torch_forward_and_backward(cpu_backend):
     torch.testing.assert_close(grad_ours.double(), grad_theirs, **tolerance)
 
 
-def test_torch_op_dropout_mask_rate_values_and_seed():
-    dropped, scale = ops.quantised_keep(0.1)
-    assert dropped == 6554 and scale == pytest.approx(1 / (1 - 6554 / 65536), rel=1e-12)
-    torch.manual_seed(0)
-    keep = ops.dropout_keep(1_000_003, 0.1)  # not a multiple of 4: the tail lanes are used
-    assert keep.shape == (1_000_003,)
-    assert keep.unique().tolist() == [0.0, pytest.approx(scale)]
-    kept = (keep > 0).double().mean().item()
-    p_keep = 1 - dropped / 65536
-    sigma = (p_keep * (1 - p_keep) / keep.numel()) ** 0.5
-    assert abs(kept - p_keep) < 5 * sigma
-    # each of the four 16-bit lanes of a draw is used, and independently so
-    lanes = (keep[:1_000_000] > 0).view(-1, 4).double()
-    assert (lanes.mean(0) - p_keep).abs().max().item() < 5 * sigma * 2
-    both = (lanes[:, 0] * lanes[:, 1]).mean().item()
-    assert abs(both - p_keep**2) < 5 * sigma * 2
-    torch.manual_seed(0)
-    assert torch.equal(ops.dropout_keep(1_000_003, 0.1), keep)
+def test_torch_op_dropout_mask_is_the_fused_kernels_mask():
+    """The torch-op mask (CPU bf16, GPU) and the fused kernel draw the same numbers from a key:
+    a trial's masks do not depend on the device or dtype that ran it."""
+    ones = torch.ones(3 * 100_003)
+    for p in (0.1, 0.5):
+        for seeds in ([5], [5, 6, 7]):
+            fused = ops.fused_kernels().dropout_add(None, ones, p, seeds)
+            assert torch.equal(ops.keyed_keep(ones, p, seeds), fused)
+    scale = 2**32 / (2**32 - round(0.1 * 2**32))
+    assert ops.keyed_keep(ones, 0.1, [5]).unique().tolist() == [0.0, pytest.approx(scale)]
+    bf16 = ops.keyed_keep(ones.bfloat16(), 0.1, [5])
+    assert torch.equal(bf16 > 0, ops.keyed_keep(ones, 0.1, [5]) > 0)
 
 
 def test_fused_dropout_mask_rate_independence_seed_and_threads():

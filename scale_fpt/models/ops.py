@@ -14,10 +14,12 @@ slower than its own composition. Here:
   the backward recomputes the mask instead of storing it. Dropout keeps with probability
   ``1 - p`` quantised to 2^-32.
 - other CPU dtypes (bf16), or where the kernels cannot be built (no compiler; the loader
-  warns once): compositions of torch ops. Dropout draws 64 random bits per 4 elements and
-  builds the mask with float arithmetic, p quantised to 1/65536 (p = 0.1 drops
-  6554/65536 = 0.100006); GELU is ``x sigmoid(u)`` in in-place passes.
-- on a GPU: torch's own kernels (``F.dropout``, ``F.gelu``, SDPA).
+  warns once): compositions of torch ops. Dropout's mask is ``keyed_random.keep_mask``,
+  the same SplitMix64 draws in int64 tensor arithmetic: the fused kernel's mask, bit for
+  bit; GELU is ``x sigmoid(u)`` in in-place passes.
+- on a GPU: torch's own kernels (``F.gelu``, SDPA; ``F.dropout`` outside
+  ``dropout_keys``), and inside ``dropout_keys`` the torch-op keyed mask, so a trial draws
+  the same masks on a GPU as on a CPU.
 
 Keyed masks (``dropout_keys``): inside ``with dropout_keys(member_seeds, step)`` every
 dropout call is a *site* (numbered in call order within the forward pass: the embedding,
@@ -25,8 +27,8 @@ then per layer the attention probabilities and the two residual branches), and t
 member m at a site is a function of (member m's dropout seed, step, site) alone. The leading
 dimension of the tensor is split into one equal chunk per member (a packed cohort's (K, ...)
 or (K*B, ...) layout, where a member's chunk is laid out as its tensor when it runs alone),
-so a packed member draws exactly the masks it draws alone: the fused kernel takes one seed
-per chunk; the torch-op and GPU forms draw each chunk from a generator seeded with its key.
+so a packed member draws exactly the masks it draws alone: the fused kernel and the torch-op
+form (CPU bf16, GPU) both take one key per chunk and draw the same numbers from it.
 Outside ``dropout_keys`` (``pretrain``, other callers) the seed of a call comes from torch's
 default generator.
 
@@ -51,7 +53,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-LANES = 65536  # a torch-op dropout draw is one 16-bit lane of a 64-bit random integer
+from scale_fpt.keyed_random import Draws, keep_mask, mix64
+
 GELU_C = 2.0 * math.sqrt(2.0 / math.pi)  # tanh(z) = 2 sigmoid(2z) - 1, z = sqrt(2/pi)(x + a x^3)
 GELU_A = 0.044715
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
@@ -96,18 +99,6 @@ def _fused(*tensors: torch.Tensor | None):
     if any(t is not None and (t.device.type != "cpu" or t.dtype != torch.float32) for t in tensors):
         return None
     return fused_kernels()
-
-
-MASK64 = 2**64 - 1
-
-
-def mix64(a: int, b: int) -> int:
-    """A 63-bit key from two integers: SplitMix64's finaliser of ``a + (b + 1) * golden``
-    (distinct inputs give unrelated keys)."""
-    z = (a + (b + 1) * 0x9E3779B97F4A7C15) & MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
-    return (z ^ (z >> 31)) >> 1
 
 
 @dataclass
@@ -198,30 +189,6 @@ class _FusedGelu(torch.autograd.Function):
         return fused_kernels().gelu_backward(grad.contiguous(), x)
 
 
-def quantised_keep(p: float) -> tuple[int, float]:
-    """(lanes dropped out of 65536, scale of kept elements) for dropout probability ``p``."""
-    dropped = round(p * LANES)
-    return dropped, LANES / (LANES - dropped)
-
-
-def dropout_keep(
-    n: int,
-    p: float,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """A (n,) mask of ``dtype``: 0 for dropped elements, ``1 / (1 - p)`` for kept ones,
-    drawn from ``generator`` (None: torch's default generator)."""
-    dropped, scale = quantised_keep(p)
-    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device)
-    bits.random_(-(2**63), None, generator=generator)
-    lanes = bits.view(torch.int16)[:n].float()  # uniform integers in [-32768, 32767]
-    # lane >= -32768 + dropped keeps: (lane - threshold + 1) clamped to [0, 1] is 0 or 1.
-    keep = lanes.sub_(dropped - 32768 - 1).clamp_(0.0, 1.0).mul_(scale)
-    return keep if dtype == torch.float32 else keep.to(dtype)
-
-
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """``F.dropout`` with the fast CPU mask."""
     return _dropout_then_add(None, x, p, training)
@@ -250,15 +217,12 @@ def _dropout_then_add(
 
 
 def keyed_keep(x: torch.Tensor, p: float, seeds: list[int] | None) -> torch.Tensor:
-    """The torch-op mask of ``x`` (flat): one chunk per seed, each from a generator seeded
-    with its key (None: one draw from torch's default generator)."""
-    if seeds is None:
-        return dropout_keep(x.numel(), p, x.device, x.dtype)
+    """The torch-op mask of ``x`` (flat): one chunk per seed, each ``keyed_random.keep_mask``
+    of its key (the fused kernel's mask of that key; None: one key drawn from torch's
+    default generator)."""
+    seeds = seeds or _global_seed()
     chunk = x.numel() // len(seeds)
-    masks = [
-        dropout_keep(chunk, p, x.device, x.dtype, torch.Generator(x.device).manual_seed(seed))
-        for seed in seeds
-    ]
+    masks = [keep_mask(Draws(seed, x.device), chunk, p, x.dtype) for seed in seeds]
     return masks[0] if len(masks) == 1 else torch.cat(masks)
 
 

@@ -1,0 +1,118 @@
+"""Counter-based random numbers in torch ops: the same draws on every device, no generator.
+
+A trial's per-step randomness (training batches, augmentation, dropout masks) is a pure
+function of a *key* (derived from its seed, the step and a stream or site with ``mix64``)
+and of the element's position: element i of a key's stream is SplitMix64's output for
+state ``key`` at counter i + 1. Computed with int64 tensor arithmetic (which wraps like the
+uint64 of the definition) on whatever device the tensor lives on, so
+
+- a training batch is drawn where the model trains: no host-to-device copy per step, which
+  on a GPU is a copy from pageable memory and waits for the stream (a host sync);
+- the draws are the same on a CPU and a GPU, in any dtype (floats are built from the top
+  24 bits, exact in float32): a trial's data does not depend on where it ran;
+- the fused CPU dropout kernel (``models/csrc/fused_cpu.cpp``) draws element j of a chunk
+  as ``splitmix64(seed, j)``: ``Draws(seed).bits`` are the same numbers, so the torch-op
+  dropout masks (GPU, bf16) equal the fused kernel's.
+
+SplitMix64 (Steele, Lea and Flood 2014) passes BigCrush; keys from ``mix64`` of distinct
+inputs are unrelated, so streams of different seeds, steps and streams do not overlap in
+any way that matters here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+MASK64 = 2**64 - 1
+GOLDEN = 0x9E3779B97F4A7C15
+MIX1 = 0xBF58476D1CE4E5B9
+MIX2 = 0x94D049BB133111EB
+
+
+def mix64(a: int, b: int) -> int:
+    """A 63-bit key from two integers: SplitMix64's finaliser of ``a + (b + 1) * golden``
+    (distinct inputs give unrelated keys; non-negative, so it is a valid torch seed)."""
+    z = (a + (b + 1) * GOLDEN) & MASK64
+    z = ((z ^ (z >> 30)) * MIX1) & MASK64
+    z = ((z ^ (z >> 27)) * MIX2) & MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+def stream_key(seed: int, step: int, stream: int) -> int:
+    """The key of one step's draws of one stream of a seed."""
+    return mix64(mix64(seed, step), stream)
+
+
+def _signed(value: int) -> int:
+    """The int64 with the bits of the uint64 ``value``."""
+    value &= MASK64
+    return value - 2**64 if value >= 2**63 else value
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 ``z`` (torch's ``>>`` is arithmetic on signed ints)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def splitmix64(key: int, counters: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's output for state ``key`` at ``counters + 1`` (int64 tensor of the uint64
+    bits), element-wise, on ``counters``' device."""
+    z = counters.add(1).mul_(_signed(GOLDEN)).add_(_signed(key))
+    z = (z ^ _shift_right(z, 30)).mul_(_signed(MIX1))
+    z = (z ^ _shift_right(z, 27)).mul_(_signed(MIX2))
+    return z ^ _shift_right(z, 31)
+
+
+class Draws:
+    """The stream of one key on one device. Each call takes the next block of counters, so
+    successive calls are independent and a sequence of calls is reproducible."""
+
+    def __init__(self, key: int, device: torch.device | str = "cpu"):
+        self.key = key
+        self.device = torch.device(device)
+        self.offset = 0
+
+    def bits(self, shape: Sequence[int] | int) -> torch.Tensor:
+        """Uniform 64-bit integers (int64 holding the uint64 bits), shape ``shape``."""
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        n = 1
+        for size in shape:
+            n *= size
+        counters = torch.arange(self.offset, self.offset + n, device=self.device)
+        self.offset += n
+        return splitmix64(self.key, counters).view(shape)
+
+    def high32(self, shape: Sequence[int] | int) -> torch.Tensor:
+        """Uniform integers in [0, 2^32): the top 32 bits of ``bits`` (int64)."""
+        return _shift_right(self.bits(shape), 32)
+
+    def rand(self, shape: Sequence[int] | int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Uniform floats in [0, 1) on a 2^-24 grid (exact in float32, the same everywhere)."""
+        return _shift_right(self.bits(shape), 40).to(dtype).mul_(2.0**-24)
+
+    def randint(self, low: int, high: int, shape: Sequence[int] | int) -> torch.Tensor:
+        """Uniform integers in [low, high) (int64): the top 32 bits scaled to the range
+        (multiply-shift; bias below (high - low) / 2^32)."""
+        if not 0 < high - low <= 2**31:
+            raise ValueError(f"randint needs 0 < high - low <= 2^31, got [{low}, {high})")
+        return (self.high32(shape) * (high - low) >> 32) + low
+
+    def permutation(self, n: int) -> torch.Tensor:
+        """A uniform random permutation of ``range(n)`` (int64): the order of n draws (ties,
+        at odds of about n^2 / 2^65, broken by position)."""
+        return torch.argsort(self.bits(n), stable=True)
+
+
+def keep_mask(draws: Draws, n: int, p: float, dtype: torch.dtype) -> torch.Tensor:
+    """A (n,) dropout mask of ``dtype``: ``scale`` where the draw's top 32 bits are at least
+    round(p * 2^32), else 0, with ``scale = 1 / (1 - p_quantised)``: exactly the fused CPU
+    kernel's mask for the same key."""
+    threshold = round(p * 2**32)
+    scale = 2**32 / (2**32 - threshold)
+    keep = draws.high32(n) >= threshold
+    return keep.to(torch.float32).mul_(scale).to(dtype)  # scale rounded to float32 as there
+
+
+__all__ = ["Draws", "keep_mask", "mix64", "splitmix64", "stream_key"]
