@@ -258,6 +258,39 @@ def data_note() -> str:
     )
 
 
+IMAGE_TASKS = ("mnist", "cifar10", "cifar10-lra")
+
+
+def image_dataset(root: str, n_train: int, n_test: int, seed: int = 0) -> str:
+    """A CIFAR-10-shaped dataset of random 32x32 RGB images, written as the hub's Parquet
+    (``plain_text/{split}-00000-of-00001.parquet``, PNG-encoded ``img`` and ``label``) in
+    ``root``: the real loader decodes it and the real task class serves it."""
+    import datasets
+    import numpy as np
+    from PIL import Image
+
+    datasets.disable_progress_bars()
+    rng = np.random.default_rng(seed)
+    features = datasets.Features(
+        {"img": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)}
+    )
+    for split, n in (("train", n_train), ("test", n_test)):
+        images = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+        columns = {"img": [Image.fromarray(a) for a in images], "label": [i % 10 for i in range(n)]}
+        dataset = datasets.Dataset.from_dict(columns, features=features)
+        dataset.to_parquet(f"{root}/plain_text/{split}-00000-of-00001.parquet")
+    return root
+
+
+def real_task(name: str, image_dir: str) -> Task:
+    """The task ``name`` as a trial builds it (``build_task``, seed 0), its data on the
+    device: generated tasks draw there; image tasks read ``image_dir`` (``image_dataset``)."""
+    from scale_fpt.tasks import build_task
+
+    data_dir = image_dir if name in IMAGE_TASKS else ""
+    return build_task(TaskConfig(task=name, data_dir=data_dir), seed=0).to(DEVICE)
+
+
 # --------------------------------------------------------------------------- FLOPs
 
 
@@ -325,10 +358,12 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
         print("| " + " | ".join(v.ljust(w) for v, w in zip(t, widths, strict=True)) + " |")
 
 
-def print_target(what: str, value: float, target: float, fmt: str) -> None:
-    """One line: a measured figure against its target, e.g. ``fmt=".1%"``."""
-    verdict = "meets" if value >= target else "misses"
-    print(f"target: {what} {value:{fmt}} {verdict} >= {target:{fmt}}")
+def print_target(what: str, value: float, target: float, fmt: str, at_most: bool = False) -> None:
+    """One line: a measured figure against its target (at least it, or ``at_most``), e.g.
+    ``fmt=".1%"``."""
+    met = value <= target if at_most else value >= target
+    bound = "<=" if at_most else ">="
+    print(f"target: {what} {value:{fmt}} {'meets' if met else 'misses'} {bound} {target:{fmt}}")
 
 
 def quiet() -> None:

@@ -11,8 +11,14 @@ x fine-tuning (fpt: frozen body, 4N + attention FLOPs; full: 6N + attention) x p
 ``trial`` is the DeepSpeed step (``scale_fpt.steps.engine.EngineStep``: what trials that
 need an engine run), ``packed`` is the cohort step (``scale_fpt.steps.cohort.CohortStep``)
 with one member: what an unpacked packable trial runs.
-On a GPU: bf16, SDPA attention, data made on the device, ``torch.compile`` for the packed
-path; on a CPU: fp32.
+On a GPU: bf16, SDPA attention, ``torch.compile`` for the packed path; on a CPU: fp32.
+
+Data (``--data real``, the default): each task as a trial builds it, held and drawn on the
+device (``Task.to``): bit tasks drawn per step, image tasks from a CIFAR-10-shaped dataset of
+random images written to Parquet first (``--images``) and read by the real loader, CIFAR's
+augmentation included. The ``data`` column is the median time of making one training batch
+alone over the median step time: the share of the step spent on data. ``--data synthetic``
+cycles through batches made once (no per-step data work).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import argparse
 import gc
 import statistics
 import sys
+import tempfile
 
 import _harness as h
 
@@ -31,6 +38,7 @@ import torch  # noqa: E402
 from scale_fpt.config import TaskConfig  # noqa: E402
 
 TARGET_MFU = 0.8
+TARGET_DATA_SHARE = 0.05
 
 
 def run_trial_path(config, task, steps: int, warmup: int) -> tuple[float, int]:
@@ -84,12 +92,24 @@ def main(argv=None) -> int:
         "--no-compile", action="store_true", help="GPU: skip torch.compile on the packed path"
     )
     parser.add_argument(
-        "--quick", action="store_true", help="smoke run: batch 4 (2 on cifar10-lra), 2+1 steps"
+        "--data",
+        choices=("real", "synthetic"),
+        default="real",
+        help="real: the tasks' own data on the device (default); synthetic: batches made once",
+    )
+    parser.add_argument(
+        "--images", type=int, default=10_000, help="train images of the generated dataset"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: batch 4 (2 on cifar10-lra), 2+1 steps, 200 images",
     )
     args = parser.parse_args(argv)
     if args.quick:
         args.batch_size, args.lra_batch_size, args.steps, args.warmup = 4, 2, 2, 1
         args.peak_seconds = min(args.peak_seconds, 1.0)
+        args.images = min(args.images, 200)
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -98,13 +118,24 @@ def main(argv=None) -> int:
     # before the first row so that its time and memory are the step's alone.
     warm = h.trial_config("gpt2-tiny", "bit-xor", "fpt", 2)
     run_trial_path(warm, h.SyntheticTask(warm.task, seed=0), 1, 1)
-    print(h.data_note())
+    image_dir = tempfile.mkdtemp(prefix="scale_fpt_images_")
+    if args.data == "real":
+        if any(t in h.IMAGE_TASKS for t in args.tasks.split(",")):
+            h.image_dataset(image_dir, args.images, max(args.images // 5, 1))
+        print(
+            "data: each task's own (scale_fpt.tasks.build_task), held and drawn on the device; "
+            f"image tasks: {args.images} random CIFAR-10-shaped train images via Parquet, "
+            "augmented; data = batch-making time / step time (medians)"
+        )
+    else:
+        print(h.data_note())
     print(
         f"precision {h.PRECISION}; dropout {args.dropout}; memory: {h.memory_kind()}; "
         f"step time: median of {args.steps} after {args.warmup} warm-up"
     )
     print()
     rows = []
+    data_shares = {}  # (model, task) -> largest share of a step spent making its batch
     frozen_mfu = []  # (path, MFU) of frozen gpt2 on 64 tokens, for the target
     for model in args.models.split(","):
         for task_name in args.tasks.split(","):
@@ -113,7 +144,15 @@ def main(argv=None) -> int:
                 if task_name == "cifar10-lra" and args.lra_batch_size
                 else args.batch_size
             )
-            task = h.SyntheticTask(TaskConfig(task=task_name), seed=0)
+            if args.data == "real":
+                task = h.real_task(task_name, image_dir)
+                data_seconds = h.time_steps(
+                    lambda step, task=task, batch=batch: task.train_batch(step, batch),
+                    args.steps,
+                    args.warmup,
+                )
+            else:
+                task = h.SyntheticTask(TaskConfig(task=task_name), seed=0)
             for finetune in args.finetune.split(","):
                 for path in args.paths.split(","):
                     if path == "packed" and finetune != "fpt":
@@ -135,6 +174,9 @@ def main(argv=None) -> int:
                     flops = h.flops_per_step(config)  # model FLOPs: one definition, both paths
                     mfu = flops / seconds / peaks.mfu_peak
                     tokens = batch * task.spec.n_tokens
+                    if args.data == "real":
+                        key = (model, task_name)
+                        data_shares[key] = max(data_shares.get(key, 0), data_seconds / seconds)
                     if model == "gpt2" and task.spec.n_tokens == 64 and finetune == "fpt":
                         frozen_mfu.append((path, mfu))
                     of_matmul = {"of matmul": f"{flops / seconds / peaks.measured:.1%}"}
@@ -153,6 +195,11 @@ def main(argv=None) -> int:
                             "matmul rate": h.si(peaks.measured),
                             "MFU": f"{mfu:.1%}",
                             **(of_matmul if peaks.published else {}),
+                            **(
+                                {"data": f"{data_seconds / seconds:.1%}"}
+                                if args.data == "real"
+                                else {}
+                            ),
                             "peak mem": h.si(memory, "B"),
                         }
                     )
@@ -175,6 +222,9 @@ def main(argv=None) -> int:
     print("attention full; checked against torch's FlopCounterMode in tests/test_flops.py).")
     for path, mfu in frozen_mfu:
         h.print_target(f"frozen gpt2, 64 tokens, {path} path: MFU", mfu, TARGET_MFU, ".1%")
+    for (model, task_name), share in data_shares.items():
+        what = f"{model} {task_name}: share of the step making data"
+        h.print_target(what, share, TARGET_DATA_SHARE, ".1%", at_most=True)
     return 0
 
 

@@ -1,7 +1,8 @@
 """GPU paths, on a CUDA GPU (`pytest -m gpu`); every test is skipped where CUDA is absent.
 
 A bf16 trial learns bit-xor; fp16 trains with DeepSpeed's loss scaling; a packed cohort
-compiled with torch.compile equals the unpacked trials; the custom attention equals SDPA on
+compiled with torch.compile equals the unpacked trials; draws, batches and dropout masks
+equal the CPU ones; a cohort's training step never synchronises with the host; the custom attention equals SDPA on
 CUDA; four trials share one GPU through fractional Ray resources; a trial spans two GPUs at
 ZeRO-3 (two GPUs and TrainConfig's ``workers`` needed).
 """
@@ -99,6 +100,49 @@ def test_custom_attention_equals_sdpa_on_cuda():
     sdpa_grads = torch.autograd.grad(expected.sum(), (q, k, v))
     for mine, theirs in zip(grads, sdpa_grads, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_draws_batches_and_dropout_masks_are_the_cpu_ones():
+    """Counter-based draws make a trial's data and masks independent of where it ran."""
+    from scale_fpt.config import TaskConfig
+    from scale_fpt.keyed_random import Draws
+    from scale_fpt.models import ops
+    from scale_fpt.tasks import build_task
+
+    assert torch.equal(Draws(2**62 + 5, "cuda").bits(10_000).cpu(), Draws(2**62 + 5).bits(10_000))
+    ones = torch.ones(3 * 4099)
+    cpu_mask = ops.keyed_keep(ones, 0.1, [1, 2, 3])
+    assert torch.equal(ops.keyed_keep(ones.cuda(), 0.1, [1, 2, 3]).cpu(), cpu_mask)
+    for name in ("bit-xor", "bit-memory"):
+        config = TaskConfig(task=name, test_batches=2, val_batches=2)
+        host, gpu = build_task(config, seed=3), build_task(config, seed=3).to("cuda")
+        for step in (0, 11):
+            ours, theirs = gpu.train_batch(step, 8), host.train_batch(step, 8)
+            assert ours.x.is_cuda and torch.equal(ours.x.cpu(), theirs.x)
+            assert torch.equal(ours.y.cpu(), theirs.y)
+
+
+def test_a_cohort_step_reads_nothing_on_the_host():
+    """The training step of a packed cohort on a GPU queues its work and returns: CUDA's sync
+    debug mode raises at any synchronising call (a .item(), a pageable copy, a nonzero)."""
+    from scale_fpt.steps.cohort import CohortStep
+    from scale_fpt.tasks import build_task
+
+    base = {**XOR, "model": "gpt2-tiny", "init": "random", "max_steps": 10, "dropout": 0.1}
+    configs = [TrialConfig.from_flat({**base, "seed": s, "lr": 1e-3 * (s + 1)}) for s in range(4)]
+    step = CohortStep(configs, build_task(configs[0].task, configs[0].train.seed))
+    try:
+        step.train_step(0)  # first use: allocations, kernel selection
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for position in range(1, 6):
+                step.train_step(position)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert torch.isfinite(step.metrics.last_loss).all()
+    finally:
+        step.close()
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from scale_fpt.config import ConfigError, TaskConfig, TrialConfig
-from scale_fpt.tasks import build_task, epoch_indices, task_spec
+from scale_fpt.keyed_random import Draws
+from scale_fpt.tasks import Batch, build_task, epoch_indices, task_spec
 from scale_fpt.tasks.base import EVAL_SPLITS, DataUnavailable
 from scale_fpt.tasks.homology import AMINO_ACIDS, UNK
 from scale_fpt.tasks.listops import VOCAB, evaluate, tokenize
@@ -152,6 +153,7 @@ def configs(mnist_data, cifar_data, lra_dir, tape_dir):
 
 
 ALL_TASKS = ("bit-xor", "bit-memory", "listops", "mnist", "cifar10", "cifar10-lra", "homology")
+GENERATED = ("bit-xor", "bit-memory", "listops")  # listops as configured here: no data_dir
 
 # ---------------------------------------------------------------- every task
 
@@ -191,6 +193,40 @@ def test_train_batches_are_a_function_of_seed_and_step(configs, name):
     assert torch.equal(a.x, task.train_batch(5, 4).x)  # asking again changes nothing
     assert not torch.equal(a.x, task.train_batch(6, 4).x)
     assert not torch.equal(a.x, other.train_batch(5, 4).x)
+
+
+def tensors_of(value) -> list[torch.Tensor]:
+    """Every tensor held in ``value`` (a task's attribute)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, Batch):
+        return [t for t in (value.x, value.y, value.lengths) if t is not None]
+    if isinstance(value, tuple | list):
+        return [t for v in value for t in tensors_of(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in tensors_of(v)]
+    return []
+
+
+@pytest.mark.parametrize("name", ALL_TASKS)
+def test_tasks_hold_their_data_and_draw_batches_on_their_device(configs, name):
+    """After ``to(device)`` a task holds its data there and makes every batch there: on the
+    meta device any tensor made on the host (a draw, an index, a constant) would fail to mix
+    with the task's own, so this checks the GPU path's logic without a GPU."""
+    host = build_task(configs[name], seed=0)
+    host_eval = {split: next(iter(host.eval_batches(split, 4))) for split in EVAL_SPLITS}
+    task = build_task(configs[name], seed=0).to("meta")
+    held = [t for name_, v in vars(task).items() if name_ != "_host_lengths" for t in tensors_of(v)]
+    assert all(t.is_meta for t in held)
+    assert bool(held) == (name not in GENERATED)  # generated tasks hold no dataset
+    for step in (0, 7):
+        batch, expected = task.train_batch(step, 3), host.train_batch(step, 3)
+        for ours, theirs in zip(tensors_of(batch), tensors_of(expected), strict=True):
+            assert ours.is_meta and ours.shape == theirs.shape and ours.dtype == theirs.dtype
+    for split in EVAL_SPLITS:
+        batch = next(iter(task.eval_batches(split, 4)))
+        for ours, theirs in zip(tensors_of(batch), tensors_of(host_eval[split]), strict=True):
+            assert ours.is_meta and ours.shape == theirs.shape
 
 
 @pytest.mark.parametrize("split", EVAL_SPLITS)
@@ -552,7 +588,7 @@ def test_augmentation_is_a_shift_flip_and_rotation():
     x = torch.rand(64, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     # Without rotation every output is the input shifted by whole pixels (the crop, zeros
     # coming in), maybe mirrored: check it exactly against all 9 * 9 * 2 candidates.
-    out = images.augment(x, torch.Generator().manual_seed(1), degrees=0.0)
+    out = images.augment(x, Draws(1), degrees=0.0)
     padded = torch.nn.functional.pad(x, (4, 4, 4, 4))
     seen = set()
     for i in range(len(x)):
@@ -573,7 +609,7 @@ def test_augmentation_is_a_shift_flip_and_rotation():
         seen.update(matches)
     assert {m[2] for m in seen} == {False, True} and len(seen) > 20
     # With rotation the image is resampled: no longer an exact crop.
-    rotated = images.augment(x[:1], torch.Generator().manual_seed(1), degrees=20.0)
+    rotated = images.augment(x[:1], Draws(1), degrees=20.0)
     assert not any(
         torch.allclose(rotated[0], padded[0, :, dy : dy + 32, dx : dx + 32], atol=1e-3)
         for dy in range(9)

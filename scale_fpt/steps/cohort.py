@@ -70,6 +70,7 @@ class CohortStep:
         )
         del backbone, heads
         self.forward = torch.compile(self.model) if compile else self.model
+        task.to(self.device)  # batches are drawn where the cohort trains; the copies share it
         self.tasks = []
         for config in configs:
             member_task = copy.copy(task)
@@ -122,16 +123,18 @@ class CohortStep:
                 pad = [0, 0] * (x.dim() - 2) + [0, T - x.shape[1]]
                 x = F.pad(x, pad)
             xs.append(x)
-        x = torch.stack(xs).to(self.device, non_blocking=True)
-        y = torch.stack([b.y for b in batches]).to(self.device, non_blocking=True)
+        x = torch.stack(xs)  # the members' tasks made their batches on self.device
+        y = torch.stack([b.y for b in batches])
         lengths = None
         if any(b.lengths is not None for b in batches):
             lengths = torch.stack(
                 [
-                    b.lengths if b.lengths is not None else torch.full((len(b),), b.x.shape[1])
+                    b.lengths
+                    if b.lengths is not None
+                    else torch.full((len(b),), b.x.shape[1], device=self.device)
                     for b in batches
                 ]
-            ).to(self.device, non_blocking=True)
+            )
         if x.dtype != torch.long:
             x = x.to(self.dtype)
         return x, lengths, y

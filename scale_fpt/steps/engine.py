@@ -131,6 +131,7 @@ class EngineStep:
             model=built.module, model_parameters=trainable, config=deepspeed_config(train)
         )
         self.dtype = DTYPES[train.precision]
+        task.to(self.engine.device)  # batches are made where the engine trains
         # Each rank draws its own dropout masks (rank 0 those of a world of one): equal masks
         # on every rank's slice would correlate the ranks.
         dropout_seed = rank_seed(seed_streams(train.seed).dropout, world.rank)
@@ -145,7 +146,7 @@ class EngineStep:
         """Nothing to change: a trial that ended is not stepped again by the loop."""
 
     def inputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        batch = batch.to(self.engine.device)
+        batch = batch.to(self.engine.device)  # a no-op: the task makes batches there
         x = batch.x if batch.x.dtype == torch.long else batch.x.to(self.dtype)
         return x, batch.lengths, batch.y
 

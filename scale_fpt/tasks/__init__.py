@@ -12,7 +12,7 @@ from functools import lru_cache
 import torch
 
 from scale_fpt.config import TASKS, ConfigError, TaskConfig, choice_problem
-from scale_fpt.tasks.base import Batch, DataUnavailable, Task, TaskSpec, step_generator
+from scale_fpt.tasks.base import Batch, DataUnavailable, Task, TaskSpec, step_draws
 
 __all__ = [
     "Batch",
@@ -22,7 +22,7 @@ __all__ = [
     "build_task",
     "epoch_indices",
     "split_batch",
-    "step_generator",
+    "step_draws",
     "task_class",
     "task_spec",
 ]
@@ -39,7 +39,7 @@ _REGISTRY = {
 }
 assert set(_REGISTRY) == set(TASKS)
 
-# step_generator stream of the per-epoch data order (other streams: see each task module).
+# step_draws stream of the per-epoch data order (other streams: see each task module).
 PERMUTATION_STREAM = 1
 
 
@@ -62,26 +62,29 @@ def build_task(config: TaskConfig, seed: int) -> Task:
     return task_class(config.task)(config, seed)
 
 
-@lru_cache(maxsize=8)
-def _permutation(seed: int, epoch: int, n: int) -> torch.Tensor:
-    return torch.randperm(n, generator=step_generator(seed, epoch, PERMUTATION_STREAM))
+@lru_cache(maxsize=512)  # a packed cohort of K members reads K seeds' current epochs
+def _permutation(seed: int, epoch: int, n: int, device: torch.device) -> torch.Tensor:
+    return step_draws(seed, epoch, PERMUTATION_STREAM, device).permutation(n)
 
 
-def epoch_indices(seed: int, step: int, batch_size: int, n: int) -> torch.Tensor:
-    """Dataset indices of training batch ``step``: (batch_size,) long.
+def epoch_indices(
+    seed: int, step: int, batch_size: int, n: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Dataset indices of training batch ``step``: (batch_size,) long on ``device``.
 
     The examples are read in epochs, each a fresh permutation of ``range(n)`` drawn from
     (seed, epoch). Batch ``step`` takes positions ``step*B .. step*B+B-1`` of that endless
     stream, so every example is seen exactly once per epoch and a batch that straddles an
-    epoch boundary ends one permutation and starts the next.
+    epoch boundary ends one permutation and starts the next. The epochs are known on the
+    host and each permutation is made once on the device: nothing is read back.
     """
-    positions = step * batch_size + torch.arange(batch_size)
-    epochs, offsets = positions // n, positions % n
-    out = torch.empty(batch_size, dtype=torch.long)
-    for epoch in epochs.unique().tolist():
-        rows = epochs == epoch
-        out[rows] = _permutation(seed, epoch, n)[offsets[rows]]
-    return out
+    device = torch.device(device)
+    start, end = step * batch_size, (step + 1) * batch_size
+    parts = []
+    for epoch in range(start // n, (end - 1) // n + 1):
+        first, last = max(start, epoch * n), min(end, (epoch + 1) * n)
+        parts.append(_permutation(seed, epoch, n, device)[first - epoch * n : last - epoch * n])
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def split_batch(batch: Batch, batch_size: int):

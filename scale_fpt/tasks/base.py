@@ -8,6 +8,11 @@ the examples training reads; both are the same for every trial seed.
 Training data is a pure function of ``(seed, step)``: ``train_batch(step)`` returns the same
 batch whenever it is asked, so a trial resumed from a checkpoint at step s sees exactly the
 batches an uninterrupted run sees, with no data-loader state to save.
+
+Data lives where the model trains (``Task.to(device)``): datasets are held on the device as
+compact tensors (images as uint8), and each step's randomness (example order, fresh
+synthetic draws, augmentation) is drawn there with ``keyed_random`` (``step_draws``), so a
+training step copies nothing from the host and the draws are the same on a CPU and a GPU.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from scale_fpt.config import ConfigError, TaskConfig
+from scale_fpt.keyed_random import Draws, stream_key
 from scale_fpt.seeding import seed_streams
 
 EVAL_SPLITS = ("val", "test")
@@ -100,12 +106,21 @@ class Batch:
         return self.x.shape[0]
 
 
-def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
-    """A torch generator determined by (seed, step, stream): the randomness of one batch."""
-    g = torch.Generator()
-    # Distinct large odd multipliers keep (seed, step, stream) triples from colliding.
-    g.manual_seed((seed * 1_000_003 + step * 7_919 + stream * 104_729) % (2**63 - 1))
-    return g
+def step_draws(seed: int, step: int, stream: int, device: torch.device | str = "cpu") -> Draws:
+    """The random draws of one batch: determined by (seed, step, stream), made on ``device``."""
+    return Draws(stream_key(seed, step, stream), device)
+
+
+def to_device(value, device: torch.device):
+    """``value`` with every tensor in it (tensors, Batches, tuples, lists, dicts) on
+    ``device``."""
+    if isinstance(value, torch.Tensor | Batch):
+        return value.to(device)
+    if isinstance(value, tuple | list):
+        return type(value)(to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: to_device(v, device) for k, v in value.items()}
+    return value
 
 
 class Task(ABC):
@@ -118,6 +133,16 @@ class Task(ABC):
         self.config = config
         self.seed = seed
         """The trial seed; training data reads its ``data`` stream (:attr:`data_seed`)."""
+        self.device = torch.device("cpu")
+        """Where the task holds its data and makes its batches (``to``)."""
+
+    def to(self, device: torch.device | str) -> Task:
+        """Hold every tensor of the task on ``device`` and make batches there from now on
+        (in place; returns the task). Copies of the task made afterwards share the tensors."""
+        self.device = torch.device(device)
+        for name, value in list(vars(self).items()):
+            setattr(self, name, to_device(value, self.device))
+        return self
 
     @property
     def data_seed(self) -> int:
@@ -127,7 +152,8 @@ class Task(ABC):
 
     @abstractmethod
     def train_batch(self, step: int, batch_size: int) -> Batch:
-        """The training batch of ``step``; a pure function of (data_seed, step, batch_size)."""
+        """The training batch of ``step`` on :attr:`device`; a pure function of (data_seed,
+        step, batch_size), whatever the device."""
 
     @abstractmethod
     def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:

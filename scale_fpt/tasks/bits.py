@@ -15,37 +15,40 @@ from collections.abc import Iterator
 import torch
 
 from scale_fpt.config import TaskConfig
+from scale_fpt.keyed_random import Draws
 from scale_fpt.tasks import split_batch
-from scale_fpt.tasks.base import Batch, Task, TaskSpec, step_generator, synthetic_eval_set
+from scale_fpt.tasks.base import Batch, Task, TaskSpec, step_draws, synthetic_eval_set
 
-# step_generator streams (PERMUTATION_STREAM = 1 in scale_fpt.tasks is not used here).
+# step_draws streams (PERMUTATION_STREAM = 1 in scale_fpt.tasks is not used here).
 DATA_STREAM = 0
 EVAL_STREAMS = {"test": 2, "val": 4}
-"""step_generator stream of each evaluation split (independent draws even for equal seeds)."""
+"""step_draws stream of each evaluation split (independent draws even for equal seeds)."""
 TEST_CHUNK = 32
 """Examples per evaluation chunk: the test set holds ``config.test_batches * TEST_CHUNK``,
 the validation set ``config.val_batches * TEST_CHUNK``."""
 
 
 class _FreshRandomTask(Task):
-    """A task whose examples are i.i.d. draws: ``_sample(n, generator)`` makes n of them."""
+    """A task whose examples are i.i.d. draws: ``_sample(n, draws)`` makes n of them on the
+    draws' device."""
 
     def __init__(self, config: TaskConfig, seed: int):
         super().__init__(config, seed)
         self.spec = self.spec_for(config)
         self._eval: dict[str, Batch] = {}
 
-    def _sample(self, n: int, g: torch.Generator) -> Batch:
+    def _sample(self, n: int, draws: Draws) -> Batch:
         raise NotImplementedError
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
-        return self._sample(batch_size, step_generator(self.data_seed, step, DATA_STREAM))
+        draws = step_draws(self.data_seed, step, DATA_STREAM, self.device)
+        return self._sample(batch_size, draws)
 
     def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:
         if split not in self._eval:
             seed, n_chunks = synthetic_eval_set(self.config, split)
             chunks = [
-                self._sample(TEST_CHUNK, step_generator(seed, i, EVAL_STREAMS[split]))
+                self._sample(TEST_CHUNK, step_draws(seed, i, EVAL_STREAMS[split], self.device))
                 for i in range(n_chunks)
             ]
             self._eval[split] = Batch(
@@ -72,8 +75,8 @@ class BitXor(_FreshRandomTask):
             n_classes=2,
         )
 
-    def _sample(self, n: int, g: torch.Generator) -> Batch:
-        a, b = torch.randint(0, 2, (2, n, self.n_bits), generator=g)
+    def _sample(self, n: int, draws: Draws) -> Batch:
+        a, b = draws.randint(0, 2, (2, n, self.n_bits))
         x = torch.cat([a, b], dim=1).float().unsqueeze(-1)  # (n, 10, 1)
         y = (a ^ b).unsqueeze(-1)  # (n, 5, 1)
         return Batch(x, y)
@@ -104,12 +107,12 @@ class BitMemory(_FreshRandomTask):
             n_classes=2,
         )
 
-    def _sample(self, n: int, g: torch.Generator) -> Batch:
-        bits = torch.randint(0, 2, (n, self.n_strings, self.n_bits), generator=g)
+    def _sample(self, n: int, draws: Draws) -> Batch:
+        bits = draws.randint(0, 2, (n, self.n_strings, self.n_bits))
         strings = bits.float() * 2 - 1  # (n, 5, 1000) in {-1, +1}
-        which = torch.randint(0, self.n_strings, (n,), generator=g)
-        target = strings[torch.arange(n), which]  # (n, 1000)
-        keep = torch.rand(n, self.n_bits, generator=g) >= self.mask_prob
+        which = draws.randint(0, self.n_strings, n)
+        target = strings[torch.arange(n, device=draws.device), which]  # (n, 1000)
+        keep = draws.rand((n, self.n_bits)) >= self.mask_prob
         query = target * keep  # masked bits read 0
         x = torch.cat([strings.reshape(n, -1), query], dim=1)  # (n, 6000)
         x = x.view(n, -1, self.patch)  # (n, 120, 50)

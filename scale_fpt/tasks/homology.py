@@ -133,9 +133,10 @@ def load_split(
     return _LOADED[key]
 
 
-def _batch(x: torch.Tensor, lengths: torch.Tensor, y: torch.Tensor) -> Batch:
-    """Rows of one batch, cut to the batch's longest sequence."""
-    return Batch(x[:, : int(lengths.max())].long(), y.view(-1, 1, 1), lengths)
+def _batch(x: torch.Tensor, lengths: torch.Tensor, y: torch.Tensor, longest: int) -> Batch:
+    """Rows of one batch, cut to the batch's longest sequence (``longest``, known on the
+    host)."""
+    return Batch(x[:, :longest].long(), y.view(-1, 1, 1), lengths)
 
 
 class RemoteHomology(Task):
@@ -167,14 +168,30 @@ class RemoteHomology(Task):
             x, lengths, y = load_split(path, max_length, long)
             n = eval_limit(config, split) or len(x)
             self._eval[split] = (x[:n], lengths[:n], y[:n])
+        self._host_lengths = {"train": self._train[1]} | {
+            split: lengths for split, (_, lengths, _) in self._eval.items()
+        }
+        """Each split's sequence lengths, kept on the host when the data moves."""
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
         x, lengths, y = self._train
-        indices = epoch_indices(self.data_seed, step, batch_size, len(x))
-        return _batch(x[indices], lengths[indices], y[indices])
+        n = len(x)
+        # The same permutation on the host and on the device: the host's lengths give the
+        # batch's longest sequence without reading the device.
+        host = epoch_indices(self.data_seed, step, batch_size, n)
+        indices = epoch_indices(self.data_seed, step, batch_size, n, self.device)
+        longest = int(self._host_lengths["train"][host].max())
+        return _batch(x[indices], lengths[indices], y[indices], longest)
 
     def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:
         x, lengths, y = self._eval[check_split(split)]
+        host_lengths = self._host_lengths[split]
         for start in range(0, len(x), batch_size):
             rows = slice(start, start + batch_size)
-            yield _batch(x[rows], lengths[rows], y[rows])
+            yield _batch(x[rows], lengths[rows], y[rows], int(host_lengths[rows].max()))
+
+    def to(self, device: torch.device | str) -> RemoteHomology:
+        host_lengths = self._host_lengths  # stays on the host (see train_batch)
+        super().to(device)
+        self._host_lengths = host_lengths
+        return self

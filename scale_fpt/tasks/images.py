@@ -15,7 +15,9 @@ Data comes from ``datasets``: the hub ids ``ylecun/mnist`` / ``uoft-cs/cifar10``
 ``config.data_dir`` is empty, else a local copy in ``data_dir``: a ``save_to_disk``
 DatasetDict (train, test) or Parquet files whose name starts with, or whose folder is,
 ``train`` / ``test`` (HF's own ``plain_text/train-00000-of-00001.parquet`` layout included).
-Images are decoded once per process into a uint8 tensor (N, H, W, C) per split.
+Images are decoded once per process into a uint8 tensor (N, H, W, C) per split, held on the
+trial's device (``Task.to``: CIFAR-10 is 150 MB); batches are cut, converted and augmented
+there.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from scale_fpt.config import TaskConfig
+from scale_fpt.keyed_random import Draws
 from scale_fpt.tasks import epoch_indices
 from scale_fpt.tasks.base import (
     Batch,
@@ -40,7 +43,7 @@ from scale_fpt.tasks.base import (
     TaskSpec,
     check_split,
     eval_limit,
-    step_generator,
+    step_draws,
 )
 
 HUB_IDS = {"mnist": "ylecun/mnist", "cifar10": "uoft-cs/cifar10", "cifar10-lra": "uoft-cs/cifar10"}
@@ -57,7 +60,7 @@ LUMA = (0.299, 0.587, 0.114)
 """ITU-R 601 luma weights (PIL's ``convert('L')``) for CIFAR-10 LRA's greyscale."""
 CROP_PADDING = 4
 AUGMENT_STREAM = 3
-"""step_generator stream of the augmentation randomness (1 is the epoch permutation)."""
+"""step_draws stream of the augmentation randomness (1 is the epoch permutation)."""
 HOLDOUT_SEED = 0
 """Seed of the permutation that picks the validation slice of the train split: fixed, so
 every trial holds out the same images (and trains on the same rest)."""
@@ -70,7 +73,7 @@ def holdout_split(n: int, fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
     if n < 2:
         raise DataUnavailable(f"a train split of {n} example(s) cannot spare a validation slice")
     n_val = min(max(1, round(n * fraction)), n - 1)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(HOLDOUT_SEED))
+    order = Draws(HOLDOUT_SEED).permutation(n)
     return order[n_val:].sort().values, order[:n_val].sort().values
 
 
@@ -212,11 +215,11 @@ def patchify(x: torch.Tensor, patch: int) -> torch.Tensor:
 
 def greyscale(x: torch.Tensor) -> torch.Tensor:
     """(B, 3, H, W) RGB -> (B, 1, H, W) luma."""
-    weights = torch.tensor(LUMA, dtype=x.dtype).view(1, 3, 1, 1)
+    weights = torch.tensor(LUMA, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
     return (x * weights).sum(dim=1, keepdim=True)
 
 
-def augment(x: torch.Tensor, g: torch.Generator, degrees: float) -> torch.Tensor:
+def augment(x: torch.Tensor, draws: Draws, degrees: float) -> torch.Tensor:
     """Random crop (zero padding ``CROP_PADDING``), horizontal flip (p=0.5) and rotation
     (uniform within ±``degrees``) of (B, C, H, W) images, per example.
 
@@ -224,9 +227,9 @@ def augment(x: torch.Tensor, g: torch.Generator, degrees: float) -> torch.Tensor
     once. A crop of the padded image is a whole-pixel shift, which with
     ``align_corners=False`` lands exactly on pixel centres."""
     B, _, H, W = x.shape
-    shift = torch.randint(-CROP_PADDING, CROP_PADDING + 1, (B, 2), generator=g).float()
-    flip = torch.where(torch.rand(B, generator=g) < 0.5, -1.0, 1.0)
-    angle = (torch.rand(B, generator=g) * 2 - 1) * math.radians(degrees)
+    shift = draws.randint(-CROP_PADDING, CROP_PADDING + 1, (B, 2)).float()
+    flip = torch.where(draws.rand(B) < 0.5, -1.0, 1.0)
+    angle = (draws.rand(B) * 2 - 1) * math.radians(degrees)
     cos, sin = angle.cos(), angle.sin()
     # The output pixel at normalised position o samples the input at R(angle) @ F @ o + t.
     theta = torch.stack(
@@ -290,22 +293,24 @@ class ImageClassification(Task):
         }
         """Per evaluation split: (images (N, H, W, C) uint8, labels (N,) long)."""
 
-    def tokens(self, images: torch.Tensor, g: torch.Generator | None = None) -> torch.Tensor:
-        """(B, H, W, C) uint8 images -> (B, T, W) float tokens; augmented when ``g`` is given."""
+    def tokens(self, images: torch.Tensor, draws: Draws | None = None) -> torch.Tensor:
+        """(B, H, W, C) uint8 images -> (B, T, W) float tokens, on the images' device;
+        augmented when ``draws`` are given."""
         x = images.permute(0, 3, 1, 2).float() / 255  # (B, C, H, W)
         pad = (self.side(self.config) - x.shape[-1]) // 2
         if pad:
             x = F.pad(x, (pad, pad, pad, pad))
         if self.name == "cifar10-lra":
             x = greyscale(x)  # commutes with the (spatial, linear) augmentation: do it first
-        if g is not None:
-            x = augment(x, g, self.config.rotation_degrees)
+        if draws is not None:
+            x = augment(x, draws, self.config.rotation_degrees)
         return patchify(x, PATCH[self.name])
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
-        indices = epoch_indices(self.data_seed, step, batch_size, len(self.train_images))
-        g = step_generator(self.data_seed, step, AUGMENT_STREAM) if self.augment else None
-        x = self.tokens(self.train_images[indices], g)
+        n = len(self.train_images)
+        indices = epoch_indices(self.data_seed, step, batch_size, n, self.device)
+        draws = step_draws(self.data_seed, step, AUGMENT_STREAM, self.device)
+        x = self.tokens(self.train_images[indices], draws if self.augment else None)
         return Batch(x, self.train_labels[indices].view(-1, 1, 1))
 
     def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:

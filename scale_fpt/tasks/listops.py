@@ -303,9 +303,12 @@ class ListOps(Task):
         return Batch(x, y.view(-1, 1, 1), lengths)
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
-        indices = epoch_indices(self.data_seed, step, batch_size, self.n_train)
         if not self.config.data_dir:
-            return self._generated_batch("train", TRAIN_POOL_SEED, indices.tolist())
+            # Generated expressions are made in Python on the host, then copied over.
+            indices = epoch_indices(self.data_seed, step, batch_size, self.n_train)
+            batch = self._generated_batch("train", TRAIN_POOL_SEED, indices.tolist())
+            return batch.to(self.device)
+        indices = epoch_indices(self.data_seed, step, batch_size, self.n_train, self.device)
         x, lengths, y = self._train
         return Batch(x[indices].long(), y[indices].view(-1, 1, 1), lengths[indices])
 
@@ -314,9 +317,10 @@ class ListOps(Task):
             if self.config.data_dir:
                 x, lengths, y = load_lra_split(self._files[check_split(split)], self.max_length)
                 n = eval_limit(self.config, split) or len(x)
-                self._eval[split] = Batch(x[:n].long(), y[:n].view(-1, 1, 1), lengths[:n])
+                batch = Batch(x[:n].long(), y[:n].view(-1, 1, 1), lengths[:n])
+                self._eval[split] = batch.to(self.device)
             else:
                 seed, n_chunks = synthetic_eval_set(self.config, split)
                 indices = list(range(n_chunks * TEST_CHUNK))
-                self._eval[split] = self._generated_batch(split, seed, indices)
+                self._eval[split] = self._generated_batch(split, seed, indices).to(self.device)
         return split_batch(self._eval[split], batch_size)
