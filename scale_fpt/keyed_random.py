@@ -56,13 +56,26 @@ def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
     return (z >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def splitmix64(key: int, counters: torch.Tensor) -> torch.Tensor:
-    """SplitMix64's output for state ``key`` at ``counters + 1`` (int64 tensor of the uint64
-    bits), element-wise, on ``counters``' device."""
-    z = counters.add(1).mul_(_signed(GOLDEN)).add_(_signed(key))
+def _finalise(z: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's output function, in place on int64 ``z``."""
     z = (z ^ _shift_right(z, 30)).mul_(_signed(MIX1))
     z = (z ^ _shift_right(z, 27)).mul_(_signed(MIX2))
     return z ^ _shift_right(z, 31)
+
+
+def splitmix64(key: int | torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's output for state ``key`` at ``counters + 1`` (int64 tensor of the uint64
+    bits), element-wise, on ``counters``' device; a tensor ``key`` broadcasts against
+    ``counters`` (e.g. keys (C, 1) and counters (n,) give C streams of n)."""
+    z = counters.add(1).mul_(_signed(GOLDEN))
+    return _finalise(z + (_signed(key) if isinstance(key, int) else key))
+
+
+def mix64_tensor(a: torch.Tensor, b: int | torch.Tensor) -> torch.Tensor:
+    """``mix64`` element-wise on int64 tensors (or a tensor and an int): the same keys, made
+    on the device (no host copy, and traceable by ``torch.compile``)."""
+    step = _signed((b + 1) * GOLDEN) if isinstance(b, int) else (b + 1) * _signed(GOLDEN)
+    return _shift_right(_finalise(a + step), 1)
 
 
 class Draws:
@@ -105,14 +118,16 @@ class Draws:
         return torch.argsort(self.bits(n), stable=True)
 
 
-def keep_mask(draws: Draws, n: int, p: float, dtype: torch.dtype) -> torch.Tensor:
-    """A (n,) dropout mask of ``dtype``: ``scale`` where the draw's top 32 bits are at least
-    round(p * 2^32), else 0, with ``scale = 1 / (1 - p_quantised)``: exactly the fused CPU
-    kernel's mask for the same key."""
+def keep_mask(keys: torch.Tensor, chunk: int, p: float, dtype: torch.dtype) -> torch.Tensor:
+    """A (len(keys) * chunk,) dropout mask of ``dtype`` on ``keys``' device, one chunk per
+    key: ``scale`` where the draw's top 32 bits are at least round(p * 2^32), else 0, with
+    ``scale = 1 / (1 - p_quantised)``: exactly the fused CPU kernel's mask for those keys."""
     threshold = round(p * 2**32)
     scale = 2**32 / (2**32 - threshold)
-    keep = draws.high32(n) >= threshold
+    counters = torch.arange(chunk, device=keys.device)
+    draws = splitmix64(keys.view(-1, 1), counters)  # (C, chunk)
+    keep = _shift_right(draws, 32).view(-1) >= threshold
     return keep.to(torch.float32).mul_(scale).to(dtype)  # scale rounded to float32 as there
 
 
-__all__ = ["Draws", "keep_mask", "mix64", "splitmix64", "stream_key"]
+__all__ = ["Draws", "keep_mask", "mix64", "mix64_tensor", "splitmix64", "stream_key"]

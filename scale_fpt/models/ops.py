@@ -17,20 +17,23 @@ slower than its own composition. Here:
   warns once): compositions of torch ops. Dropout's mask is ``keyed_random.keep_mask``,
   the same SplitMix64 draws in int64 tensor arithmetic: the fused kernel's mask, bit for
   bit; GELU is ``x sigmoid(u)`` in in-place passes.
-- on a GPU: torch's own kernels (``F.gelu``, SDPA; ``F.dropout`` outside
-  ``dropout_keys``), and inside ``dropout_keys`` the torch-op keyed mask, so a trial draws
-  the same masks on a GPU as on a CPU.
+- on a GPU: torch's own kernels (``F.gelu``, SDPA; ``F.dropout`` when nothing keys the
+  mask), and the torch-op keyed mask when something does, so a trial draws the same masks
+  on a GPU as on a CPU.
 
-Keyed masks (``dropout_keys``): inside ``with dropout_keys(member_seeds, step)`` every
-dropout call is a *site* (numbered in call order within the forward pass: the embedding,
+Keyed masks: a step's keys are ``step_keys(member seeds, step)``, a (C,) int64 tensor made
+on the device, and a ``DropoutSites`` over them numbers the dropout calls of one forward
+pass. A model passes its sites to each call (``PackedFPT``: nothing but tensors and local
+Python state, so ``torch.compile`` traces it into one graph and CUDA graphs can replay it),
+or runs inside ``with dropout_keys(member_seeds, step)`` (the HF modules of a DeepSpeed
+trial, which take no extra argument). Either way every dropout call is a *site* (numbered in call order within the forward pass: the embedding,
 then per layer the attention probabilities and the two residual branches), and the mask of
 member m at a site is a function of (member m's dropout seed, step, site) alone. The leading
 dimension of the tensor is split into one equal chunk per member (a packed cohort's (K, ...)
 or (K*B, ...) layout, where a member's chunk is laid out as its tensor when it runs alone),
 so a packed member draws exactly the masks it draws alone: the fused kernel and the torch-op
 form (CPU bf16, GPU) both take one key per chunk and draw the same numbers from it.
-Outside ``dropout_keys`` (``pretrain``, other callers) the seed of a call comes from torch's
-default generator.
+Unkeyed calls (``pretrain``, other callers) take their seed from torch's default generator.
 
 Kept elements are scaled by the exact ``1 / (1 - p_quantised)``, so the expected activation
 is unchanged. GPT-2's ``0.5 x (1 + tanh(z))`` is exactly ``x sigmoid(2z)``: the sigmoid form
@@ -47,13 +50,12 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from scale_fpt.keyed_random import Draws, keep_mask, mix64
+from scale_fpt.keyed_random import keep_mask, mix64_tensor
 
 GELU_C = 2.0 * math.sqrt(2.0 / math.pi)  # tanh(z) = 2 sigmoid(2z) - 1, z = sqrt(2/pi)(x + a x^3)
 GELU_A = 0.044715
@@ -95,33 +97,52 @@ def fused_kernels():
 
 
 def _fused(*tensors: torch.Tensor | None):
-    """The fused kernels if every tensor is float32 on a CPU, else None."""
+    """The fused kernels if every tensor is float32 on a CPU, else None (also while
+    ``torch.compile`` traces: the torch-op forms, which it can fuse, draw the same masks)."""
+    if torch.compiler.is_compiling():
+        return None
     if any(t is not None and (t.device.type != "cpu" or t.dtype != torch.float32) for t in tensors):
         return None
     return fused_kernels()
 
 
-@dataclass
-class _Keys:
-    """The per-member keys of one forward pass and the number of sites drawn so far."""
+class DropoutSites:
+    """The per-member keys of one forward pass: each dropout call (a *site*) takes the next
+    site's keys, ``mix64(step key, site)`` per member, made on the device.
 
-    step_keys: list[int]
-    sites: int = field(default=0)
+    A model passes it to its dropout calls explicitly (``PackedFPT``: traceable by
+    ``torch.compile``, no context variable read in the graph), or ``dropout_keys`` makes it
+    the keys of every call inside (models whose modules cannot take an argument)."""
 
-    def next_site(self) -> list[int]:
-        site = self.sites
-        self.sites += 1
-        return [mix64(key, site) for key in self.step_keys]
+    def __init__(self, step_keys: torch.Tensor, first_site: int = 0):
+        self.step_keys = step_keys  # (C,) int64: one per member chunk
+        self.site = first_site
+
+    def next(self) -> torch.Tensor:
+        """(C,) keys of the next site."""
+        site = self.site
+        self.site += 1
+        return mix64_tensor(self.step_keys, site)
 
 
-_KEYS: contextvars.ContextVar[_Keys | None] = contextvars.ContextVar("dropout_keys", default=None)
+def step_keys(member_seeds: torch.Tensor | Sequence[int], step: int | torch.Tensor) -> torch.Tensor:
+    """(C,) keys of one step: ``mix64(seed, step)`` of each member's dropout seed, on the
+    seeds' device (a sequence of ints: on the CPU)."""
+    return mix64_tensor(torch.as_tensor(member_seeds, dtype=torch.int64), step)
+
+
+_KEYS: contextvars.ContextVar[DropoutSites | None] = contextvars.ContextVar(
+    "dropout_keys", default=None
+)
 
 
 @contextlib.contextmanager
-def dropout_keys(member_seeds: Sequence[int], step: int) -> Iterator[None]:
+def dropout_keys(
+    member_seeds: torch.Tensor | Sequence[int], step: int | torch.Tensor
+) -> Iterator[None]:
     """Key every dropout mask drawn inside on (member seed, ``step``, site): see the module
     docstring. ``member_seeds``: one per member chunk of the tensors, in order."""
-    token = _KEYS.set(_Keys([mix64(seed, step) for seed in member_seeds]))
+    token = _KEYS.set(DropoutSites(step_keys(member_seeds, step)))
     try:
         yield
     finally:
@@ -136,12 +157,12 @@ def keyed_checkpoint(function: Callable, *args):
     from torch.utils.checkpoint import checkpoint
 
     keys = _KEYS.get()
-    first_site = None if keys is None else keys.sites
+    first_site = None if keys is None else keys.site
 
     def run(*inputs):
         if keys is None or _KEYS.get() is keys:
             return function(*inputs)
-        token = _KEYS.set(_Keys(keys.step_keys, first_site))
+        token = _KEYS.set(DropoutSites(keys.step_keys, first_site))
         try:
             return function(*inputs)
         finally:
@@ -150,10 +171,11 @@ def keyed_checkpoint(function: Callable, *args):
     return checkpoint(run, *args, use_reentrant=False)
 
 
-def _site_seeds() -> list[int] | None:
-    """The member keys of the next dropout site, or None outside ``dropout_keys``."""
-    keys = _KEYS.get()
-    return None if keys is None else keys.next_site()
+def _site_keys(sites: DropoutSites | None) -> torch.Tensor | None:
+    """The member keys of the next dropout site: of ``sites``, else of the live
+    ``dropout_keys``; None outside both."""
+    sites = sites if sites is not None else _KEYS.get()
+    return None if sites is None else sites.next()
 
 
 def _global_seed() -> list[int]:
@@ -189,41 +211,54 @@ class _FusedGelu(torch.autograd.Function):
         return fused_kernels().gelu_backward(grad.contiguous(), x)
 
 
-def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
-    """``F.dropout`` with the fast CPU mask."""
-    return _dropout_then_add(None, x, p, training)
+def dropout(
+    x: torch.Tensor, p: float, training: bool = True, sites: DropoutSites | None = None
+) -> torch.Tensor:
+    """``F.dropout`` with the fast CPU mask; keyed by ``sites`` or the live ``dropout_keys``."""
+    return _dropout_then_add(None, x, p, training, sites)
 
 
-def add_dropout(h: torch.Tensor, x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+def add_dropout(
+    h: torch.Tensor,
+    x: torch.Tensor,
+    p: float,
+    training: bool = True,
+    sites: DropoutSites | None = None,
+) -> torch.Tensor:
     """The residual update ``h + dropout(x)`` in one pass over the rows."""
-    return _dropout_then_add(h, x, p, training)
+    return _dropout_then_add(h, x, p, training, sites)
 
 
 def _dropout_then_add(
-    h: torch.Tensor | None, x: torch.Tensor, p: float, training: bool
+    h: torch.Tensor | None,
+    x: torch.Tensor,
+    p: float,
+    training: bool,
+    sites: DropoutSites | None,
 ) -> torch.Tensor:
-    """``dropout(x)``, plus ``h`` unless it is None: torch's kernel on a GPU, the fused
-    kernel for float32 on a CPU, the torch-op mask otherwise."""
+    """``dropout(x)``, plus ``h`` unless it is None: the fused kernel for float32 on a CPU,
+    the torch-op keyed mask otherwise; torch's kernel on a GPU when nothing keys the mask."""
     if not training or p == 0.0:
         return x if h is None else h + x
-    seeds = _site_seeds()
-    if seeds is None and x.is_cuda:
+    keys = _site_keys(sites)
+    if keys is None and x.is_cuda:
         dropped = F.dropout(x, p, training=True)
         return dropped if h is None else h + dropped
     if (h is None or h.shape == x.shape) and _fused(h, x):
-        return _FusedDropoutAdd.apply(h, x, p, seeds or _global_seed())
-    keep = keyed_keep(x, p, seeds).view(x.shape)
+        seeds = _global_seed() if keys is None else keys.tolist()  # CPU keys: no sync
+        return _FusedDropoutAdd.apply(h, x, p, seeds)
+    keep = keyed_keep(x, p, keys).view(x.shape)
     return x * keep if h is None else torch.addcmul(h, x, keep)
 
 
-def keyed_keep(x: torch.Tensor, p: float, seeds: list[int] | None) -> torch.Tensor:
-    """The torch-op mask of ``x`` (flat): one chunk per seed, each ``keyed_random.keep_mask``
-    of its key (the fused kernel's mask of that key; None: one key drawn from torch's
-    default generator)."""
-    seeds = seeds or _global_seed()
-    chunk = x.numel() // len(seeds)
-    masks = [keep_mask(Draws(seed, x.device), chunk, p, x.dtype) for seed in seeds]
-    return masks[0] if len(masks) == 1 else torch.cat(masks)
+def keyed_keep(
+    x: torch.Tensor, p: float, keys: torch.Tensor | Sequence[int] | None
+) -> torch.Tensor:
+    """The torch-op mask of ``x`` (flat): one chunk per key, ``keyed_random.keep_mask`` (the
+    fused kernel's mask for those keys; None: one key drawn from torch's default
+    generator)."""
+    keys = torch.as_tensor(_global_seed() if keys is None else keys, dtype=torch.int64)
+    return keep_mask(keys.to(x.device), x.numel() // len(keys), p, x.dtype)
 
 
 class _SigmoidGelu(torch.autograd.Function):
@@ -260,6 +295,7 @@ def causal_attention(
     scale: float,
     dropout_p: float = 0.0,
     query_positions: torch.Tensor | None = None,
+    sites: DropoutSites | None = None,
 ) -> torch.Tensor:
     """Causal softmax attention. q (N, H, Tq, hd), k and v (N, H, T, hd) -> (N, H, Tq, hd).
 
@@ -268,7 +304,8 @@ def causal_attention(
     Dropout on the attention probabilities as in GPT-2.
     """
     T = k.shape[-2]
-    if query_positions is None and (dropout_p == 0.0 or (q.is_cuda and _KEYS.get() is None)):
+    unkeyed = sites is None and _KEYS.get() is None
+    if query_positions is None and (dropout_p == 0.0 or (q.is_cuda and unkeyed)):
         # torch's fused kernels (flash attention on a CPU too) when no CPU or keyed dropout
         # is needed
         return F.scaled_dot_product_attention(
@@ -285,7 +322,7 @@ def causal_attention(
     probs = (scores - scores.detach().amax(-1, keepdim=True)).exp()
     probs = probs / probs.sum(-1, keepdim=True)
     if dropout_p > 0.0:
-        probs = dropout(probs, dropout_p)
+        probs = dropout(probs, dropout_p, sites=sites)
     return torch.matmul(probs, v)
 
 

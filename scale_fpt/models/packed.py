@@ -8,8 +8,10 @@
     -> ln_f (per member) -> output head (per member) -> (K, B, k, m, C)
 
 A member's rows are one contiguous chunk of every activation (the member axis leads), laid
-out as its tensors are when it runs alone (K = 1): keyed dropout (``ops.dropout_keys``)
-then draws each member the masks it draws alone.
+out as its tensors are when it runs alone (K = 1): keyed dropout (``step_keys``: the
+members' keys of the step, passed to every dropout call through ``ops.DropoutSites``) then
+draws each member the masks it draws alone. The forward pass holds nothing but tensors and
+local Python state, so ``torch.compile`` traces it whole.
 """
 
 from __future__ import annotations
@@ -160,10 +162,13 @@ class PackedFPT(nn.Module):
         x: torch.Tensor,
         lengths: torch.Tensor | None = None,
         members: torch.Tensor | None = None,
+        step_keys: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x (Ka, B, T, W) float or (Ka, B, T) long for the members ``members`` (indices into
-        K; None: all K) -> logits (Ka, B, k, m, C)."""
+        K; None: all K) -> logits (Ka, B, k, m, C). ``step_keys`` (Ka,): the members' dropout
+        keys of this step (``ops.step_keys``); None: dropout unkeyed."""
         p = self.member_params(members)
+        sites = None if step_keys is None else ops.DropoutSites(step_keys)
         spec, d = self.spec, self.d
         Ka, B, T = x.shape[:3]
         if spec.discrete:
@@ -176,8 +181,8 @@ class PackedFPT(nn.Module):
                 x.reshape(Ka, B * T, x.shape[-1]).to(self.dtype),
                 p["input_weight"].transpose(1, 2),
             ).view(Ka, B, T, d)
-            h = ops.dropout(h, self.input_p, self.training)
-        h = ops.dropout(h + p["wpe"][:, None, :T], self.embd_p, self.training)
+            h = ops.dropout(h, self.input_p, self.training, sites)
+        h = ops.dropout(h + p["wpe"][:, None, :T], self.embd_p, self.training, sites)
         h = h.reshape(Ka, B * T, d)
         k = spec.n_predicting_tokens
         # Only the last k (real) tokens are read out: the last block computes its queries,
@@ -185,7 +190,7 @@ class PackedFPT(nn.Module):
         positions = predicting_positions(T, k, lengths, Ka * B, x.device)  # (Ka*B, k)
         for layer in range(self.n_layer):
             last = layer == self.n_layer - 1
-            h = self._block(h, layer, p, T, positions if last else None)  # (Ka, B*T or B*k, d)
+            h = self._block(h, layer, p, T, positions if last else None, sites)  # (Ka, B*T|B*k, d)
         h = self._ln(h, p["ln_f_weight"], p["ln_f_bias"])  # (Ka, B*k, d)
         logits = torch.baddbmm(p["output_bias"].unsqueeze(1), h, p["output_weight"].transpose(1, 2))
         return logits.view(Ka, B, k, spec.outputs_per_token, spec.n_classes)
@@ -197,6 +202,7 @@ class PackedFPT(nn.Module):
         p: dict[str, torch.Tensor],
         T: int,
         positions: torch.Tensor | None,
+        sites: ops.DropoutSites | None = None,
     ) -> torch.Tensor:
         """One GPT-2 block over (Ka, N = B*T, d) rows -> (Ka, N, d); with ``positions``
         (Ka*B, k) only those tokens' outputs -> (Ka, B*k, d)."""
@@ -217,13 +223,13 @@ class PackedFPT(nn.Module):
             q = torch.addmm(b_qkv[:d], a.index_select(0, rows), w_qkv[:, :d])
             q = q.view(len(positions), -1, H, hd).transpose(1, 2)  # (Ka*B, H, k, hd)
         o = ops.causal_attention(
-            q, k, v, self.scales[layer], self.attn_p if train else 0.0, positions
+            q, k, v, self.scales[layer], self.attn_p if train else 0.0, positions, sites
         )
         o = torch.addmm(b_o, o.transpose(1, 2).reshape(-1, d), w_o)
-        h = ops.add_dropout(h, o.view_as(h), self.resid_p, train)
+        h = ops.add_dropout(h, o.view_as(h), self.resid_p, train, sites)
         a = self._ln(h, p["ln_2_weight"][:, layer], p["ln_2_bias"][:, layer]).reshape(-1, d)
         f = torch.addmm(b_p, self.act(torch.addmm(b_fc, a, w_fc)), w_p)
-        return ops.add_dropout(h, f.view_as(h), self.resid_p, train)
+        return ops.add_dropout(h, f.view_as(h), self.resid_p, train, sites)
 
 
 def predicting_positions(

@@ -9,7 +9,7 @@ and trained groups. ``packing`` decides which configs may share a cohort.
 
 Each member is still its own trial: it draws its own training batches from its own seed,
 its heads are initialised exactly as ``build_model`` does for its seed, and its dropout
-masks are keyed on (its dropout seed, step, site) (``ops.dropout_keys``), so a member's
+masks are keyed on (its dropout seed, step, site) (``ops.step_keys``), so a member's
 curve equals the same trial run alone (K = 1) to floating-point tolerance, at any dropout.
 An unpacked packable trial is this step with K = 1: no DeepSpeed bookkeeping, no host sync.
 
@@ -90,7 +90,8 @@ class CohortStep:
             lr=[c.train.lr for c in configs],
             clip=[c.train.grad_clip for c in configs],
         )
-        self.dropout_seeds = [seed_streams(c.train.seed).dropout for c in configs]
+        dropout_seeds = [seed_streams(c.train.seed).dropout for c in configs]
+        self.dropout_seeds = torch.tensor(dropout_seeds, device=self.device)  # (K,)
         self.metrics = MemberMetrics(len(configs), self.device)
         self.set_active(list(range(len(configs))))
         flush_denormals()  # as a lone trial: Adam's moments decay into slow denormals
@@ -105,7 +106,7 @@ class CohortStep:
         self.active = list(members)
         everyone = len(self.active) == self.size
         self.index = None if everyone else torch.tensor(self.active, device=self.device)
-        self.keys = [self.dropout_seeds[i] for i in self.active]
+        self.seeds = self.dropout_seeds if everyone else self.dropout_seeds[self.index]
 
     # ----------------------------------------------------------------- data
 
@@ -148,8 +149,8 @@ class CohortStep:
             [self.tasks[i].train_batch(step, batch_size) for i in self.active]
         )
         self.model.train()
-        with ops.dropout_keys(self.keys, step):
-            logits = self.forward(x, lengths, self.index)  # (Ka, B, k, m, C)
+        step_keys = ops.step_keys(self.seeds, step)  # (Ka,) on the device: no host copy
+        logits = self.forward(x, lengths, self.index, step_keys)  # (Ka, B, k, m, C)
         loss, correct = member_losses(logits, y)  # (Ka,), (Ka,)
         counts = self.metrics.record(step, loss, correct, y[0].numel(), self.index)
         total = torch.where(counts, loss, 0.0).sum()  # a diverged member's NaNs stay out

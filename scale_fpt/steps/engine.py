@@ -135,7 +135,7 @@ class EngineStep:
         # Each rank draws its own dropout masks (rank 0 those of a world of one): equal masks
         # on every rank's slice would correlate the ranks.
         dropout_seed = rank_seed(seed_streams(train.seed).dropout, world.rank)
-        self.keys = [dropout_seed]
+        self.keys = torch.tensor([dropout_seed], device=self.engine.device)
         if world.size > 1:
             torch.manual_seed(dropout_seed)  # what draws from torch's global generator
         self.metrics = MemberMetrics(1, self.engine.device)
