@@ -45,10 +45,18 @@ TARGET_TINY_SPEEDUP = 5.0
 TARGET_MFU = 0.8
 
 
-def member_configs(model: str, task: str, k: int, batch: int, dropout: float) -> list:
+def member_configs(
+    model: str, task: str, k: int, batch: int, dropout: float, compile: str = "off"
+) -> list:
     return [
         h.trial_config(
-            model, task, "fpt", batch, lr=1e-3 * 10 ** (i / max(k, 1) - 0.5), dropout=dropout
+            model,
+            task,
+            "fpt",
+            batch,
+            lr=1e-3 * 10 ** (i / max(k, 1) - 0.5),
+            dropout=dropout,
+            compile=compile,
         )
         for i in range(k)
     ]
@@ -64,8 +72,8 @@ def worker(packed, model, task, k, batch, dropout, steps, warmup, threads, barri
     if packed:
         from scale_fpt.steps.cohort import CohortStep
 
-        configs = member_configs(model, task, k, batch, dropout)
-        runner = CohortStep(configs, data, compile=h.CUDA)  # torch.compile on a GPU only
+        configs = member_configs(model, task, k, batch, dropout, h.PACKED_COMPILE)
+        runner = CohortStep(configs, data)
     else:
         from scale_fpt.models import build_model
         from scale_fpt.steps.engine import EngineStep

@@ -11,7 +11,8 @@ x fine-tuning (fpt: frozen body, 4N + attention FLOPs; full: 6N + attention) x p
 ``trial`` is the DeepSpeed step (``scale_fpt.steps.engine.EngineStep``: what trials that
 need an engine run), ``packed`` is the cohort step (``scale_fpt.steps.cohort.CohortStep``)
 with one member: what an unpacked packable trial runs.
-On a GPU: bf16, SDPA attention, ``torch.compile`` for the packed path; on a CPU: fp32.
+On a GPU: bf16, SDPA attention, the packed path compiled (``--compile reduce-overhead``:
+CUDA graphs); on a CPU: fp32, eager.
 
 Data (``--data real``, the default): each task as a trial builds it, held and drawn on the
 device (``Task.to``): bit tasks drawn per step, image tasks from a CIFAR-10-shaped dataset of
@@ -56,11 +57,14 @@ def run_trial_path(config, task, steps: int, warmup: int) -> tuple[float, int]:
     return seconds, mem.peak_bytes
 
 
-def run_packed_path(config, task, steps: int, warmup: int, compile_model: bool):
+def run_packed_path(config, task, steps: int, warmup: int, compile_mode: str):
+    from dataclasses import replace
+
     from scale_fpt.steps.cohort import CohortStep
 
+    config = replace(config, train=replace(config.train, compile=compile_mode))
     with h.PeakMemory() as mem:
-        cohort = CohortStep([config], task, compile=compile_model)
+        cohort = CohortStep([config], task)
         try:
             seconds = h.time_steps(cohort.train_step, steps, warmup)
         finally:
@@ -89,7 +93,11 @@ def main(argv=None) -> int:
     parser.add_argument("--peak-seconds", type=float, default=3.0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument(
-        "--no-compile", action="store_true", help="GPU: skip torch.compile on the packed path"
+        "--compile",
+        choices=("off", "default", "reduce-overhead"),
+        default=h.PACKED_COMPILE,
+        help=f"--compile of the packed path (default here: {h.PACKED_COMPILE}; "
+        "reduce-overhead on a GPU, off on a CPU)",
     )
     parser.add_argument(
         "--data",
@@ -166,7 +174,7 @@ def main(argv=None) -> int:
                         seconds, memory = run_trial_path(config, task, args.steps, args.warmup)
                     else:
                         seconds, memory = run_packed_path(
-                            config, task, args.steps, args.warmup, h.CUDA and not args.no_compile
+                            config, task, args.steps, args.warmup, args.compile
                         )
                     gc.collect()
                     rounds_after, _ = h.matmul_rounds(args.peak_seconds)

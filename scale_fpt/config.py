@@ -22,6 +22,7 @@ FINETUNE_PRESETS = {"fpt": ("input", "output", "ln", "pos"), "full": GROUPS}
 PRECISIONS = ("fp32", "bf16", "fp16")
 ZERO_STAGES = (0, 1, 2, 3)
 ACCELERATORS = ("auto", "cpu", "cuda")
+COMPILE_MODES = ("off", "default", "reduce-overhead")
 MNIST_TOKENS = (49, 64)
 HOMOLOGY_LONG = ("drop", "truncate")
 
@@ -228,12 +229,18 @@ class TrainConfig:
     accelerator: str = "auto"
     """Where the trial runs: auto (CUDA if present), cpu or cuda. (The trials column
     ``device`` records the device that actually ran it.)"""
+    compile: str = "off"
+    """``torch.compile`` the model of a frozen-body trial (the cohort step; a trial on a
+    DeepSpeed engine refuses it): off, default (fused kernels) or reduce-overhead (also
+    CUDA graphs on a GPU: a small trial's step becomes a few graph launches instead of
+    hundreds of kernel launches). The first steps pay the compilation."""
 
     def problems(self) -> list[str]:
         out = [
             choice_problem("precision", self.precision, PRECISIONS),
             choice_problem("zero_stage", self.zero_stage, ZERO_STAGES),
             choice_problem("accelerator", self.accelerator, ACCELERATORS),
+            choice_problem("compile", self.compile, COMPILE_MODES),
         ]
         try:
             parse_finetune(self.finetune)

@@ -548,7 +548,7 @@ def tune_trial(tune_config: dict) -> None:
     only rank 0 reports."""
     from ray import tune
 
-    sweep, compile_model, members = tune_members(tune_config)
+    sweep, members = tune_members(tune_config)
     prebuild_ops()  # the first trial on a node builds its kernels; the others wait for it
     failed: list[dict] = []
     configs: list[tuple[dict, TrialConfig]] = []
@@ -580,7 +580,7 @@ def tune_trial(tune_config: dict) -> None:
     lone = configs[0][1] if len(configs) == 1 else None  # only a lone trial spans workers
     try:
         with rank_workers(lone, sweep, checkpoint) as (world, staging):
-            run = TrialRun([c for _, c in configs], sweep=sweep, compile=compile_model, world=world)
+            run = TrialRun([c for _, c in configs], sweep=sweep, world=world)
             try:
                 rows = train_rank(run, checkpoint, staging, report)
             finally:
@@ -601,13 +601,12 @@ def tune_trial(tune_config: dict) -> None:
         )
 
 
-def tune_members(tune_config: dict) -> tuple[str, bool, list[dict]]:
-    """(sweep name, compile flag, every member's flat config) of a Tune trial config."""
+def tune_members(tune_config: dict) -> tuple[str, list[dict]]:
+    """(sweep name, every member's flat config) of a Tune trial config."""
     shared = dict(tune_config)
     sweep = shared.pop("sweep")
-    compile_model = bool(shared.pop("compile", False))
     members = shared.pop("members", None) or [{}]
-    return sweep, compile_model, [{**shared, **m} for m in members]
+    return sweep, [{**shared, **m} for m in members]
 
 
 def tune_search_members(tune_config: dict) -> None:
@@ -745,7 +744,7 @@ def results_callback_class():
             error = trial_error_text(trial)
             rows = self.reported_rows(trial)
             if not rows:  # never reported: every member fails with the trial's error
-                _, _, members = tune_members(without_search_configs(trial.config))
+                _, members = tune_members(without_search_configs(trial.config))
                 failed = [config_only_row(self.sweep, m, "failed", error) for m in members]
                 rows = self.tagged(trial, failed)
             for row in rows:
@@ -962,7 +961,7 @@ def run_experiment(
     path = os.path.join(sweep.ray_storage, experiment)
 
     def resources(config: dict) -> tune.PlacementGroupFactory:
-        _, _, members = tune_members(without_search_configs(config))
+        _, members = tune_members(without_search_configs(config))
         if len(members) > 1:
             return cohort_resources(members, sweep, offer)
         return trial_resources(members[0], sweep, offer)

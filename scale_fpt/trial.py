@@ -26,7 +26,7 @@ from scale_fpt import scaling
 from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.loop import Evaluation, TrialState, fit, restore_checkpoint, save_checkpoint
 from scale_fpt.models import BuiltModel, build_model
-from scale_fpt.packing import STEP_KINDS, step_kind
+from scale_fpt.packing import STEP_KINDS, pack_problem, step_kind
 from scale_fpt.provenance import git_sha
 from scale_fpt.results import SCHEMA_VERSION
 from scale_fpt.seeding import seed_streams
@@ -181,7 +181,7 @@ class TrialRun:
     ``configs``: one trial, or the members of a cohort (``packing.cohorts``). ``kind``:
     ``cohort`` or ``engine`` (default ``packing.step_kind``; a cohort of K > 1 is always
     ``cohort``). ``task``: a prebuilt task (benchmarks pass synthetic data); by default
-    built from the first config. ``compile``: ``torch.compile`` the packed model.
+    built from the first config.
     ``world``: this process's place in a trial of ``workers`` > 1 processes (an ``engine``
     trial; ``scale_fpt.distributed`` launches the ranks)."""
 
@@ -191,13 +191,20 @@ class TrialRun:
         sweep: str = "train",
         kind: str | None = None,
         task: Task | None = None,
-        compile: bool = False,
         world: World = SINGLE_PROCESS,
     ):
         first = configs[0]
         self.kind = kind or ("cohort" if len(configs) > 1 else step_kind(first))
         if self.kind not in STEP_KINDS or (self.kind == "engine" and len(configs) > 1):
             raise ValueError(f"step kind {self.kind!r} for {len(configs)} trial(s)")
+        if self.kind == "engine" and first.train.compile != "off":
+            raise ConfigError(
+                [
+                    f"--compile {first.train.compile}: only frozen-body trials (the cohort "
+                    f"step) compile; this one trains on a DeepSpeed engine "
+                    f"({pack_problem(first.to_flat()) or 'asked for'}); use --compile off"
+                ]
+            )
         task = task if task is not None else build_task(first.task, first.train.seed)
         # What draws from torch's global generator (non-GPT-2 and LSTM dropout) starts from
         # the trial's dropout stream; GPT-2 dropout is keyed and does not draw from it.
@@ -205,7 +212,7 @@ class TrialRun:
         if self.kind == "engine":
             self.step = EngineStep(first.train, task, build_model(first, task.spec), world)
         else:
-            self.step = CohortStep(configs, task, compile=compile)
+            self.step = CohortStep(configs, task)
         self.train = first.train
         self.records = [
             TrialRecord(

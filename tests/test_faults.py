@@ -1261,7 +1261,7 @@ def test_interleaved_retries_and_driver_restarts_keep_one_row_per_key(events):
             step = progress[i]
             reached[i] = max(reached[i], step)
             last_reported[i] = step
-            (flat,) = tune_members(tune_trials[i].config)[2]
+            (flat,) = tune_members(tune_trials[i].config)[1]
             curve = {"trial_id": ids[i], "step": step, "test_accuracy": prop_value(i, step)}
             row = {"sweep": PROP_SWEEP, "trial_id": ids[i], **flat, "status": status}
             row.update(steps_done=step, final_test_accuracy=prop_value(i, step))

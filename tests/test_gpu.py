@@ -62,11 +62,12 @@ def test_fp16_trains_with_loss_scaling():
 
 
 def test_packed_compiled_cohort_equals_the_unpacked_trials(tiny_gpt2_dir):
-    base = {**XOR, "model": tiny_gpt2_dir, "init": "pretrained", "dropout": 0.0}
+    base = {**XOR, "model": tiny_gpt2_dir, "init": "pretrained", "dropout": 0.1}
     base.update(batch_size=4, max_steps=10, eval_every=5)
     members = [{"lr": 1e-3, "seed": 0}, {"lr": 3e-3, "seed": 1, "finetune": "input+output+ln"}]
     configs = [TrialConfig.from_flat({**base, **m}) for m in members]
-    cohort = TrialRun(configs, compile=True)
+    compiled = [TrialConfig.from_flat({**base, **m, "compile": "reduce-overhead"}) for m in members]
+    cohort = TrialRun(compiled)
     try:
         cohort.run()
         packed = cohort.states

@@ -304,8 +304,9 @@ def causal_attention(
     Dropout on the attention probabilities as in GPT-2.
     """
     T = k.shape[-2]
-    unkeyed = sites is None and _KEYS.get() is None
-    if query_positions is None and (dropout_p == 0.0 or (q.is_cuda and unkeyed)):
+    # (``_KEYS`` is read only when a mask is drawn: torch.compile cannot trace the read.)
+    unkeyed = dropout_p > 0.0 and q.is_cuda and sites is None and _KEYS.get() is None
+    if query_positions is None and (dropout_p == 0.0 or unkeyed):
         # torch's fused kernels (flash attention on a CPU too) when no CPU or keyed dropout
         # is needed
         return F.scaled_dot_product_attention(

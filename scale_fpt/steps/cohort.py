@@ -50,7 +50,7 @@ class CohortStep:
 
     rank = 0  # a cohort is one process
 
-    def __init__(self, configs: list[TrialConfig], task: Task, compile: bool = False):
+    def __init__(self, configs: list[TrialConfig], task: Task):
         if not configs:
             raise ValueError("a cohort needs at least one member")
         problems = cohort_problems(configs)
@@ -69,7 +69,9 @@ class CohortStep:
             backbone, spec, heads, spec.n_tokens, dtype=self.dtype, device=self.device
         )
         del backbone, heads
-        self.forward = torch.compile(self.model) if compile else self.model
+        mode = first.train.compile  # shared by every member (cohort_problems)
+        self.compiled = mode != "off"
+        self.forward = torch.compile(self.model, mode=mode) if self.compiled else self.model
         task.to(self.device)  # batches are drawn where the cohort trains; the copies share it
         self.tasks = []
         for config in configs:
@@ -150,6 +152,7 @@ class CohortStep:
         )
         self.model.train()
         step_keys = ops.step_keys(self.seeds, step)  # (Ka,) on the device: no host copy
+        self._new_graph_step()
         logits = self.forward(x, lengths, self.index, step_keys)  # (Ka, B, k, m, C)
         loss, correct = member_losses(logits, y)  # (Ka,), (Ka,)
         counts = self.metrics.record(step, loss, correct, y[0].numel(), self.index)
@@ -162,6 +165,12 @@ class CohortStep:
             stepping.index_copy_(0, self.index, counts)
         self.optimizer.step(grads, stepping)
 
+    def _new_graph_step(self) -> None:
+        """Under ``--compile reduce-overhead``, tell CUDA graphs a new call begins: its replay
+        may then reuse the previous call's output memory, which the step has finished with."""
+        if self.compiled:
+            torch.compiler.cudagraph_mark_step_begin()
+
     @torch.no_grad()
     def evaluate(self, split: str) -> torch.Tensor:
         """(Ka, 2) [loss, accuracy] of the active members on the shared fixed ``split``."""
@@ -172,6 +181,7 @@ class CohortStep:
             x, lengths, y = self._stack([batch])
             x = x.expand(Ka, *x.shape[1:])
             lengths = None if lengths is None else lengths.expand(Ka, -1)
+            self._new_graph_step()
             return self.forward(x, lengths, self.index), y.expand(Ka, *y.shape[1:])
 
         batches = self.tasks[self.active[0]].eval_batches(split, self.train_config.eval_batch_size)
