@@ -40,8 +40,11 @@ def mix64(a: int, b: int) -> int:
     return (z ^ (z >> 31)) >> 1
 
 
-def stream_key(seed: int, step: int, stream: int) -> int:
-    """The key of one step's draws of one stream of a seed."""
+def stream_key(seed: int | torch.Tensor, step: int, stream: int) -> int | torch.Tensor:
+    """The key of one step's draws of one stream of a seed (of each seed of an int64 tensor
+    of seeds: the same keys, made on the tensor's device)."""
+    if isinstance(seed, torch.Tensor):
+        return mix64_tensor(mix64_tensor(seed, step), stream)
     return mix64(mix64(seed, step), stream)
 
 
@@ -79,23 +82,31 @@ def mix64_tensor(a: torch.Tensor, b: int | torch.Tensor) -> torch.Tensor:
 
 
 class Draws:
-    """The stream of one key on one device. Each call takes the next block of counters, so
-    successive calls are independent and a sequence of calls is reproducible."""
+    """The stream of one key, or of each of K keys (an int64 tensor (K,)), on one device.
+    Each call takes the next block of counters, so successive calls are independent and a
+    sequence of calls is reproducible. With K keys every draw has a leading axis of K (the
+    members of a cohort): row i is exactly what ``Draws(int(keys[i]))`` draws."""
 
-    def __init__(self, key: int, device: torch.device | str = "cpu"):
+    def __init__(self, key: int | torch.Tensor, device: torch.device | str = "cpu"):
         self.key = key
         self.device = torch.device(device)
         self.offset = 0
 
+    @property
+    def lead(self) -> tuple[int, ...]:
+        """The leading shape of every draw: () for one key, (K,) for K keys."""
+        return () if isinstance(self.key, int) else (len(self.key),)
+
     def bits(self, shape: Sequence[int] | int) -> torch.Tensor:
-        """Uniform 64-bit integers (int64 holding the uint64 bits), shape ``shape``."""
+        """Uniform 64-bit integers (int64 holding the uint64 bits), shape lead + ``shape``."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         n = 1
         for size in shape:
             n *= size
         counters = torch.arange(self.offset, self.offset + n, device=self.device)
         self.offset += n
-        return splitmix64(self.key, counters).view(shape)
+        key = self.key if isinstance(self.key, int) else self.key.view(-1, 1)
+        return splitmix64(key, counters).view(*self.lead, *shape)
 
     def high32(self, shape: Sequence[int] | int) -> torch.Tensor:
         """Uniform integers in [0, 2^32): the top 32 bits of ``bits`` (int64)."""
@@ -113,9 +124,9 @@ class Draws:
         return (self.high32(shape) * (high - low) >> 32) + low
 
     def permutation(self, n: int) -> torch.Tensor:
-        """A uniform random permutation of ``range(n)`` (int64): the order of n draws (ties,
-        at odds of about n^2 / 2^65, broken by position)."""
-        return torch.argsort(self.bits(n), stable=True)
+        """A uniform random permutation of ``range(n)`` (int64; one per key): the order of n
+        draws (ties, at odds of about n^2 / 2^65, broken by position)."""
+        return torch.argsort(self.bits(n), dim=-1, stable=True)
 
 
 def keep_mask(keys: torch.Tensor, chunk: int, p: float, dtype: torch.dtype) -> torch.Tensor:

@@ -195,6 +195,27 @@ def test_train_batches_are_a_function_of_seed_and_step(configs, name):
     assert not torch.equal(a.x, other.train_batch(5, 4).x)
 
 
+@pytest.mark.parametrize("name", ALL_TASKS)
+def test_a_cohort_batch_holds_each_members_own_batch(configs, name):
+    """``cohort_batch`` (all members' batches at once, vectorised for bits and images) gives
+    member i exactly the batch of the task built for its seed; variable-length members are
+    right-padded to the longest."""
+    seeds = [3, 0, 11]
+    task = build_task(configs[name], seed=seeds[0])
+    for step in (0, 5):
+        cohort = task.cohort_batch(step, 4, seeds)
+        assert cohort.x.shape[:2] == (3, 4) and cohort.y.shape[:2] == (3, 4)
+        for i, seed in enumerate(seeds):
+            alone = build_task(configs[name], seed=seed).train_batch(step, 4)
+            member = cohort.member(i)
+            T = alone.x.shape[1]
+            assert torch.equal(member.x[:, :T], alone.x) and torch.equal(member.y, alone.y)
+            assert (member.x[:, T:] == 0).all()  # padding, if any
+            if alone.lengths is not None:
+                assert torch.equal(member.lengths, alone.lengths)
+    assert not torch.equal(cohort.member(0).x, cohort.member(1).x[:, : cohort.member(0).x.shape[1]])
+
+
 def tensors_of(value) -> list[torch.Tensor]:
     """Every tensor held in ``value`` (a task's attribute)."""
     if isinstance(value, torch.Tensor):

@@ -21,11 +21,9 @@ its next evaluation and then leaves the member out of the forward pass (``set_ac
 
 from __future__ import annotations
 
-import copy
 import os
 
 import torch
-import torch.nn.functional as F
 
 from scale_fpt.config import ConfigError, TrialConfig, parse_finetune
 from scale_fpt.models import build_heads, check_positions, ops
@@ -45,8 +43,9 @@ CHECKPOINT_FILE = "cohort.pt"
 class CohortStep:
     """The step of K compatible trials on one PackedFPT (see the module docstring).
 
-    ``task``: the task built for the first member; each member reads its own training
-    stream from a copy carrying its own seed (the fixed evaluation sets are shared)."""
+    ``task``: the task built for the first member; every step draws all members' training
+    batches at once (``Task.cohort_batch``: each member's stream from its own seed), and the
+    fixed evaluation sets are shared."""
 
     rank = 0  # a cohort is one process
 
@@ -72,12 +71,8 @@ class CohortStep:
         mode = first.train.compile  # shared by every member (cohort_problems)
         self.compiled = mode != "off"
         self.forward = torch.compile(self.model, mode=mode) if self.compiled else self.model
-        task.to(self.device)  # batches are drawn where the cohort trains; the copies share it
-        self.tasks = []
-        for config in configs:
-            member_task = copy.copy(task)
-            member_task.seed = config.train.seed
-            self.tasks.append(member_task)
+        self.task = task.to(self.device)  # batches are drawn where the cohort trains
+        self.member_seeds = [c.train.seed for c in configs]
 
         params = dict(self.model.named_parameters())
         groups = [parse_finetune(c.train.finetune) for c in configs]
@@ -101,7 +96,7 @@ class CohortStep:
 
     @property
     def size(self) -> int:
-        return len(self.tasks)
+        return len(self.member_seeds)
 
     def set_active(self, members: list[int]) -> None:
         """Train and evaluate only ``members`` from now on (the others have ended)."""
@@ -109,47 +104,14 @@ class CohortStep:
         everyone = len(self.active) == self.size
         self.index = None if everyone else torch.tensor(self.active, device=self.device)
         self.seeds = self.dropout_seeds if everyone else self.dropout_seeds[self.index]
-
-    # ----------------------------------------------------------------- data
-
-    def _stack(
-        self, batches: list[Batch]
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """Stack members' batches: x (Ka, B, T, ...), lengths (Ka, B) or None, y (Ka, B, k, m).
-        Variable-length batches are right-padded to the longest (causal attention: padding
-        after a sequence never changes its real tokens)."""
-        T = max(b.x.shape[1] for b in batches)
-        xs = []
-        for b in batches:
-            x = b.x
-            if x.shape[1] < T:
-                pad = [0, 0] * (x.dim() - 2) + [0, T - x.shape[1]]
-                x = F.pad(x, pad)
-            xs.append(x)
-        x = torch.stack(xs)  # the members' tasks made their batches on self.device
-        y = torch.stack([b.y for b in batches])
-        lengths = None
-        if any(b.lengths is not None for b in batches):
-            lengths = torch.stack(
-                [
-                    b.lengths
-                    if b.lengths is not None
-                    else torch.full((len(b),), b.x.shape[1], device=self.device)
-                    for b in batches
-                ]
-            )
-        if x.dtype != torch.long:
-            x = x.to(self.dtype)
-        return x, lengths, y
+        self.active_seeds = [self.member_seeds[i] for i in self.active]
 
     # ----------------------------------------------------------------- steps
 
     def train_step(self, step: int) -> None:
         """One step of every active member; nothing is read on the host."""
-        batch_size = self.train_config.batch_size
-        x, lengths, y = self._stack(
-            [self.tasks[i].train_batch(step, batch_size) for i in self.active]
-        )
+        batch = self.task.cohort_batch(step, self.train_config.batch_size, self.active_seeds)
+        x, lengths, y = self._inputs(batch)  # (Ka, B, T, ...), (Ka, B) or None, (Ka, B, k, m)
         self.model.train()
         step_keys = ops.step_keys(self.seeds, step)  # (Ka,) on the device: no host copy
         self._new_graph_step()
@@ -165,6 +127,11 @@ class CohortStep:
             stepping.index_copy_(0, self.index, counts)
         self.optimizer.step(grads, stepping)
 
+    def _inputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """(x, lengths, y) of ``batch``, continuous inputs in the compute dtype."""
+        x = batch.x if batch.x.dtype == torch.long else batch.x.to(self.dtype)
+        return x, batch.lengths, batch.y
+
     def _new_graph_step(self) -> None:
         """Under ``--compile reduce-overhead``, tell CUDA graphs a new call begins: its replay
         may then reuse the previous call's output memory, which the step has finished with."""
@@ -178,13 +145,13 @@ class CohortStep:
         Ka = len(self.active)
 
         def forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-            x, lengths, y = self._stack([batch])
-            x = x.expand(Ka, *x.shape[1:])
+            x, lengths, y = self._inputs(batch)  # one batch for every member
+            x = x.expand(Ka, *x.shape)
             lengths = None if lengths is None else lengths.expand(Ka, -1)
             self._new_graph_step()
-            return self.forward(x, lengths, self.index), y.expand(Ka, *y.shape[1:])
+            return self.forward(x, lengths, self.index), y.expand(Ka, *y.shape)
 
-        batches = self.tasks[self.active[0]].eval_batches(split, self.train_config.eval_batch_size)
+        batches = self.task.eval_batches(split, self.train_config.eval_batch_size)
         return evaluation_sums(batches, forward, Ka, self.device)
 
     # ----------------------------------------------------------------- checkpoints

@@ -17,11 +17,13 @@ training step copies nothing from the host and the draws are the same on a CPU a
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from scale_fpt.config import ConfigError, TaskConfig
 from scale_fpt.keyed_random import Draws, stream_key
@@ -105,10 +107,41 @@ class Batch:
     def __len__(self) -> int:
         return self.x.shape[0]
 
+    def member(self, i: int) -> Batch:
+        """Member ``i``'s batch of a stacked cohort batch (``Task.cohort_batch``)."""
+        return Batch(self.x[i], self.y[i], None if self.lengths is None else self.lengths[i])
 
-def step_draws(seed: int, step: int, stream: int, device: torch.device | str = "cpu") -> Draws:
-    """The random draws of one batch: determined by (seed, step, stream), made on ``device``."""
+
+def step_draws(
+    seed: int | torch.Tensor, step: int, stream: int, device: torch.device | str = "cpu"
+) -> Draws:
+    """The random draws of one batch: determined by (seed, step, stream), made on ``device``
+    (a tensor of K seeds: the K members' draws at once, each the one of its own seed)."""
     return Draws(stream_key(seed, step, stream), device)
+
+
+def stack_batches(batches: list[Batch]) -> Batch:
+    """Members' batches stacked: x (K, B, T, ...), y (K, B, k, m), lengths (K, B) or None.
+    Variable-length batches are right-padded to the longest (causal attention: padding after
+    a sequence never changes its real tokens)."""
+    T = max(b.x.shape[1] for b in batches)
+    xs = []
+    for b in batches:
+        x = b.x
+        if x.shape[1] < T:
+            x = F.pad(x, [0, 0] * (x.dim() - 2) + [0, T - x.shape[1]])
+        xs.append(x)
+    lengths = None
+    if any(b.lengths is not None for b in batches):
+        lengths = torch.stack(
+            [
+                b.lengths
+                if b.lengths is not None
+                else torch.full((len(b),), b.x.shape[1], device=b.x.device)
+                for b in batches
+            ]
+        )
+    return Batch(torch.stack(xs), torch.stack([b.y for b in batches]), lengths)
 
 
 def to_device(value, device: torch.device):
@@ -135,6 +168,7 @@ class Task(ABC):
         """The trial seed; training data reads its ``data`` stream (:attr:`data_seed`)."""
         self.device = torch.device("cpu")
         """Where the task holds its data and makes its batches (``to``)."""
+        self._data_seeds: dict[tuple[int, ...], torch.Tensor] = {}
 
     def to(self, device: torch.device | str) -> Task:
         """Hold every tensor of the task on ``device`` and make batches there from now on
@@ -154,6 +188,27 @@ class Task(ABC):
     def train_batch(self, step: int, batch_size: int) -> Batch:
         """The training batch of ``step`` on :attr:`device`; a pure function of (data_seed,
         step, batch_size), whatever the device."""
+
+    def cohort_batch(self, step: int, batch_size: int, seeds: Sequence[int]) -> Batch:
+        """The training batches of ``step`` of the trials with seeds ``seeds`` (one per member
+        of a cohort), stacked (``stack_batches``): member i's rows are exactly
+        ``train_batch`` of the task built for seeds[i]. This default makes each member's
+        batch in turn; tasks whose draws vectorise over seeds make them all at once."""
+        batches = []
+        for seed in seeds:
+            member = copy.copy(self)
+            member.seed = seed
+            batches.append(member.train_batch(step, batch_size))
+        return stack_batches(batches)
+
+    def data_seeds(self, seeds: Sequence[int]) -> torch.Tensor:
+        """(K,) int64 on :attr:`device`: the data streams of trial seeds ``seeds``, made once
+        per set of members (a host-to-device copy), then reused every step."""
+        key = tuple(seeds)
+        if key not in self._data_seeds:
+            streams = [seed_streams(seed).data for seed in seeds]
+            self._data_seeds[key] = torch.tensor(streams, device=self.device)
+        return self._data_seeds[key]
 
     @abstractmethod
     def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:

@@ -10,7 +10,7 @@ its two sets (and training) hold the same inputs by construction, as in the pape
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -30,7 +30,8 @@ the validation set ``config.val_batches * TEST_CHUNK``."""
 
 class _FreshRandomTask(Task):
     """A task whose examples are i.i.d. draws: ``_sample(n, draws)`` makes n of them on the
-    draws' device."""
+    draws' device, for each of the draws' keys at once (``Draws.lead``): a cohort's members'
+    batches are one set of operations, however many members there are."""
 
     def __init__(self, config: TaskConfig, seed: int):
         super().__init__(config, seed)
@@ -42,6 +43,10 @@ class _FreshRandomTask(Task):
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
         draws = step_draws(self.data_seed, step, DATA_STREAM, self.device)
+        return self._sample(batch_size, draws)
+
+    def cohort_batch(self, step: int, batch_size: int, seeds: Sequence[int]) -> Batch:
+        draws = step_draws(self.data_seeds(seeds), step, DATA_STREAM, self.device)
         return self._sample(batch_size, draws)
 
     def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:
@@ -76,9 +81,9 @@ class BitXor(_FreshRandomTask):
         )
 
     def _sample(self, n: int, draws: Draws) -> Batch:
-        a, b = draws.randint(0, 2, (2, n, self.n_bits))
-        x = torch.cat([a, b], dim=1).float().unsqueeze(-1)  # (n, 10, 1)
-        y = (a ^ b).unsqueeze(-1)  # (n, 5, 1)
+        a, b = draws.randint(0, 2, (2, n, self.n_bits)).unbind(-3)  # lead + (n, 5) each
+        x = torch.cat([a, b], dim=-1).float().unsqueeze(-1)  # lead + (n, 10, 1)
+        y = (a ^ b).unsqueeze(-1)  # lead + (n, 5, 1)
         return Batch(x, y)
 
 
@@ -109,12 +114,13 @@ class BitMemory(_FreshRandomTask):
 
     def _sample(self, n: int, draws: Draws) -> Batch:
         bits = draws.randint(0, 2, (n, self.n_strings, self.n_bits))
-        strings = bits.float() * 2 - 1  # (n, 5, 1000) in {-1, +1}
-        which = draws.randint(0, self.n_strings, n)
-        target = strings[torch.arange(n, device=draws.device), which]  # (n, 1000)
+        strings = bits.float() * 2 - 1  # lead + (n, 5, 1000) in {-1, +1}
+        which = draws.randint(0, self.n_strings, n)  # lead + (n,)
+        chosen = which[..., None, None].expand(*which.shape, 1, self.n_bits)
+        target = strings.gather(-2, chosen).squeeze(-2)  # lead + (n, 1000)
         keep = draws.rand((n, self.n_bits)) >= self.mask_prob
         query = target * keep  # masked bits read 0
-        x = torch.cat([strings.reshape(n, -1), query], dim=1)  # (n, 6000)
-        x = x.view(n, -1, self.patch)  # (n, 120, 50)
-        y = (target > 0).long().view(n, -1, self.patch)  # (n, 20, 50)
+        x = torch.cat([strings.flatten(-2), query], dim=-1)  # lead + (n, 6000)
+        x = x.unflatten(-1, (-1, self.patch))  # lead + (n, 120, 50)
+        y = (target > 0).long().unflatten(-1, (-1, self.patch))  # lead + (n, 20, 50)
         return Batch(x, y)

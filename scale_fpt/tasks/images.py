@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,7 @@ from PIL import Image
 
 from scale_fpt.config import TaskConfig
 from scale_fpt.keyed_random import Draws
+from scale_fpt.seeding import seed_streams
 from scale_fpt.tasks import epoch_indices
 from scale_fpt.tasks.base import (
     Batch,
@@ -221,15 +222,18 @@ def greyscale(x: torch.Tensor) -> torch.Tensor:
 
 def augment(x: torch.Tensor, draws: Draws, degrees: float) -> torch.Tensor:
     """Random crop (zero padding ``CROP_PADDING``), horizontal flip (p=0.5) and rotation
-    (uniform within ±``degrees``) of (B, C, H, W) images, per example.
+    (uniform within ±``degrees``) of (N, C, H, W) images, per example; with K keys
+    (``Draws.lead``) the N images are K members' batches in turn, each augmented from its
+    own key.
 
     The three are one affine map, so the image is resampled (bilinearly, zeros outside)
     once. A crop of the padded image is a whole-pixel shift, which with
     ``align_corners=False`` lands exactly on pixel centres."""
-    B, _, H, W = x.shape
-    shift = draws.randint(-CROP_PADDING, CROP_PADDING + 1, (B, 2)).float()
-    flip = torch.where(draws.rand(B) < 0.5, -1.0, 1.0)
-    angle = (draws.rand(B) * 2 - 1) * math.radians(degrees)
+    N, _, H, W = x.shape
+    B = N // math.prod(draws.lead)  # examples per key
+    shift = draws.randint(-CROP_PADDING, CROP_PADDING + 1, (B, 2)).reshape(N, 2).float()
+    flip = torch.where(draws.rand(B).reshape(N) < 0.5, -1.0, 1.0)
+    angle = (draws.rand(B).reshape(N) * 2 - 1) * math.radians(degrees)
     cos, sin = angle.cos(), angle.sin()
     # The output pixel at normalised position o samples the input at R(angle) @ F @ o + t.
     theta = torch.stack(
@@ -307,11 +311,21 @@ class ImageClassification(Task):
         return patchify(x, PATCH[self.name])
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
-        n = len(self.train_images)
-        indices = epoch_indices(self.data_seed, step, batch_size, n, self.device)
-        draws = step_draws(self.data_seed, step, AUGMENT_STREAM, self.device)
-        x = self.tokens(self.train_images[indices], draws if self.augment else None)
-        return Batch(x, self.train_labels[indices].view(-1, 1, 1))
+        return self.cohort_batch(step, batch_size, [self.seed]).member(0)
+
+    def cohort_batch(self, step: int, batch_size: int, seeds: Sequence[int]) -> Batch:
+        n, K = len(self.train_images), len(seeds)
+        indices = torch.stack(
+            [
+                epoch_indices(seed_streams(seed).data, step, batch_size, n, self.device)
+                for seed in seeds
+            ]
+        )  # (K, B)
+        draws = step_draws(self.data_seeds(seeds), step, AUGMENT_STREAM, self.device)
+        images = self.train_images[indices.view(-1)]  # (K*B, H, W, C) uint8
+        x = self.tokens(images, draws if self.augment else None)  # (K*B, T, W)
+        labels = self.train_labels[indices].view(K, batch_size, 1, 1)
+        return Batch(x.unflatten(0, (K, batch_size)), labels)
 
     def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:
         images, labels = self.eval_sets[check_split(split)]
