@@ -19,6 +19,11 @@ sum of K / median over packed processes, sum of 1 / median over unpacked ones. T
 processes build and warm up, then time their steps together (a barrier), and stay busy
 until all have finished timing.
 
+Data (``--data real``, the default): each task as a trial builds it, on the device (bit
+tasks drawn per step, for all K members of a cohort at once; cifar10 from a dataset of
+random images written to Parquet first, augmented), so both arms pay for their batches;
+``--data synthetic`` cycles through batches made once.
+
 Packed MFU counts model FLOPs, the same definition for every path: each trial's 4N +
 attention (``trial.step_flops``), over the device's published dense peak on a GPU, the
 measured matmul rate on a CPU (printed beside either way).
@@ -31,6 +36,7 @@ import multiprocessing as mp
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import _harness as h
@@ -62,13 +68,18 @@ def member_configs(
     ]
 
 
-def worker(packed, model, task, k, batch, dropout, steps, warmup, threads, barrier, results):
+def worker(
+    packed, model, task, k, batch, dropout, steps, warmup, threads, image_dir, barrier, results
+):
     """One process: a cohort of K (``packed``) or one DeepSpeed trial; build, warm up, wait
     for the other processes, time, and stay busy until they have all finished timing."""
     h.quiet()
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (DeepSpeed prints op builds to stdout)
     torch.set_num_threads(threads)
-    data = h.SyntheticTask(TaskConfig(task=task), seed=0)
+    if image_dir is None:
+        data = h.SyntheticTask(TaskConfig(task=task), seed=0)
+    else:
+        data = h.real_task(task, image_dir)
     if packed:
         from scale_fpt.steps.cohort import CohortStep
 
@@ -96,11 +107,12 @@ def worker(packed, model, task, k, batch, dropout, steps, warmup, threads, barri
     runner.close()
 
 
-def side_by_side(packed, model, task, k, batch, dropout, steps, warmup, procs, threads):
+def side_by_side(packed, model, task, k, batch, dropout, steps, warmup, procs, threads, image_dir):
     """Median seconds per step of each of ``procs`` processes running at once."""
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(procs), ctx.Queue()
-    args = (packed, model, task, k, batch, dropout, steps, warmup, threads, barrier, results)
+    args = (packed, model, task, k, batch, dropout, steps, warmup, threads, image_dir)
+    args = (*args, barrier, results)
     workers = [ctx.Process(target=worker, args=args) for _ in range(procs)]
     for w in workers:
         w.start()
@@ -132,11 +144,21 @@ def main(argv=None) -> int:
         "--threads", type=int, default=0, help="cores to use (0: all), split over the processes"
     )
     parser.add_argument("--peak-seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--data",
+        choices=("real", "synthetic"),
+        default="real",
+        help="real: the tasks' own data on the device (default); synthetic: batches made once",
+    )
+    parser.add_argument(
+        "--images", type=int, default=10_000, help="train images of the generated dataset"
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: few steps")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.big_steps, args.warmup = 5, 1, 1
         args.peak_seconds = min(args.peak_seconds, 1.0)
+        args.images = min(args.images, 200)
     cores = args.threads or os.cpu_count() or 1
     torch.set_num_threads(cores)
     procs = args.procs or (1 if h.CUDA else cores)
@@ -144,7 +166,17 @@ def main(argv=None) -> int:
 
     h.header()
     rounds_start, how = h.matmul_rounds(args.peak_seconds)
-    print(h.data_note())
+    image_dir = None
+    if args.data == "real":
+        image_dir = tempfile.mkdtemp(prefix="scale_fpt_images_")
+        if any(t in h.IMAGE_TASKS for t in args.tasks.split(",")):
+            h.image_dataset(image_dir, args.images, max(args.images // 5, 1))
+        print(
+            "data: each task's own (scale_fpt.tasks.build_task), on the device, in both arms; "
+            f"image tasks: {args.images} random CIFAR-10-shaped train images via Parquet"
+        )
+    else:
+        print(h.data_note())
     print(
         f"precision {h.PRECISION}; finetune fpt; batch {args.batch_size} per trial; "
         f"dropout {args.dropout}; {procs} processes x {threads} threads in both arms"
@@ -155,7 +187,7 @@ def main(argv=None) -> int:
     for model in args.models.split(","):
         steps = args.steps if model == "gpt2-tiny" else args.big_steps
         for task in args.tasks.split(","):
-            common = (args.batch_size, args.dropout, steps, args.warmup, procs, threads)
+            common = (args.batch_size, args.dropout, steps, args.warmup, procs, threads, image_dir)
             solo = side_by_side(False, model, task, 1, *common)
             solo_rate = sum(1 / m for m in solo)
             k1 = side_by_side(True, model, task, 1, *common)  # the K=1 cohort baseline
