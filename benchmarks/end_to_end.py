@@ -1,0 +1,308 @@
+"""End to end: a learning-rate x seed grid through the `scale-fpt sweep` command, timed
+from the command to the last trials Parquet row, Ray start-up included.
+
+    python benchmarks/end_to_end.py              # issue 11's grid: meant for one GPU
+    python benchmarks/end_to_end.py --quick      # a CPU-sized grid (gpt2-tiny, 16 x 200 steps)
+
+Runs the user's path as a subprocess, ``python -m scale_fpt.cli sweep FILE --results DIR``
+on a sweep YAML written for the run (``lr`` grid x ``seeds``, ``pack: auto``, the
+``TrainConfig`` defaults for everything else), on a fresh local Ray instance
+(``RAY_ADDRESS=local``: never a cluster that happens to run on the machine). While it runs,
+this process polls ``DIR/<sweep>/trials/`` and records when every trial has a row with a
+final status (completed, diverged, failed, stopped). It prints
+
+- wall seconds from launching the command to that last row (the issue's figure), to the
+  first row of any trial, and to the command's exit;
+- the trials and trial-steps/s end to end (steps done by all trials / wall to the last row);
+- how ``--pack auto`` packed the grid, read from the rows: members of one cohort are one
+  Ray Tune trial, so their ``checkpoint`` column names the same Tune trial directory;
+- the target: <= 180 s for the issue's grid (64 gpt2 bit-xor trials, 8 lrs x 8 seeds,
+  5,000 steps each) on one GPU; any other grid or machine is reported without a verdict.
+
+Backbones are randomly initialised (``--init random``): no weights can be downloaded where
+this was written. A random body is drawn from each trial's seed, so seeds do not share a
+cohort (each seed's learning rates do); with ``--init pretrained`` every trial of the grid
+shares one body. ``--repeats N`` runs the command N times and reports medians. On a CPU,
+the fused kernels and DeepSpeed's CPU op are built (or loaded) before the clock starts, as
+in ``ray_overhead.py``: a node builds them once, not once per sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import _harness as h
+
+TARGET_SECONDS = 180.0
+TARGET_GRID = {"model": "gpt2", "task": "bit-xor", "trials": 64, "steps": 5000}
+"""The grid issue 11's target is stated for (on one GPU)."""
+FINAL_STATUSES = ("completed", "diverged", "failed", "stopped")
+SWEEP_NAME = "end-to-end"
+POLL_SECONDS = 0.25
+REPO = Path(__file__).resolve().parent.parent
+
+
+def learning_rates(n: int) -> list[float]:
+    """``n`` learning rates log-spaced over [1e-4, 1e-3] (the paper's lr is 1e-3): a grid
+    that trains, so no trial ends early by diverging and every trial runs its steps."""
+    if n == 1:
+        return [1e-3]
+    return [float(f"{1e-4 * 10 ** (i / (n - 1)):.3g}") for i in range(n)]
+
+
+def sweep_yaml(args: argparse.Namespace) -> str:
+    """The sweep file the command runs: the grid, and nothing else changed from defaults."""
+    import yaml
+
+    sweep = {
+        "name": SWEEP_NAME,
+        "base": {
+            "task": args.task,
+            "model": args.model,
+            "init": args.init,
+            "max_steps": args.steps,
+            "batch_size": args.batch_size,
+            "precision": h.PRECISION,
+        },
+        "grid": {"lr": learning_rates(args.lrs)},
+        "seeds": list(range(args.seeds)),
+        "pack": args.pack if args.pack == "auto" else int(args.pack),
+    }
+    return yaml.safe_dump(sweep, sort_keys=False)
+
+
+# --------------------------------------------------------------------------- rows
+
+
+class TrialsWatcher:
+    """The sweep's trials directory as this process sees it while the command writes it:
+    each ``<trial_id>.parquet`` is replaced atomically, so a file read is a whole row; files
+    are re-read only when their modification time changes (polling stays cheap beside the
+    sweep on the same cores)."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.seen: dict[str, tuple[int, str]] = {}  # file -> (mtime_ns, status)
+
+    def statuses(self) -> list[str]:
+        import pyarrow.parquet as pq
+
+        if not self.directory.is_dir():
+            return []
+        for path in self.directory.glob("*.parquet"):
+            if path.name.startswith((".", "_")):
+                continue
+            try:
+                mtime = path.stat().st_mtime_ns
+                if self.seen.get(path.name, (None,))[0] == mtime:
+                    continue
+                status = pq.read_table(path, columns=["status"]).column("status")[0].as_py()
+            except (OSError, ValueError):  # replaced between listing and reading: next poll
+                continue
+            self.seen[path.name] = (mtime, status)
+        return [status for _, status in self.seen.values()]
+
+
+@dataclass
+class Run:
+    """One launch of the command, timed from the launch."""
+
+    first_row_s: float
+    """Seconds to the first trials row (any status)."""
+    last_row_s: float
+    """Seconds to the moment every trial had a row with a final status."""
+    exit_s: float
+    """Seconds to the command's exit."""
+    trials: object
+    """The trials table (pandas) read after the command exited."""
+
+
+def run_once(args: argparse.Namespace, work: Path, n_trials: int) -> Run:
+    sweep_file = work / "sweep.yaml"
+    sweep_file.write_text(sweep_yaml(args))
+    results = work / "results"
+    log_path = work / "sweep.log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        "RAY_ADDRESS": "local",  # a fresh local instance: its start-up is part of the figure
+        # a local ray.init() otherwise turns token auth on and leaves ~/.ray/auth_token,
+        # which other Ray clusters started later on a shared machine then require
+        "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
+    }
+    command = [sys.executable, "-m", "scale_fpt.cli", "sweep", str(sweep_file)]
+    command += ["--results", str(results)]
+    watcher = TrialsWatcher(results / SWEEP_NAME / "trials")
+    first_row = last_row = None
+    with open(log_path, "w") as log:
+        start = time.perf_counter()
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        while last_row is None:
+            exited = process.poll() is not None
+            statuses = watcher.statuses()
+            now = time.perf_counter() - start
+            if statuses and first_row is None:
+                first_row = now
+            if sum(s in FINAL_STATUSES for s in statuses) >= n_trials:
+                last_row = now
+            elif exited:
+                break
+            else:
+                time.sleep(POLL_SECONDS)
+        process.wait()
+        exit_s = time.perf_counter() - start
+    if process.returncode != 0 or last_row is None:
+        tail = log_path.read_text()[-4000:]
+        raise RuntimeError(
+            f"the sweep command exited {process.returncode} with "
+            f"{sum(s in FINAL_STATUSES for s in watcher.statuses())}/{n_trials} final rows "
+            f"({' '.join(command)}); its output ends:\n{tail}"
+        )
+    import pandas as pd
+
+    trials = pd.read_parquet(results / SWEEP_NAME / "trials")
+    return Run(first_row, last_row, exit_s, trials)
+
+
+def row_problems(trials, n_trials: int) -> list[str]:
+    """What is wrong with the trials table of a finished grid of ``n_trials``."""
+    problems = []
+    if len(trials) != n_trials:
+        problems.append(f"{len(trials)} trial rows, expected {n_trials}")
+    if trials["trial_id"].duplicated().any():
+        problems.append(f"{int(trials['trial_id'].duplicated().sum())} duplicated trial rows")
+    unfinished = trials[~trials["status"].isin(FINAL_STATUSES)]
+    if len(unfinished):
+        problems.append(f"{len(unfinished)} rows without a final status")
+    return problems
+
+
+def cohort_of(trials):
+    """Each row's cohort: members of one cohort are one Ray Tune trial, so their
+    ``checkpoint`` lies in the same Tune trial directory. A row without a checkpoint (a
+    trial that failed before its first report) is a cohort of its own."""
+    directories = trials["checkpoint"].map(lambda c: str(Path(c).parent) if c else None)
+    return directories.fillna(trials["trial_id"])
+
+
+def cohort_sizes(trials) -> list[int]:
+    """Members per cohort, largest first."""
+    return sorted(cohort_of(trials).value_counts().tolist(), reverse=True)
+
+
+def cohort_work_seconds(trials) -> float:
+    """Seconds the cohorts spent training and evaluating, summed over cohorts (a cohort's
+    members share one ``wall_time_s``): the wall time holds this, spread over the slots,
+    plus start-up, Ray and waiting."""
+    return float(trials.groupby(cohort_of(trials))["wall_time_s"].max().sum())
+
+
+def packing_text(sizes: list[int]) -> str:
+    counts: dict[int, int] = {}
+    for k in sizes:
+        counts[k] = counts.get(k, 0) + 1
+    by_k = ", ".join(f"{n} x K={k}" for k, n in sorted(counts.items(), reverse=True))
+    return f"{len(sizes)} cohort(s): {by_k}"
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=TARGET_GRID["model"])
+    parser.add_argument("--task", default=TARGET_GRID["task"])
+    parser.add_argument("--init", default="random", help="random (default) or pretrained")
+    parser.add_argument("--lrs", type=int, default=8, help="learning rates, 1e-4..1e-3")
+    parser.add_argument("--seeds", type=int, default=8, help="seeds 0..N-1")
+    parser.add_argument("--steps", type=int, default=TARGET_GRID["steps"], help="per trial")
+    parser.add_argument("--batch-size", type=int, default=16, help="TrainConfig's default")
+    parser.add_argument("--pack", default="auto", help="the sweep's pack: auto or K")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of the command (median)")
+    parser.add_argument("--keep", action="store_true", help="keep the results and Ray state")
+    parser.add_argument(
+        "--quick", action="store_true", help="CPU-sized: gpt2-tiny, 4 lrs x 4 seeds, 200 steps"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.model, args.lrs, args.seeds, args.steps = "gpt2-tiny", 4, 4, 200
+    n_trials = args.lrs * args.seeds
+    h.header()
+    print(
+        f"grid: {n_trials} trials = {args.lrs} lrs x {args.seeds} seeds of {args.model} "
+        f"{args.task}, init {args.init}, {args.steps} steps, batch {args.batch_size}, "
+        f"{h.PRECISION}, pack {args.pack}; the TrainConfig defaults otherwise (evaluations "
+        "every 500 steps and log-spaced, validation and test each time)"
+    )
+    print(
+        f"runs: python -m scale_fpt.cli sweep sweep.yaml --results DIR (fresh local Ray, "
+        f"{args.repeats} run(s); timed from the launch)"
+    )
+    from scale_fpt.prebuild import prebuild_ops
+
+    start = time.perf_counter()
+    prebuild_ops()  # a node's one-time kernel build is not a per-sweep cost (ray_overhead.py)
+    print(f"kernels built or loaded before timing: {time.perf_counter() - start:.1f} s")
+    runs = []
+    for _ in range(args.repeats):
+        work = Path(tempfile.mkdtemp(prefix="scale_fpt_e2e_"))
+        try:
+            runs.append(run_once(args, work, n_trials))
+        finally:
+            if args.keep:
+                print(f"kept: {work}")
+            else:
+                shutil.rmtree(work, ignore_errors=True)
+    problems = [p for run in runs for p in row_problems(run.trials, n_trials)]
+    if problems:
+        print("rows: " + "; ".join(dict.fromkeys(problems)))
+        return 1
+    last_row = statistics.median(r.last_row_s for r in runs)
+    trials = runs[-1].trials
+    steps = statistics.median(int(r.trials["steps_done"].sum()) for r in runs)
+    statuses = trials["status"].value_counts().to_dict()
+    how = "median of " if len(runs) > 1 else ""
+    h.print_table(
+        [
+            {"measure": "command -> first trials row", "value": f"{statistics.median(r.first_row_s for r in runs):.1f} s"},
+            {"measure": "command -> last trials row (the figure)", "value": f"**{last_row:.1f} s**"},
+            {"measure": "command -> exit", "value": f"{statistics.median(r.exit_s for r in runs):.1f} s"},
+            {"measure": "trials (rows, one per trial, final status)", "value": f"{len(trials)} {statuses}"},
+            {"measure": "trial-steps done", "value": f"{steps:,}"},
+            {"measure": "trial-steps/s end to end", "value": f"{steps / last_row:,.0f}"},
+            {"measure": "cohorts' training + evaluation, summed", "value": f"{cohort_work_seconds(trials):.1f} s"},
+            {"measure": f"packing (--pack {args.pack}, from the rows)", "value": packing_text(cohort_sizes(trials))},
+            {"measure": "device of the trials", "value": ", ".join(sorted(trials["device"].dropna().unique()))},
+        ],
+        ["measure", "value"],
+    )  # fmt: skip
+    if len(runs) > 1:
+        print(f"({how}{len(runs)} runs: " + ", ".join(f"{r.last_row_s:.1f}" for r in runs) + " s)")
+    issue_grid = (args.model, args.task, n_trials, args.steps) == tuple(TARGET_GRID.values())
+    if h.CUDA and issue_grid:
+        verdict = "meets" if last_row <= TARGET_SECONDS else "misses"
+        print(
+            f"target: {n_trials}-trial {args.model} {args.task} grid, {args.steps} steps, one GPU: "
+            f"{how}{last_row:.1f} s {verdict} <= {TARGET_SECONDS:.0f} s"
+        )
+    else:
+        print(
+            f"target: <= {TARGET_SECONDS:.0f} s applies to issue 11's grid "
+            f"({TARGET_GRID['trials']} {TARGET_GRID['model']} {TARGET_GRID['task']} trials, "
+            f"{TARGET_GRID['steps']:,} steps) on one GPU only; no verdict for this run "
+            f"({'a GPU' if h.CUDA else 'CPU only'}, {'the issue grid' if issue_grid else 'another grid'})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
