@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -126,6 +127,38 @@ class Run:
     """The trials table (pandas) read after the command exited."""
 
 
+def wait_for_rows(
+    process: subprocess.Popen, watcher: TrialsWatcher, n_trials: int, start: float
+) -> tuple[float | None, float | None]:
+    """Seconds from ``start`` to the first trials row and to the moment ``n_trials`` rows
+    have a final status (None: the command exited first)."""
+    first_row = None
+    while True:
+        exited = process.poll() is not None
+        statuses = watcher.statuses()
+        now = time.perf_counter() - start
+        if statuses and first_row is None:
+            first_row = now
+        if sum(s in FINAL_STATUSES for s in statuses) >= n_trials:
+            return first_row, now
+        if exited:
+            return first_row, None
+        time.sleep(POLL_SECONDS)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """End a sweep command left running (this benchmark interrupted or failed): Ctrl-C,
+    which stops its trials and its Ray instance, then a kill if it has not exited in 30 s."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def run_once(args: argparse.Namespace, work: Path, n_trials: int) -> Run:
     sweep_file = work / "sweep.yaml"
     sweep_file.write_text(sweep_yaml(args))
@@ -142,23 +175,14 @@ def run_once(args: argparse.Namespace, work: Path, n_trials: int) -> Run:
     command = [sys.executable, "-m", "scale_fpt.cli", "sweep", str(sweep_file)]
     command += ["--results", str(results)]
     watcher = TrialsWatcher(results / SWEEP_NAME / "trials")
-    first_row = last_row = None
     with open(log_path, "w") as log:
         start = time.perf_counter()
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        while last_row is None:
-            exited = process.poll() is not None
-            statuses = watcher.statuses()
-            now = time.perf_counter() - start
-            if statuses and first_row is None:
-                first_row = now
-            if sum(s in FINAL_STATUSES for s in statuses) >= n_trials:
-                last_row = now
-            elif exited:
-                break
-            else:
-                time.sleep(POLL_SECONDS)
-        process.wait()
+        try:
+            first_row, last_row = wait_for_rows(process, watcher, n_trials, start)
+            process.wait()
+        finally:
+            stop(process)
         exit_s = time.perf_counter() - start
     if process.returncode != 0 or last_row is None:
         tail = log_path.read_text()[-4000:]
