@@ -170,17 +170,17 @@ def prebuild(env: dict) -> None:
     code = "from scale_fpt.prebuild import prebuild_ops; prebuild_ops()"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True)
     seconds = time.perf_counter() - start
-    print(
-        f"kernels built or loaded before the clock: {seconds:.1f} s ({env['TORCH_EXTENSIONS_DIR']})"
-    )
+    where = env.get("TORCH_EXTENSIONS_DIR", "the default directory")
+    print(f"kernels built or loaded before the clock: {seconds:.1f} s ({where})")
 
 
 def extensions_dir() -> str:
-    """Where the sweep's processes build and load JIT kernels: ``TORCH_EXTENSIONS_DIR`` if
-    set, else a directory of this checkout's own. torch's build records the source's path,
-    so checkouts at other paths sharing the default directory rebuild over one another (a
-    trial then spends ~40 s of the clock compiling); one checkout per machine, a user's
-    case, keeps its build, as this directory does."""
+    """Where the sweep's processes build and load JIT kernels on a CPU:
+    ``TORCH_EXTENSIONS_DIR`` if set, else a directory of this checkout's own. torch's build
+    records the source's path, so checkouts at other paths sharing the default directory
+    rebuild over one another (a trial then spends ~40 s of the clock compiling); one
+    checkout per machine, a user's case, keeps its build, as this directory does. (On a GPU
+    these trials JIT-build nothing, and the default stays.)"""
     import hashlib
 
     import torch
@@ -196,7 +196,7 @@ def sweep_env() -> dict:
     """The environment of the sweep command (and of ``prebuild``)."""
     return {
         **os.environ,
-        "TORCH_EXTENSIONS_DIR": extensions_dir(),
+        **({} if h.CUDA else {"TORCH_EXTENSIONS_DIR": extensions_dir()}),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "RAY_ADDRESS": "local",  # a fresh local instance: its start-up is part of the figure
         # a local ray.init() otherwise turns token auth on and leaves ~/.ray/auth_token,
