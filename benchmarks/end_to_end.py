@@ -77,12 +77,23 @@ def sweep_yaml(args: argparse.Namespace) -> str:
             "max_steps": args.steps,
             "batch_size": args.batch_size,
             "precision": h.PRECISION,
+            **dict(base_field(item) for item in args.base),
         },
         "grid": {"lr": learning_rates(args.lrs)},
         "seeds": list(range(args.seeds)),
         "pack": args.pack if args.pack == "auto" else int(args.pack),
     }
     return yaml.safe_dump(sweep, sort_keys=False)
+
+
+def base_field(item: str) -> tuple[str, object]:
+    """``KEY=VALUE`` of ``--base`` as a sweep ``base`` field, the value read as YAML."""
+    import yaml
+
+    key, sep, value = item.partition("=")
+    if not sep:
+        raise SystemExit(f"--base {item!r}: write KEY=VALUE (a trial config field)")
+    return key, yaml.safe_load(value)
 
 
 # --------------------------------------------------------------------------- rows
@@ -291,6 +302,13 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=TARGET_GRID["steps"], help="per trial")
     parser.add_argument("--batch-size", type=int, default=16, help="TrainConfig's default")
     parser.add_argument("--pack", default="auto", help="the sweep's pack: auto or K")
+    parser.add_argument(
+        "--base",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another trial config field for every trial (repeatable), e.g. dropout=0",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="runs of the command (median)")
     parser.add_argument("--keep", action="store_true", help="keep the results and Ray state")
     parser.add_argument(
@@ -304,7 +322,8 @@ def main(argv=None) -> int:
     print(
         f"grid: {n_trials} trials = {args.lrs} lrs x {args.seeds} seeds of {args.model} "
         f"{args.task}, init {args.init}, {args.steps} steps, batch {args.batch_size}, "
-        f"{h.PRECISION}, pack {args.pack}; the TrainConfig defaults otherwise (evaluations "
+        f"{h.PRECISION}, pack {args.pack}{''.join(f', {b}' for b in args.base)}; the "
+        "TrainConfig defaults otherwise (evaluations "
         "every 500 steps and log-spaced, validation and test each time)"
     )
     print(

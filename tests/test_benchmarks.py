@@ -18,7 +18,7 @@ def test_end_to_end_benchmark_times_a_packed_grid_to_its_last_row():
     # waits for both final rows, checks them and reads the packing off their rows.
     command = [sys.executable, "benchmarks/end_to_end.py", "--model", "gpt2-tiny"]
     command += ["--lrs", "2", "--seeds", "1", "--steps", "20", "--batch-size", "4"]
-    command += ["--pack", "2"]
+    command += ["--pack", "2", "--base", "dropout=0"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -37,4 +37,5 @@ def test_end_to_end_benchmark_times_a_packed_grid_to_its_last_row():
     assert rows["trial-steps done"] == "40"
     assert rows["packing (--pack 2, from the rows)"] == "1 cohort(s): 1 x K=2"
     assert rows["device of the trials"] == "cpu"
+    assert "pack 2, dropout=0;" in done.stdout
     assert "applies to issue 11's grid" in done.stdout and "no verdict" in done.stdout
