@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, replace
 
 from scale_fpt.config import ConfigError, ModelConfig, TaskConfig, TrainConfig, TrialConfig
-from scale_fpt.scaling import activation_bytes
+from scale_fpt.scaling import activation_bytes, device_peak
 
 MIB = 2**20
 CUDA_CONTEXT_BYTES = 640 * MIB
@@ -54,23 +54,29 @@ class GPU:
     """Device memory as CUDA reports it (``nvidia-smi``'s total)."""
     model: str
     """The device name ``torch.cuda.get_device_name`` gives (Ray's accelerator type is
-    its short form)."""
-    bf16_tflops: float = 0.0
-    """Dense bf16 tensor-core peak (datasheet), for GPU-hour estimates."""
+    its short form); also what finds the GPU's published peak in ``scaling.DEVICE_PEAKS``."""
 
     @property
     def memory_bytes(self) -> int:
         return self.memory_mib * MIB
 
+    @property
+    def bf16_flops(self) -> float:
+        """Published dense bf16 peak in FLOP/s, for GPU-hour estimates: the entry of
+        ``scaling.DEVICE_PEAKS`` that the benchmarks' MFU divides by on this device (one
+        table); 0.0 for a GPU it lacks."""
+        found = device_peak(self.model, "bf16")
+        return found[1] if found else 0.0
+
 
 GPUS: dict[str, GPU] = {
     g.name: g
     for g in (
-        GPU("h100-80gb", 81559, "NVIDIA H100 80GB HBM3", 989.0),
-        GPU("a100-80gb", 81920, "NVIDIA A100-SXM4-80GB", 312.0),
-        GPU("a100-40gb", 40960, "NVIDIA A100-SXM4-40GB", 312.0),
-        GPU("a10g-24gb", 23028, "NVIDIA A10G", 125.0),
-        GPU("l4-24gb", 23034, "NVIDIA L4", 121.0),
+        GPU("h100-80gb", 81559, "NVIDIA H100 80GB HBM3"),
+        GPU("a100-80gb", 81920, "NVIDIA A100-SXM4-80GB"),
+        GPU("a100-40gb", 40960, "NVIDIA A100-SXM4-40GB"),
+        GPU("a10g-24gb", 23028, "NVIDIA A10G"),
+        GPU("l4-24gb", 23034, "NVIDIA L4"),
     )
 }
 DEFAULT_GPU = "a10g-24gb"
@@ -87,9 +93,7 @@ def gpu_with_memory(memory_gb: float, name: str = "") -> GPU:
     """A GPU of ``memory_gb`` GiB (``--gpu-memory``), named after the table's GPU if given."""
     base = GPUS.get(name)
     label = base.name if base else f"{memory_gb:g}gb"
-    return GPU(
-        label, int(memory_gb * 1024), base.model if base else "", base.bf16_tflops if base else 0.0
-    )
+    return GPU(label, int(memory_gb * 1024), base.model if base else "")
 
 
 def gpu_in_name(text: str) -> GPU | None:
@@ -370,9 +374,12 @@ and DeepSpeed's bookkeeping, not FLOPs (gpt2, bit-xor, bf16 on one H100: 22.8 st
 
 
 def step_seconds(shape: ModelShape, batch_size: int, plan: TrialPlan) -> float:
-    """Estimated seconds of one training step under ``plan`` (workers split the batch)."""
+    """Estimated seconds of one training step under ``plan`` (workers split the batch);
+    NaN on a GPU without a published peak (one named only by its memory): unknown, not 0."""
+    if not plan.gpu.bf16_flops:
+        return math.nan
     flops = shape.train_flops_per_example * math.ceil(batch_size / plan.workers)
-    compute = flops / (plan.gpu.bf16_tflops * 1e12 * ASSUMED_MFU)
+    compute = flops / (plan.gpu.bf16_flops * ASSUMED_MFU)
     return max(compute, shape.n_layer * STEP_LATENCY_PER_LAYER_S)
 
 

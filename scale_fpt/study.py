@@ -310,12 +310,18 @@ def placement_table(sweep) -> str:
     if offer.gpu is not None:
         hours = planner.study_gpu_hours(arms, sweep.gpus_per_trial, offer.gpu, max_gpus)
         hours = {model: h * per_arm for model, h in hours.items()}
-        lines.append(
+        estimate = (
             "GPU-hours (estimate: planned GPU share x max_steps x step time, "
             f"{planner.ASSUMED_MFU:.0%} of the bf16 peak or "
             f"{planner.STEP_LATENCY_PER_LAYER_S * 1000:.1f} ms per block per step): "
-            + ", ".join(f"{model} {h:,.1f}" for model, h in hours.items())
         )
+        if offer.gpu.bf16_flops:
+            lines.append(estimate + ", ".join(f"{m} {h:,.1f}" for m, h in hours.items()))
+        else:
+            lines.append(
+                f"{estimate}unknown: {offer.gpu.name} has no published bf16 peak "
+                f"(scaling.DEVICE_PEAKS); name the GPU with --gpu ({', '.join(planner.GPUS)})"
+            )
     return "\n".join(lines)
 
 

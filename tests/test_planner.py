@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -139,7 +140,43 @@ def test_gpu_hours_hold_the_trials_share_for_its_steps():
     # a tiny step is bound by per-block latency, not FLOPs
     assert planner.step_seconds(small, 8, one) == 2 * planner.STEP_LATENCY_PER_LAYER_S
     big = ModelShape(**{**SHAPE.__dict__, "train_flops_per_example": 10**15})
-    assert planner.step_seconds(big, 2, one) == pytest.approx(2e15 / (989e12 * planner.ASSUMED_MFU))
+    # compute-bound: the H100 SXM's published dense bf16 peak (989.4 TFLOPS) at ASSUMED_MFU
+    assert planner.step_seconds(big, 2, one) == pytest.approx(
+        2e15 / (989.4e12 * planner.ASSUMED_MFU)
+    )
+
+
+def test_every_planner_gpu_takes_its_peak_from_the_published_table():
+    # One table of peaks: each GPU --gpu accepts finds its own chip's entry of
+    # scaling.DEVICE_PEAKS by the device name CUDA reports (as the benchmarks' MFU does), and
+    # the planner's figure is that entry's. A GPU added to the planner without an entry, or
+    # a pattern that catches another chip (A10G's catching an A100), fails here.
+    for name, gpu in GPUS.items():
+        found = scaling.device_peak(gpu.model, "bf16")
+        assert found is not None, f"{name} ({gpu.model}) has no entry in scaling.DEVICE_PEAKS"
+        peak, flops = found
+        chip = name.split("-")[0].upper()  # h100-80gb -> H100, a10g-24gb -> A10G
+        assert peak.name.split()[0] == chip or peak.name.startswith(chip + " "), (name, peak)
+        assert gpu.bf16_flops == flops == peak.bf16
+        assert planner.gpu_with_memory(10, name).bf16_flops == flops  # --gpu with --gpu-memory
+
+
+def test_a_gpu_without_a_published_peak_has_unknown_gpu_hours():
+    from scale_fpt.study import placement_table
+    from scale_fpt.sweep import SweepConfig
+
+    unnamed = planner.gpu_with_memory(40)  # --gpu-memory 40 alone: no chip, no peak
+    assert unnamed.bf16_flops == 0.0
+    big = ModelShape(**{**SHAPE.__dict__, "train_flops_per_example": 10**15})
+    plan = planner.TrialPlan(1, 1.0, 1, 0, 1, None, unnamed)
+    assert math.isnan(planner.step_seconds(big, 2, plan))
+    arms = {"model": "gpt2", "task": "bit-xor", "precision": "bf16", "max_steps": 1000}
+    table = placement_table(SweepConfig(name="s", base=arms, gpu_memory_gb=40)).splitlines()
+    assert table[0] == "s: 1 arms x 1 trial(s) on 40gb"
+    assert table[-1].endswith(
+        "unknown: 40gb has no published bf16 peak (scaling.DEVICE_PEAKS); "
+        f"name the GPU with --gpu ({', '.join(GPUS)})"
+    )
 
 
 def test_study_gpu_hours_sum_over_models():

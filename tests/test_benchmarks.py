@@ -1,0 +1,41 @@
+"""The benchmark harnesses run against today's command line (they call it as users do)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_end_to_end_benchmark_times_a_packed_grid_to_its_last_row():
+    # 2 lrs x 1 seed packed as one cohort (--pack 2): the benchmark runs `scale-fpt sweep`,
+    # waits for both final rows, checks them and reads the packing off their rows.
+    command = [sys.executable, "benchmarks/end_to_end.py", "--model", "gpt2-tiny"]
+    command += ["--lrs", "2", "--seeds", "1", "--steps", "20", "--batch-size", "4"]
+    command += ["--pack", "2", "--base", "dropout=0"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {
+        cells[0]: cells[1]
+        for line in done.stdout.splitlines()
+        if line.startswith("| ")
+        and len(cells := [c.strip() for c in line.strip("|").split("|")]) == 2
+    }
+    first = float(rows["command -> first trials row (s)"])
+    last = float(rows["command -> last trials row (s): the figure"].strip("*"))
+    end = float(rows["command -> exit (s)"])
+    work = float(rows["cohorts' own training + evaluation, summed (s)"])
+    assert 0 < first <= last <= end and 0 < work < last
+    assert rows["trials (rows, one per trial, final status)"] == "2 {'completed': 2}"
+    assert rows["trial-steps done"] == "40"
+    assert rows["packing (--pack 2, from the rows)"] == "1 cohort(s): 1 x K=2"
+    assert rows["device of the trials"] == "cpu"
+    assert "pack 2, dropout=0;" in done.stdout
+    assert "applies to issue 11's grid" in done.stdout and "no verdict" in done.stdout
