@@ -72,6 +72,7 @@ class GPU:
 GPUS: dict[str, GPU] = {
     g.name: g
     for g in (
+        GPU("h200-141gb", 143771, "NVIDIA H200"),
         GPU("h100-80gb", 81559, "NVIDIA H100 80GB HBM3"),
         GPU("a100-80gb", 81920, "NVIDIA A100-SXM4-80GB"),
         GPU("a100-40gb", 40960, "NVIDIA A100-SXM4-40GB"),
