@@ -135,9 +135,7 @@ def keep_mask(keys: torch.Tensor, chunk: int, p: float, dtype: torch.dtype) -> t
     ``scale = 1 / (1 - p_quantised)``: exactly the fused CPU kernel's mask for those keys."""
     threshold = round(p * 2**32)
     scale = 2**32 / (2**32 - threshold)
-    counters = torch.arange(chunk, device=keys.device)
-    draws = splitmix64(keys.view(-1, 1), counters)  # (C, chunk)
-    keep = _shift_right(draws, 32).view(-1) >= threshold
+    keep = Draws(keys, keys.device).high32(chunk).view(-1) >= threshold  # (C * chunk,)
     return keep.to(torch.float32).mul_(scale).to(dtype)  # scale rounded to float32 as there
 
 

@@ -2,8 +2,9 @@
 trials do on a device. ``scale_fpt.loop.fit`` drives them (its docstring states the
 protocol); ``cohort.CohortStep`` and ``engine.EngineStep`` implement it.
 
-Shared here: the per-member loss and accuracy of a batch, and the per-member training
-metrics and divergence both step kinds keep on the device between evaluations.
+Shared here: a batch's model inputs, the per-member loss and accuracy of a batch, and the
+per-member training metrics and divergence both step kinds keep on the device between
+evaluations.
 """
 
 from __future__ import annotations
@@ -11,8 +12,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from scale_fpt.tasks.base import Batch
+
 NEVER = 2**62
 """``MemberMetrics.diverged_at`` of a member whose loss has always been finite."""
+
+
+def model_inputs(
+    batch: Batch, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(x, lengths, y) of ``batch`` (made on the step's device by its task), continuous
+    inputs in the compute ``dtype``, token ids as they are."""
+    x = batch.x if batch.x.dtype == torch.long else batch.x.to(dtype)
+    return x, batch.lengths, batch.y
 
 
 def member_losses(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -33,7 +33,7 @@ from scale_fpt.models.packed import PARAM_GROUPS, PackedFPT
 from scale_fpt.packing import cohort_problems
 from scale_fpt.runtime import DTYPES, flush_denormals, retain_freed_memory, trial_device
 from scale_fpt.seeding import seed_streams
-from scale_fpt.steps import MemberMetrics, evaluation_sums, member_losses
+from scale_fpt.steps import MemberMetrics, evaluation_sums, member_losses, model_inputs
 from scale_fpt.steps.adam import PackedAdam
 from scale_fpt.tasks.base import Batch, Task
 
@@ -103,7 +103,9 @@ class CohortStep:
         self.active = list(members)
         everyone = len(self.active) == self.size
         self.index = None if everyone else torch.tensor(self.active, device=self.device)
-        self.seeds = self.dropout_seeds if everyone else self.dropout_seeds[self.index]
+        self.active_dropout_seeds = (
+            self.dropout_seeds if everyone else self.dropout_seeds[self.index]
+        )
         self.active_seeds = [self.member_seeds[i] for i in self.active]
 
     # ----------------------------------------------------------------- steps
@@ -111,9 +113,13 @@ class CohortStep:
     def train_step(self, step: int) -> None:
         """One step of every active member; nothing is read on the host."""
         batch = self.task.cohort_batch(step, self.train_config.batch_size, self.active_seeds)
-        x, lengths, y = self._inputs(batch)  # (Ka, B, T, ...), (Ka, B) or None, (Ka, B, k, m)
+        x, lengths, y = model_inputs(
+            batch, self.dtype
+        )  # (Ka, B, T, ...), (Ka, B)|None, (Ka, B, k, m)
         self.model.train()
-        step_keys = ops.step_keys(self.seeds, step)  # (Ka,) on the device: no host copy
+        step_keys = ops.step_keys(
+            self.active_dropout_seeds, step
+        )  # (Ka,) on the device: no host copy
         self._new_graph_step()
         logits = self.forward(x, lengths, self.index, step_keys)  # (Ka, B, k, m, C)
         loss, correct = member_losses(logits, y)  # (Ka,), (Ka,)
@@ -126,11 +132,6 @@ class CohortStep:
             stepping = torch.zeros(self.size, dtype=torch.bool, device=self.device)
             stepping.index_copy_(0, self.index, counts)
         self.optimizer.step(grads, stepping)
-
-    def _inputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """(x, lengths, y) of ``batch``, continuous inputs in the compute dtype."""
-        x = batch.x if batch.x.dtype == torch.long else batch.x.to(self.dtype)
-        return x, batch.lengths, batch.y
 
     def _new_graph_step(self) -> None:
         """Under ``--compile reduce-overhead``, tell CUDA graphs a new call begins: its replay
@@ -145,7 +146,7 @@ class CohortStep:
         Ka = len(self.active)
 
         def forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-            x, lengths, y = self._inputs(batch)  # one batch for every member
+            x, lengths, y = model_inputs(batch, self.dtype)  # one batch for every member
             x = x.expand(Ka, *x.shape)
             lengths = None if lengths is None else lengths.expand(Ka, -1)
             self._new_graph_step()

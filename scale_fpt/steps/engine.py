@@ -32,7 +32,7 @@ from scale_fpt.runtime import (
     trial_device,
 )
 from scale_fpt.seeding import seed_streams
-from scale_fpt.steps import MemberMetrics, evaluation_sums, member_losses
+from scale_fpt.steps import MemberMetrics, evaluation_sums, member_losses, model_inputs
 from scale_fpt.tasks.base import Batch, Task
 from scale_fpt.world import SINGLE_PROCESS, World, init_world, leave_world, rank_seed, rows
 
@@ -145,16 +145,11 @@ class EngineStep:
     def set_active(self, members: list[int]) -> None:
         """Nothing to change: a trial that ended is not stepped again by the loop."""
 
-    def inputs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        batch = batch.to(self.engine.device)  # a no-op: the task makes batches there
-        x = batch.x if batch.x.dtype == torch.long else batch.x.to(self.dtype)
-        return x, batch.lengths, batch.y
-
     def train_step(self, step: int) -> None:
         """One step on this rank's slice of the step's batch; the metrics recorded are the
         whole batch's (all ranks agree on them, so all count or skip the update alike)."""
         batch = self.world.shard(self.task.train_batch(step, self.train_config.batch_size))
-        x, lengths, y = self.inputs(batch)
+        x, lengths, y = model_inputs(batch, self.dtype)
         self.engine.train()
         with ops.dropout_keys(self.keys, step):
             logits = self.engine(x, lengths)  # (B/N, k, m, C)
@@ -179,7 +174,7 @@ class EngineStep:
 
         def forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
             part = self.world.shard(batch)
-            x, lengths, y = self.inputs(part if len(part) else rows(batch, 0, 1))
+            x, lengths, y = model_inputs(part if len(part) else rows(batch, 0, 1), self.dtype)
             logits = self.engine(x, lengths)[None]
             return (logits, y[None]) if len(part) else None
 
