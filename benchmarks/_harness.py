@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -285,9 +286,49 @@ def image_dataset(root: str, n_train: int, n_test: int, seed: int = 0) -> str:
     return root
 
 
-def real_task(name: str, image_dir: str) -> Task:
-    """The task ``name`` as a trial builds it (``build_task``, seed 0), its data on the
-    device: generated tasks draw there; image tasks read ``image_dir`` (``image_dataset``)."""
+QUICK_IMAGES = 200
+"""Train images of the generated dataset in a ``--quick`` run."""
+
+
+def add_data_arguments(parser) -> None:
+    """``--data real|synthetic`` and ``--images``: what the benchmarks train on."""
+    parser.add_argument(
+        "--data",
+        choices=("real", "synthetic"),
+        default="real",
+        help="real: the tasks' own data on the device (default); synthetic: batches made once",
+    )
+    parser.add_argument(
+        "--images",
+        type=int,
+        default=10_000,
+        help=f"train images of the generated dataset (--quick: at most {QUICK_IMAGES})",
+    )
+
+
+def prepare_data(args, tasks: list[str]) -> str | None:
+    """With ``--data real``: the image dataset ``tasks`` need, written to a new directory
+    (returned); with ``--data synthetic``: None. Prints the data line either way."""
+    if args.data == "synthetic":
+        print(data_note())
+        return None
+    images = min(args.images, QUICK_IMAGES) if args.quick else args.images
+    image_dir = tempfile.mkdtemp(prefix="scale_fpt_images_")
+    if any(t in IMAGE_TASKS for t in tasks):
+        image_dataset(image_dir, images, max(images // 5, 1))
+    print(
+        "data: each task's own (scale_fpt.tasks.build_task), held and drawn on the device; "
+        f"image tasks: {images} random CIFAR-10-shaped train images via Parquet, augmented"
+    )
+    return image_dir
+
+
+def benchmark_task(name: str, image_dir: str | None) -> Task:
+    """The task ``name`` a benchmark trains on: with an ``image_dir`` (``prepare_data``) as a
+    trial builds it (``build_task``, seed 0), its data on the device (generated tasks draw
+    there; image tasks read ``image_dir``); without, a ``SyntheticTask``."""
+    if image_dir is None:
+        return SyntheticTask(TaskConfig(task=name), seed=0)
     from scale_fpt.tasks import build_task
 
     data_dir = image_dir if name in IMAGE_TASKS else ""

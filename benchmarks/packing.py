@@ -36,7 +36,6 @@ import multiprocessing as mp
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import _harness as h
@@ -44,8 +43,6 @@ import _harness as h
 h.quiet()
 
 import torch  # noqa: E402
-
-from scale_fpt.config import TaskConfig  # noqa: E402
 
 TARGET_TINY_SPEEDUP = 5.0
 TARGET_MFU = 0.8
@@ -76,10 +73,7 @@ def worker(
     h.quiet()
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (DeepSpeed prints op builds to stdout)
     torch.set_num_threads(threads)
-    if image_dir is None:
-        data = h.SyntheticTask(TaskConfig(task=task), seed=0)
-    else:
-        data = h.real_task(task, image_dir)
+    data = h.benchmark_task(task, image_dir)
     if packed:
         from scale_fpt.steps.cohort import CohortStep
 
@@ -144,21 +138,12 @@ def main(argv=None) -> int:
         "--threads", type=int, default=0, help="cores to use (0: all), split over the processes"
     )
     parser.add_argument("--peak-seconds", type=float, default=3.0)
-    parser.add_argument(
-        "--data",
-        choices=("real", "synthetic"),
-        default="real",
-        help="real: the tasks' own data on the device (default); synthetic: batches made once",
-    )
-    parser.add_argument(
-        "--images", type=int, default=10_000, help="train images of the generated dataset"
-    )
+    h.add_data_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="smoke run: few steps")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.big_steps, args.warmup = 5, 1, 1
         args.peak_seconds = min(args.peak_seconds, 1.0)
-        args.images = min(args.images, 200)
     cores = args.threads or os.cpu_count() or 1
     torch.set_num_threads(cores)
     procs = args.procs or (1 if h.CUDA else cores)
@@ -166,17 +151,7 @@ def main(argv=None) -> int:
 
     h.header()
     rounds_start, how = h.matmul_rounds(args.peak_seconds)
-    image_dir = None
-    if args.data == "real":
-        image_dir = tempfile.mkdtemp(prefix="scale_fpt_images_")
-        if any(t in h.IMAGE_TASKS for t in args.tasks.split(",")):
-            h.image_dataset(image_dir, args.images, max(args.images // 5, 1))
-        print(
-            "data: each task's own (scale_fpt.tasks.build_task), on the device, in both arms; "
-            f"image tasks: {args.images} random CIFAR-10-shaped train images via Parquet"
-        )
-    else:
-        print(h.data_note())
+    image_dir = h.prepare_data(args, args.tasks.split(","))
     print(
         f"precision {h.PRECISION}; finetune fpt; batch {args.batch_size} per trial; "
         f"dropout {args.dropout}; {procs} processes x {threads} threads in both arms"

@@ -28,7 +28,6 @@ import argparse
 import gc
 import statistics
 import sys
-import tempfile
 
 import _harness as h
 
@@ -36,7 +35,7 @@ h.quiet()
 
 import torch  # noqa: E402
 
-from scale_fpt.config import TaskConfig  # noqa: E402
+from scale_fpt.config import COMPILE_MODES  # noqa: E402
 
 TARGET_MFU = 0.8
 TARGET_DATA_SHARE = 0.05
@@ -94,20 +93,12 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument(
         "--compile",
-        choices=("off", "default", "reduce-overhead"),
+        choices=COMPILE_MODES,
         default=h.PACKED_COMPILE,
         help=f"--compile of the packed path (default here: {h.PACKED_COMPILE}; "
         "reduce-overhead on a GPU, off on a CPU)",
     )
-    parser.add_argument(
-        "--data",
-        choices=("real", "synthetic"),
-        default="real",
-        help="real: the tasks' own data on the device (default); synthetic: batches made once",
-    )
-    parser.add_argument(
-        "--images", type=int, default=10_000, help="train images of the generated dataset"
-    )
+    h.add_data_arguments(parser)
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -117,7 +108,6 @@ def main(argv=None) -> int:
     if args.quick:
         args.batch_size, args.lra_batch_size, args.steps, args.warmup = 4, 2, 2, 1
         args.peak_seconds = min(args.peak_seconds, 1.0)
-        args.images = min(args.images, 200)
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -126,17 +116,7 @@ def main(argv=None) -> int:
     # before the first row so that its time and memory are the step's alone.
     warm = h.trial_config("gpt2-tiny", "bit-xor", "fpt", 2)
     run_trial_path(warm, h.SyntheticTask(warm.task, seed=0), 1, 1)
-    image_dir = tempfile.mkdtemp(prefix="scale_fpt_images_")
-    if args.data == "real":
-        if any(t in h.IMAGE_TASKS for t in args.tasks.split(",")):
-            h.image_dataset(image_dir, args.images, max(args.images // 5, 1))
-        print(
-            "data: each task's own (scale_fpt.tasks.build_task), held and drawn on the device; "
-            f"image tasks: {args.images} random CIFAR-10-shaped train images via Parquet, "
-            "augmented; data = batch-making time / step time (medians)"
-        )
-    else:
-        print(h.data_note())
+    image_dir = h.prepare_data(args, args.tasks.split(","))
     print(
         f"precision {h.PRECISION}; dropout {args.dropout}; memory: {h.memory_kind()}; "
         f"step time: median of {args.steps} after {args.warmup} warm-up"
@@ -152,15 +132,13 @@ def main(argv=None) -> int:
                 if task_name == "cifar10-lra" and args.lra_batch_size
                 else args.batch_size
             )
+            task = h.benchmark_task(task_name, image_dir)
             if args.data == "real":
-                task = h.real_task(task_name, image_dir)
                 data_seconds = h.time_steps(
                     lambda step, task=task, batch=batch: task.train_batch(step, batch),
                     args.steps,
                     args.warmup,
                 )
-            else:
-                task = h.SyntheticTask(TaskConfig(task=task_name), seed=0)
             for finetune in args.finetune.split(","):
                 for path in args.paths.split(","):
                     if path == "packed" and finetune != "fpt":
