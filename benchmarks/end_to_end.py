@@ -27,8 +27,7 @@ this was written. A random body is drawn from each trial's seed, so seeds do not
 cohort (each seed's learning rates do); with ``--init pretrained`` all seeds may share
 one. ``--repeats N`` runs the command N times and reports medians. On a CPU, the fused
 kernels and DeepSpeed's CPU op are built (or loaded) before the clock starts, as
-in ``ray_overhead.py``: a node builds them once, not once per sweep (in a directory of this
-checkout's own unless ``TORCH_EXTENSIONS_DIR`` is set: ``extensions_dir``).
+in ``ray_overhead.py``: a node builds them once, not once per sweep.
 """
 
 from __future__ import annotations
@@ -185,29 +184,10 @@ def prebuild(env: dict) -> None:
     print(f"kernels built or loaded before the clock: {seconds:.1f} s ({where})")
 
 
-def extensions_dir() -> str:
-    """Where the sweep's processes build and load JIT kernels on a CPU:
-    ``TORCH_EXTENSIONS_DIR`` if set, else a directory of this checkout's own. torch's build
-    records the source's path, so checkouts at other paths sharing the default directory
-    rebuild over one another (a trial then spends ~40 s of the clock compiling); one
-    checkout per machine, a user's case, keeps its build, as this directory does. (On a GPU
-    these trials JIT-build nothing, and the default stays.)"""
-    import hashlib
-
-    import torch
-    from torch.utils.cpp_extension import get_default_build_root
-
-    key = f"{REPO}|{sys.version}|{torch.__version__}"  # torch's default is keyed by the last two
-    checkout = hashlib.sha1(key.encode()).hexdigest()[:10]
-    default = os.path.join(get_default_build_root(), f"checkout-{checkout}")
-    return os.environ.get("TORCH_EXTENSIONS_DIR") or default
-
-
 def sweep_env() -> dict:
     """The environment of the sweep command (and of ``prebuild``)."""
     return {
         **os.environ,
-        **({} if h.CUDA else {"TORCH_EXTENSIONS_DIR": extensions_dir()}),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "RAY_ADDRESS": "local",  # a fresh local instance: its start-up is part of the figure
         # a local ray.init() otherwise turns token auth on and leaves ~/.ray/auth_token,

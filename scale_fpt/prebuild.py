@@ -57,3 +57,7 @@ def prebuild_ops() -> None:
     with node_build_lock():
         ShareMemCommBuilder().load(verbose=False)
         fused_kernels()
+
+
+if __name__ == "__main__":  # `python -m scale_fpt.prebuild`: at install or node set-up
+    prebuild_ops()

@@ -675,7 +675,9 @@ def test_disk_full_mid_sweep_stops_with_one_error_then_resume_finishes(
     steps = partial.curves["step"].tolist()
     assert 2 <= len(steps) < 8 and steps == list(range(5, 5 * len(steps) + 1, 5))
     (row,) = partial.trials.to_dict("records")
-    assert row["status"] == "running" and row["steps_done"] == steps[-1]
+    # An evaluation writes its curve row, then the trial row: a disk that fills between the
+    # two leaves the trial row one evaluation behind (never ahead); --resume rewrites both.
+    assert row["status"] == "running" and row["steps_done"] in steps[-2:]
 
     filler.unlink()
     outcome = run_sweep_with_deadline(sweep, resume=True)

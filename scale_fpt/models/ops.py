@@ -72,15 +72,18 @@ def fused_kernels():
     cannot be built here (one warning names why; the torch-op forms are used instead)."""
     if os.environ.get("SCALE_FPT_FUSED_CPU", "1") == "0":
         return None
-    from torch.utils.cpp_extension import load
+    from torch.utils.cpp_extension import load_inline
 
     try:
-        return load(
-            # Named by the source's content: checkouts with other kernel sources (branches,
-            # older installs) sharing ~/.cache/torch_extensions each keep their own build
-            # instead of rebuilding over one another.
-            name=f"scale_fpt_fused_cpu_{hashlib.sha1(KERNEL_SOURCE.read_bytes()).hexdigest()[:10]}",
-            sources=[str(KERNEL_SOURCE)],
+        source = KERNEL_SOURCE.read_text()
+        # Built from the source's text, which torch writes into the build directory, and
+        # named by its content: a build records no checkout path, so checkouts at other paths
+        # (a node's synced tree, worktrees, other branches) sharing ~/.cache/torch_extensions
+        # load one build instead of rebuilding over one another.
+        return load_inline(
+            name=f"scale_fpt_fused_cpu_{hashlib.sha1(source.encode()).hexdigest()[:10]}",
+            cpp_sources=[source],
+            no_implicit_headers=True,
             # -fno-trapping-math lets the compiler vectorise the branch-free selects;
             # -fopenmp makes at::parallel_for parallel. libgomp is not linked in: its symbols
             # resolve to the OpenMP runtime torch has loaded, so one thread pool serves both.
