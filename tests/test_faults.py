@@ -54,6 +54,7 @@ TINY = {
     "model": "gpt2-tiny",
     "init": "random",
     "test_batches": 2,
+    "val_batches": 2,
     "accelerator": "cpu",  # never a CUDA context, whose address space is beyond RLIMIT_AS
 }
 METRICS = ["train_loss", "train_accuracy", "val_loss", "val_accuracy", "test_loss", "test_accuracy"]
@@ -803,11 +804,21 @@ def test_bad_storage_exits_2_before_ray_starts_and_writes_nothing(
 
 
 WRITER_LOOP = """
-import sys
+import os, sys, time
 from scale_fpt.results import ResultsWriter
 from scale_fpt.config import TrialConfig
-from scale_fpt.recovery import tune_reports  # each report also records the ``pid`` that made it
-root, start = sys.argv[1], int(sys.argv[2])
+root, start, stall_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+fsyncs, real_fsync = 0, os.fsync
+
+def fsync(fd):  # the stall_at-th write stops between its bytes and its rename, to be killed
+    global fsyncs
+    fsyncs += 1
+    if fsyncs == stall_at:
+        print("stalled", flush=True)
+        time.sleep(600)
+    real_fsync(fd)
+
+os.fsync = fsync
 flat = TrialConfig().to_flat()
 writer = ResultsWriter(root, "s")
 for step in range(start, 10**9):
@@ -819,31 +830,40 @@ for step in range(start, 10**9):
 
 @pytest.mark.slow
 def test_writer_killed_mid_write_never_leaves_a_broken_file(tmp_path):
-    """SIGKILL a process that rewrites results files as fast as it can, eight times at
-    random moments, restarting it each time: every file a reader sees is a whole Parquet
-    file whose rows are consistent (each curve 1..n, once each); a temporary that a kill
-    left half-written is hidden from every reader."""
+    """SIGKILL a process that rewrites results files as fast as it can, eight times,
+    restarting it each time: at random moments, and (every other time) inside a write, its
+    bytes in a temporary not yet renamed. Every file a reader sees is a whole Parquet file
+    whose rows are consistent (each curve 1..n, once each); the temporaries that kills left
+    are hidden from every reader."""
     import random
 
     rng = random.Random(0)
     root = tmp_path / "results"
-    start, temporaries = 1, 0
-    for _ in range(8):
+    start = 1
+    for kill in range(8):
+        stall_at = rng.randint(1, 8) if kill % 2 else 0  # 0: never
         writer = subprocess.Popen(
-            [sys.executable, "-c", WRITER_LOOP, str(root), str(start)],
-            stdout=subprocess.DEVNULL,
+            [sys.executable, "-c", WRITER_LOOP, str(root), str(start), str(stall_at)],
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            text=True,
         )
-        wait_until(
-            lambda w=writer: len(visible_parquet_files(root / "s")) == 4 or w.poll() is not None,
-            "the writer's first files",
-        )
-        time.sleep(rng.uniform(0.2, 0.6))
+        if stall_at:
+            assert writer.stdout.readline() == "stalled\n", writer.stderr.read()[-2000:]
+        else:
+            wait_until(
+                lambda w=writer: (
+                    len(visible_parquet_files(root / "s")) == 4 or w.poll() is not None
+                ),
+                "the writer's first files",
+            )
+            time.sleep(rng.uniform(0.2, 0.6))
         writer.kill()
         _, err = writer.communicate()
         assert writer.returncode == -signal.SIGKILL, err[-2000:]
 
-        temporaries += len([p for p in root.rglob(".*.tmp")])
+        if stall_at:  # the kill inside a write left its temporary, which readers must skip
+            assert len(list(root.rglob(f".*.{writer.pid}.tmp"))) == 1
         for path in visible_parquet_files(root):
             pq.read_table(path)
         results = load_results(root, "s")
@@ -853,7 +873,6 @@ def test_writer_killed_mid_write_never_leaves_a_broken_file(tmp_path):
             done = results.trials.set_index("trial_id").loc[trial_id, "steps_done"]
             assert done <= len(curve) <= done + 1  # the curve is written before the row
         start = int(results.trials["steps_done"].min()) + 1
-    assert temporaries >= 1, "no kill landed inside a write: the test proved nothing"
 
 
 # ------------------------------------------------------------------------ a killed node

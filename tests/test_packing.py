@@ -36,6 +36,7 @@ def base(tiny_gpt2_dir) -> dict:
     return {
         "task": "bit-xor",
         "test_batches": 2,
+        "val_batches": 2,
         "model": tiny_gpt2_dir,
         "init": "pretrained",
         "dropout": 0.0,

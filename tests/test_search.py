@@ -23,7 +23,13 @@ from scale_fpt.search import (
 from scale_fpt.sweep import SweepConfig
 from scale_fpt.trial import config_trial_id
 
-BASE = {"task": "bit-xor", "model": "gpt2-tiny", "max_steps": 20, "eval_every": 10}
+BASE = {
+    "task": "bit-xor",
+    "model": "gpt2-tiny",
+    "max_steps": 20,
+    "eval_every": 10,
+    "val_batches": 2,
+}
 METRIC = "best_val_accuracy"
 
 

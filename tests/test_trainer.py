@@ -49,6 +49,7 @@ def config(**overrides) -> TrialConfig:
         "model": "gpt2-tiny",
         "init": "random",
         "test_batches": 2,
+        "val_batches": 2,  # bf16 matmuls are slow on a CPU: keep evaluations small
         "batch_size": 8,
         "eval_batch_size": 32,
         "max_steps": 30,
