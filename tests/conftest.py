@@ -6,6 +6,16 @@ import os
 
 import pytest
 
+TINY_TRIAL = {
+    "task": "bit-xor",
+    "model": "gpt2-tiny",
+    "init": "random",
+    "test_batches": 2,
+    "val_batches": 2,
+}
+"""The sweep tests' trial: gpt2-tiny, random init (no download), Bit XOR, two test and two
+validation batches per evaluation."""
+
 
 def pytest_configure(config):
     # Test machines are small and shared: torch's default of one intra-op thread per core

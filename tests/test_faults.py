@@ -37,6 +37,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from conftest import TINY_TRIAL
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ray_clusters import LocalCluster, wait_until
@@ -50,11 +51,7 @@ from scale_fpt.sweep import SweepConfig, run_sweep
 pytestmark = pytest.mark.faults
 
 TINY = {
-    "task": "bit-xor",
-    "model": "gpt2-tiny",
-    "init": "random",
-    "test_batches": 2,
-    "val_batches": 2,
+    **TINY_TRIAL,
     "accelerator": "cpu",  # never a CUDA context, whose address space is beyond RLIMIT_AS
 }
 METRICS = ["train_loss", "train_accuracy", "val_loss", "val_accuracy", "test_loss", "test_accuracy"]

@@ -16,6 +16,7 @@ import optuna
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from conftest import TINY_TRIAL as TINY
 
 from scale_fpt.config import ConfigError
 from scale_fpt.results import CURVE_SCHEMA, TRIAL_SCHEMA, load_results
@@ -37,13 +38,6 @@ VOLATILE = {
     "wall_time_s", "train_time_s", "samples_per_s", "finished_at", "hostname", "checkpoint",
     "node_id",  # a resumed sweep runs on a new local Ray, whose node has another id
 }  # fmt: skip
-TINY = {
-    "task": "bit-xor",
-    "model": "gpt2-tiny",
-    "init": "random",
-    "test_batches": 2,
-    "val_batches": 2,
-}
 
 
 def sweep_command(results: Path, *flags: str) -> list[str]:
