@@ -204,8 +204,12 @@ def test_killed_driver_resume_matches_uninterrupted_sweep(tmp_path):
     flags += ["--max-concurrent", "1", "--name", "kill"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
-    reference = tmp_path / "reference"
-    subprocess.run(sweep_command(reference, *flags), check=True, env=env, capture_output=True)
+    # The uninterrupted reference runs beside the sweep that is killed (its own local Ray).
+    reference, reference_log = tmp_path / "reference", tmp_path / "reference.log"
+    with open(reference_log, "w") as log:
+        uninterrupted = subprocess.Popen(
+            sweep_command(reference, *flags), env=env, stdout=log, stderr=subprocess.STDOUT
+        )
 
     killed = tmp_path / "killed"
     driver = subprocess.Popen(
@@ -239,6 +243,7 @@ def test_killed_driver_resume_matches_uninterrupted_sweep(tmp_path):
         sweep_command(killed, *flags, "--resume"), env=env, capture_output=True, text=True
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert uninterrupted.wait(timeout=300) == 0, reference_log.read_text()[-3000:]
 
     expected, actual = load_results(reference, "kill"), load_results(killed, "kill")
     assert len(actual.trials) == 2 and actual.trials["trial_id"].is_unique
