@@ -5,7 +5,8 @@ DeepSpeed builds its CPU communication op on first use, and scale_fpt its fused 
 side on a fresh node would all build at once (concurrent first builds can hang or queue
 behind torch's own build baton). Every trial therefore calls ``prebuild_ops`` before it
 builds anything: the first process on a node builds under a node-wide file lock, the others
-wait for it and then load the cached builds.
+wait for it and then load the cached builds. ``python -m scale_fpt.prebuild`` does it ahead
+of time: ``make`` runs it after installing, and ``cluster/local.yaml`` in a node's set-up.
 """
 
 from __future__ import annotations

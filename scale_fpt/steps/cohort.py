@@ -113,13 +113,11 @@ class CohortStep:
     def train_step(self, step: int) -> None:
         """One step of every active member; nothing is read on the host."""
         batch = self.task.cohort_batch(step, self.train_config.batch_size, self.active_seeds)
-        x, lengths, y = model_inputs(
-            batch, self.dtype
-        )  # (Ka, B, T, ...), (Ka, B)|None, (Ka, B, k, m)
+        # x (Ka, B, T, ...), lengths (Ka, B) or None, y (Ka, B, k, m)
+        x, lengths, y = model_inputs(batch, self.dtype)
         self.model.train()
-        step_keys = ops.step_keys(
-            self.active_dropout_seeds, step
-        )  # (Ka,) on the device: no host copy
+        # (Ka,) dropout keys, made on the device: no host copy
+        step_keys = ops.step_keys(self.active_dropout_seeds, step)
         self._new_graph_step()
         logits = self.forward(x, lengths, self.index, step_keys)  # (Ka, B, k, m, C)
         loss, correct = member_losses(logits, y)  # (Ka,), (Ka,)
