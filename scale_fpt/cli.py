@@ -57,7 +57,8 @@ def add_trial_flags(parser: argparse.ArgumentParser) -> None:
                 dest=f.name,
                 default=None,
                 metavar=type(default).__name__.upper(),
-                help=f"{doc} (default: {default!r})",
+                # argparse %-formats help text: a literal % (docstring or default) is doubled.
+                help=f"{doc} (default: {default!r})".replace("%", "%%"),
             )
 
 

@@ -1,0 +1,53 @@
+"""Every command's ``--help`` prints its usage and exits 0: each ``scale-fpt`` subcommand
+and each runnable script in ``sweeps/``. Run in this process (argparse's help is the code
+under test, a subprocess would add only start-up time)."""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+from scale_fpt import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((ROOT / "sweeps").glob("*.py"))
+
+
+def subcommands() -> list[str]:
+    (action,) = [
+        a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    ]
+    return sorted(action.choices)
+
+
+def test_the_subcommands_are_the_documented_ones():
+    assert {"train", "plan", "pretrain", "sweep", "report"} <= set(subcommands())
+
+
+@pytest.mark.parametrize("command", [None, *subcommands()])
+def test_scale_fpt_help(command, capsys):
+    argv = ["--help"] if command is None else [command, "--help"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: scale-fpt{'' if command is None else ' ' + command}")
+
+
+def test_there_are_study_scripts():
+    assert {p.name for p in SCRIPTS} >= {"scale.py", "finetune.py", "lr_search.py"}
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_sweep_script_help(script, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", [str(script), "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(script), run_name="__main__")
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: ")
+    assert "--preset" in out and "--plan" in out
