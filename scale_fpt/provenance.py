@@ -4,7 +4,7 @@ On a laptop the SHA comes from git. A cluster node gets the code through the lau
 file mounts without ``.git``, so cluster/*.yaml also mount the repository's ``.git`` to
 ``~/scale_fpt_git`` and, at every ``ray up``, run
 
-    python -m scale_fpt.provenance --git-dir ~/scale_fpt_git --work-tree ~/scale_fpt
+    python -m scale_fpt.provenance --git-dir ~/scale_fpt_git --work-tree ~/scale-fpt
 
 which records the synced tree's commit (and whether it differs from it: "-dirty") in
 ``scale_fpt/_provenance.json`` beside this module (git-ignored). ``git_sha`` reads that

@@ -27,7 +27,8 @@ ray = pytest.importorskip("ray")
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_DIR = REPO / "cluster"
 CLUSTER_FILES = sorted(CLUSTER_DIR.glob("*.yaml"))
-INSTALL_PACKAGE = "pip install -e ~/scale_fpt"
+SYNCED = "~/scale-fpt"  # where the configs copy the repository on every node
+INSTALL_PACKAGE = f"pip install -e {SYNCED}"
 SHARED_ARGS = "--results /mnt/shared/scale_fpt/results --storage /mnt/shared/scale_fpt/ray"
 
 # GPUs / vCPUs of the instance types these configs may use.
@@ -124,11 +125,20 @@ def test_gpu_cluster_has_single_and_multi_gpu_workers():
 
 def test_project_is_mounted_on_every_node(cluster_file):
     file_mounts = load_cluster_config(cluster_file)["file_mounts"]
-    assert "~/scale_fpt" in file_mounts
-    local = Path(file_mounts["~/scale_fpt"])
+    assert SYNCED in file_mounts
+    local = Path(file_mounts[SYNCED])
     assert not local.is_absolute(), "the mount must be the repo `ray up` is run from"
     assert (REPO / local / "pyproject.toml").is_file()
     assert (REPO / local / "scale_fpt" / "__init__.py").is_file()
+
+
+def test_synced_copy_cannot_shadow_the_installed_package(cluster_file):
+    """`ray submit` runs ~/script.py, so ~ is first on sys.path: a mount named like an
+    importable module there (~/scale_fpt) becomes a namespace package `scale_fpt` that wins
+    over the editable install. Every mount in ~ must have a name Python cannot import."""
+    for remote in load_cluster_config(cluster_file)["file_mounts"]:
+        name = remote.removeprefix("~/").split("/")[0]
+        assert name.startswith("scale_fpt_") or not name.isidentifier(), remote
 
 
 def test_package_is_installed_on_head_and_workers(cluster_file):
@@ -395,7 +405,13 @@ def ray_shell(command: str, home: Path) -> subprocess.CompletedProcess:
     ~/.bashrc first, here with HOME=``home``."""
     from ray.autoscaler._private.command_runner import _with_interactive
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SCALE_FPT_", "RAY_"))}
+    # Nothing of this process's environment decides what the node imports (PYTHONPATH
+    # would hide how the installed package resolves).
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SCALE_FPT_", "RAY_")) and k != "PYTHONPATH"
+    }
     # The node keeps the fused kernels built on this machine (no 2-minute rebuild per test).
     env.update(HOME=str(home), TORCH_EXTENSIONS_DIR=torch_extensions_dir())
     return subprocess.run(
@@ -409,23 +425,33 @@ def ray_shell(command: str, home: Path) -> subprocess.CompletedProcess:
     )
 
 
-def ray_up(config_path: Path, laptop: Path, home: Path, shared: Path) -> dict:
+def ray_up(config_path: Path, laptop: Path, home: Path, shared: Path, install: bool) -> dict:
     """`ray up` of ``config_path`` onto one node simulated here: its home ``home``, its
     /mnt/shared at ``shared``. The file mounts are copied as the launcher syncs them (.git
-    left out of the trees), and the setup commands run through ``ray_shell``; the package
-    and Python installs are stood in for by ~/.bashrc lines (this Python first on PATH, the
-    synced tree on PYTHONPATH), as local.yaml's header asks of every machine."""
+    left out of the trees), and the head's setup commands run through ``ray_shell``.
+
+    ``install=True`` runs every setup command as shipped, its `pip install -e` included
+    (~1 min), into the node's Python (local.yaml asks every machine for one Python first on
+    PATH): a virtual environment over this machine's site-packages. ``install=False`` skips
+    the pip and torch commands and puts the synced tree on PYTHONPATH instead, for the tests
+    that need only the synced files."""
     config = _prepare(config_path)
     home.mkdir()
     for remote, local in config["file_mounts"].items():
         target = home / remote.removeprefix("~/")
         shutil.copytree(laptop / local, target, ignore=shutil.ignore_patterns(".git"))
-    (home / ".bashrc").write_text(
-        f"export PATH={Path(sys.executable).parent}:$PATH\nexport PYTHONPATH={home / 'scale_fpt'}\n"
-    )
+    python = Path(sys.executable).parent
+    if install:  # pip installs into the node's own Python, never into this machine's
+        venv = home.parent / f"{home.name}-python"
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True)
+        python = venv / "bin"
+    bashrc = f"export PATH={python}:$PATH\n"
+    if not install:
+        bashrc += f"export PYTHONPATH={home / SYNCED.removeprefix('~/')}\n"
+    (home / ".bashrc").write_text(bashrc)
     shared.mkdir()
     for command in config["head_setup_commands"]:
-        if "pip install" in command or "import torch" in command:
+        if not install and ("pip install" in command or "import torch" in command):
             continue
         done = ray_shell(command.replace(SHARED, str(shared)), home)
         assert done.returncode == 0, (command, done.stderr[-2000:])
@@ -438,8 +464,8 @@ def test_synced_nodes_record_the_commit_rows_carry(tmp_path, name):
     records the synced tree's SHA and dirty flag, which scale_fpt.trial.git_sha returns."""
     laptop, expected = laptop_checkout(tmp_path)
     home = tmp_path / "node"
-    ray_up(CLUSTER_DIR / name, laptop, home, tmp_path / "shared")
-    assert not (home / "scale_fpt" / ".git").exists()
+    ray_up(CLUSTER_DIR / name, laptop, home, tmp_path / "shared", install=False)
+    assert not (home / SYNCED.removeprefix("~/") / ".git").exists()
     done = ray_shell("python -c 'from scale_fpt.trial import git_sha; print(git_sha())'", home)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == expected
@@ -448,11 +474,13 @@ def test_synced_nodes_record_the_commit_rows_carry(tmp_path, name):
 @pytest.mark.slow
 def test_bare_ray_submit_writes_to_shared_storage_with_the_synced_commit(tmp_path):
     """`ray submit cluster/local.yaml sweeps/scale.py` with no --results or --storage, on a
-    node set up by `ray up`: the sweep's rows and Ray Tune's state land on the shared path
-    (not the node's ~/results), and every row carries the laptop's commit."""
+    node set up by `ray up` with the config's real `pip install -e`: the script, run as
+    ~/scale.py, imports the installed package (not the synced folder beside it), the
+    sweep's rows and Ray Tune's state land on the shared path (not the node's ~/results),
+    and every row carries the laptop's commit."""
     laptop, expected = laptop_checkout(tmp_path)
     home, shared = tmp_path / "node", tmp_path / "shared"
-    ray_up(CLUSTER_DIR / "local.yaml", laptop, home, shared)
+    ray_up(CLUSTER_DIR / "local.yaml", laptop, home, shared, install=True)
     shutil.copy2(REPO / "sweeps" / "scale.py", home / "scale.py")  # what `ray submit` copies
     flags = "--tasks bit-xor --inits random --seeds 0 --steps 4 --set eval_every=2"
     flags += " --set test_batches=1 --name submitted"
