@@ -61,7 +61,16 @@ def parser(description: str, presets: dict) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="FIELD=VALUE",
-        help="set any trial config field in every trial, e.g. --set eval_every=100 (repeatable)",
+        help="set a trial config field in every trial (eval_every=100), or in one task's "
+        "trials (homology.data_dir=/data/tape); repeatable",
+    )
+    p.add_argument(
+        "--data-root",
+        default=os.environ.get("SCALE_FPT_DATA", ""),
+        metavar="DIR",
+        help="the tasks' data, one folder per dataset: DIR/listops, DIR/homology, DIR/mnist, "
+        "DIR/cifar10 (as `scale-fpt fetch` writes them); a task whose folder is missing keeps "
+        "its default source (default: $SCALE_FPT_DATA)",
     )
     p.add_argument("--name", default="", help="sweep name (default: the preset's)")
     # cluster/*.yaml export SCALE_FPT_RESULTS and SCALE_FPT_STORAGE (shared storage), so a
@@ -181,9 +190,13 @@ def narrow(sweep, args: argparse.Namespace):
         changes["seeds"] = tuple(split(args.seeds, int))
     # Last overrides win over the preset's per-task settings.
     forced = {"max_steps": args.steps} if args.steps else {}
-    forced.update(parse_assignments(args.set))
-    if forced:
-        changes["overrides"] = (*sweep.overrides, ({}, forced))
+    everywhere, per_task = parse_assignments(args.set)
+    forced.update(everywhere)
+    added = ((({}, forced),) if forced else ()) + tuple(
+        ({"task": task}, values) for task, values in per_task.items()
+    )
+    if added:
+        changes["overrides"] = (*sweep.overrides, *added)
     optional = {
         "name": args.name,
         "storage_path": args.storage,
@@ -193,6 +206,7 @@ def narrow(sweep, args: argparse.Namespace):
         "gpu": args.gpu,
         "gpu_memory_gb": args.gpu_memory,
         "cluster_config": args.cluster_config,
+        "data_root": args.data_root,
     }
     changes.update({k: v for k, v in optional.items() if v})
     # Given values pass unchecked: SweepConfig.validate names a negative one.
@@ -208,26 +222,29 @@ def narrow(sweep, args: argparse.Namespace):
     return sweep
 
 
-def parse_assignments(assignments: list[str]) -> dict:
-    """``["eval_every=100", "augment=false"]`` -> typed values of those trial config fields."""
-    from scale_fpt.config import FIELD_TYPES, coerce
+def parse_assignments(assignments: list[str]) -> tuple[dict, dict[str, dict]]:
+    """``["eval_every=100", "homology.data_dir=/d"]`` -> (typed values for every trial,
+    {task: typed values for that task's trials})."""
+    from scale_fpt.config import FIELD_TYPES, TASKS, coerce
 
     kinds = FIELD_TYPES
-    values, problems = {}, []
+    everywhere, per_task, problems = {}, {}, []
     for assignment in assignments:
-        key, sep, text = assignment.partition("=")
-        if not sep or key not in kinds:
+        target, sep, text = assignment.partition("=")
+        task, dot, key = target.rpartition(".")
+        if not sep or key not in kinds or (dot and task not in TASKS):
             problems.append(
-                f"--set {assignment!r}: expected FIELD=VALUE with FIELD one of {', '.join(kinds)}"
+                f"--set {assignment!r}: expected FIELD=VALUE or TASK.FIELD=VALUE with TASK one "
+                f"of {', '.join(TASKS)} and FIELD one of {', '.join(kinds)}"
             )
             continue
         value, problem = coerce(key, text, kinds[key])
         if problem:
             problems.append(problem)
-        values[key] = value
+        (per_task.setdefault(task, {}) if dot else everywhere)[key] = value
     if problems:
         raise ConfigError(problems)
-    return values
+    return everywhere, per_task
 
 
 def local_backbones(sweep) -> list[tuple[str, str]]:
@@ -251,8 +268,10 @@ def study_main(
     args = parser(description, presets).parse_args(argv)
     try:
         sweep = narrow(presets[args.preset](), args).validate()
-        if args.plan:
+        if args.plan:  # the plan, then whatever stops its arms from running
             print(placement_table(sweep))
+        check_data_and_weights(sweep)
+        if args.plan:
             return 0
         from scale_fpt.pretrain import ensure_backbone
         from scale_fpt.storage import check_sweep_storage
@@ -277,6 +296,16 @@ def study_main(
         )
         return 130
     return 0
+
+
+def check_data_and_weights(sweep) -> None:
+    """ConfigError naming every arm whose data or weights cannot be reached
+    (``scale_fpt.preflight``): before Ray starts and before any GPU node is asked for."""
+    from scale_fpt.preflight import preflight_problems
+
+    problems = preflight_problems(sweep.arms())
+    if problems:
+        raise ConfigError(problems)
 
 
 def placement_table(sweep) -> str:

@@ -73,6 +73,12 @@ class SweepConfig:
     """The cluster launcher YAML whose node types the autoscaler can launch (what ``auto``
     plans for). Empty: ``~/ray_bootstrap_config.yaml`` when it exists (``ray up`` leaves it on
     the head, where ``ray submit`` runs the sweep)."""
+    data_root: str = ""
+    """A folder of the tasks' data, one subfolder per dataset (``preflight.DATA_FOLDERS``:
+    listops, homology, mnist, cifar10): a trial of a task whose folder exists there and whose
+    ``data_dir`` is not set reads ``data_root/<folder>``; the others keep their default
+    source (the seeded generator for ListOps, the Hugging Face cache or hub for images).
+    Empty: every task its default source or its ``data_dir``."""
     reuse_actors: bool = True
     """Reuse trial processes (saves the import and start-up of torch and DeepSpeed)."""
     pack: int | str = "auto"
@@ -146,7 +152,7 @@ class SweepConfig:
                 for match, extra in self.overrides:
                     if all(arm.get(k) == v for k, v in match.items()):
                         arm.update(extra)
-                arms.append(arm)
+                arms.append(with_data_root(arm, self.data_root))
         return arms
 
     def validate(self) -> SweepConfig:
@@ -299,6 +305,18 @@ def is_of_type(value, kind: type) -> bool:
     if kind is float:
         return isinstance(value, int | float) and not isinstance(value, bool)
     return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def with_data_root(arm: dict, data_root: str) -> dict:
+    """``arm`` reading its task's folder of ``data_root`` when that folder exists and the arm
+    names no ``data_dir`` of its own (``SweepConfig.data_root``)."""
+    from scale_fpt.preflight import DATA_FOLDERS
+
+    folder = DATA_FOLDERS.get(arm.get("task", ""))
+    if not data_root or not folder or arm.get("data_dir"):
+        return arm
+    path = Path(data_root).absolute() / folder
+    return {**arm, "data_dir": str(path)} if path.is_dir() else arm
 
 
 def arm_label(flat: dict) -> str:
