@@ -1,4 +1,4 @@
-"""The ``scale-fpt`` command line: train, plan, pretrain, report.
+"""The ``scale-fpt`` command line: train, plan, pretrain, sweep, report.
 
 Trial flags are generated from the config dataclasses (``--batch-size`` is ``batch_size``),
 so the command line, the sweep param space and the Parquet columns share one set of names.
@@ -107,10 +107,22 @@ def build_parser() -> Parser:
 
     pretrain_module.add_arguments(pretrain)
 
-    sweep = commands.add_parser("sweep", help="run a sweep declared in a YAML file")
-    sweep.add_argument("file", help="YAML with SweepConfig fields (see scale_fpt.sweep)")
-    sweep.add_argument("--results", default="", help="results directory (default: the file's)")
-    sweep.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
+    from scale_fpt.presets import STUDIES
+    from scale_fpt.study import add_study_flags
+
+    sweep = commands.add_parser(
+        "sweep",
+        help=f"run a study ({', '.join(STUDIES)}) or a sweep declared in a YAML file",
+        description="Run (or plan, or resume) a study of scale_fpt/presets.py, or a sweep "
+        "declared in a YAML file of SweepConfig fields (examples/lr_grid.yaml). The same "
+        "flags as the scripts in sweeps/.",
+    )
+    sweep.add_argument(
+        "target",
+        metavar="STUDY|FILE.yaml",
+        help=f"a study: {', '.join(STUDIES)}; or a YAML file of SweepConfig fields",
+    )
+    add_study_flags(sweep, ["local", "paper"], default_preset=None)
 
     report = commands.add_parser("report", help="the study's tables and figures")
     report.add_argument("results_dir")
@@ -183,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "plan":
             return plan(config, gpu_plan(args, config))
         if args.command == "sweep":
-            return run_sweep_file(args)
+            return run_sweep_target(args)
         if args.command == "pretrain":
             from scale_fpt import pretrain as pretrain_module
 
@@ -250,25 +262,25 @@ def train(args: argparse.Namespace, config: TrialConfig) -> int:
     return code
 
 
-def run_sweep_file(args: argparse.Namespace) -> int:
-    import dataclasses
+def run_sweep_target(args: argparse.Namespace) -> int:
+    """``scale-fpt sweep STUDY|FILE.yaml``: the study's preset, or the file's sweep, run as
+    ``sweeps/*.py`` runs it (``study.run_study``)."""
+    from scale_fpt.presets import STUDIES
+    from scale_fpt.study import run_study
+    from scale_fpt.sweep import SweepConfig
 
-    from scale_fpt.study import summary_table
-    from scale_fpt.sweep import SweepConfig, run_sweep
-
-    sweep = SweepConfig.from_yaml(args.file)
-    if args.results:
-        sweep = dataclasses.replace(sweep, results_dir=args.results)
-    outcome = run_sweep(sweep, resume=args.resume)
-    print(summary_table(sweep))
-    if not outcome.finished:
-        print(
-            f"scale-fpt: sweep interrupted: {outcome.unfinished} trial(s) unfinished; rerun "
-            "with --resume to continue",
-            file=sys.stderr,
+    target = args.target
+    if target in STUDIES:
+        return run_study(STUDIES[target].presets[args.preset or "local"](), args)
+    if not (target.endswith((".yaml", ".yml")) or Path(target).is_file()):
+        raise ConfigError(
+            [f"sweep {target!r}: neither a study ({', '.join(STUDIES)}) nor a YAML sweep file"]
         )
-        return 130
-    return 0
+    if args.preset:
+        raise ConfigError(
+            [f"--preset {args.preset}: {target} declares its own sweep; presets are the studies'"]
+        )
+    return run_study(SweepConfig.from_yaml(target), args)
 
 
 def progress_bar(config: TrialConfig, start: int, disable: bool):

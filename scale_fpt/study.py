@@ -49,7 +49,15 @@ def parser(description: str, presets: dict) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--preset", choices=sorted(presets), default="local", help="default: local")
+    add_study_flags(p, sorted(presets))
+    return p
+
+
+def add_study_flags(
+    p: argparse.ArgumentParser, presets: list[str], default_preset: str | None = "local"
+) -> None:
+    """The flags of every way to launch a sweep: ``sweeps/*.py`` and ``scale-fpt sweep``."""
+    p.add_argument("--preset", choices=presets, default=default_preset, help="default: local")
     for name, field in LIST_FLAGS.items():
         p.add_argument(
             f"--{name.replace('_', '-')}", default="", help=f"comma list: only these {field} values"
@@ -77,8 +85,9 @@ def parser(description: str, presets: dict) -> argparse.ArgumentParser:
     # bare `ray submit cluster/gpu.yaml sweeps/X.py` writes where every node can reach.
     p.add_argument(
         "--results",
-        default=os.environ.get("SCALE_FPT_RESULTS", "results"),
-        help="Parquet results directory (default: $SCALE_FPT_RESULTS, else results)",
+        default=os.environ.get("SCALE_FPT_RESULTS", ""),
+        help="Parquet results directory (default: $SCALE_FPT_RESULTS, else the preset's or "
+        "file's results_dir: results)",
     )
     p.add_argument(
         "--storage",
@@ -118,7 +127,6 @@ def parser(description: str, presets: dict) -> argparse.ArgumentParser:
         "study's estimated GPU-hours; runs nothing",
     )
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
-    return p
 
 
 def add_gpu_flags(p: argparse.ArgumentParser) -> None:
@@ -185,7 +193,7 @@ def narrow(sweep, args: argparse.Namespace):
             base[field] = values[0]
         else:
             grid[field] = values
-    changes = {"grid": grid, "base": base, "results_dir": args.results}
+    changes = {"grid": grid, "base": base}
     if args.seeds:
         changes["seeds"] = tuple(split(args.seeds, int))
     # Last overrides win over the preset's per-task settings.
@@ -199,6 +207,7 @@ def narrow(sweep, args: argparse.Namespace):
         changes["overrides"] = (*sweep.overrides, *added)
     optional = {
         "name": args.name,
+        "results_dir": args.results,
         "storage_path": args.storage,
         "optuna_storage": args.optuna_storage,
         "search_trials": args.search_trials,
@@ -267,26 +276,33 @@ def study_main(
     """Parse flags, build the preset, pretrain local backbones, run (or resume), summarise."""
     args = parser(description, presets).parse_args(argv)
     try:
-        sweep = narrow(presets[args.preset](), args).validate()
-        if args.plan:  # the plan, then whatever stops its arms from running
-            print(placement_table(sweep))
-        check_data_and_weights(sweep)
-        if args.plan:
-            return 0
-        from scale_fpt.pretrain import ensure_backbone
-        from scale_fpt.storage import check_sweep_storage
-
-        check_sweep_storage(sweep)  # before a backbone is pretrained for it
-        from scale_fpt.sweep import run_sweep
-
-        for preset, corpus in local_backbones(sweep):
-            print(
-                f"[scale-fpt] local {corpus} backbone for {preset}: {ensure_backbone(preset, corpus)}"
-            )
-        outcome = run_sweep(sweep, resume=args.resume)
+        return run_study(presets[args.preset](), args)
     except ConfigError as e:
         print(f"{sys.argv[0]}: error: {e}", file=sys.stderr)
         return 2
+
+
+def run_study(declared, args: argparse.Namespace) -> int:
+    """``declared`` (a preset's or a YAML file's SweepConfig) narrowed by the flags of
+    ``add_study_flags``: checked (ConfigError: nothing started), then planned (``--plan``)
+    or run (or resumed) and summarised. Returns the exit code."""
+    sweep = narrow(declared, args).validate()
+    if args.plan:  # the plan, then whatever stops its arms from running
+        print(placement_table(sweep))
+    check_data_and_weights(sweep)
+    if args.plan:
+        return 0
+    from scale_fpt.pretrain import ensure_backbone
+    from scale_fpt.storage import check_sweep_storage
+
+    check_sweep_storage(sweep)  # before a backbone is pretrained for it
+    from scale_fpt.sweep import run_sweep
+
+    for preset, corpus in local_backbones(sweep):
+        print(
+            f"[scale-fpt] local {corpus} backbone for {preset}: {ensure_backbone(preset, corpus)}"
+        )
+    outcome = run_sweep(sweep, resume=args.resume)
     print(summary_table(sweep))
     if not outcome.finished:
         print(

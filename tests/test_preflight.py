@@ -136,3 +136,32 @@ def test_data_root_default_is_the_environment(monkeypatch, tmp_path):
 
     monkeypatch.setenv("SCALE_FPT_DATA", str(tmp_path))
     assert parser("", {"local": None}).parse_args([]).data_root == str(tmp_path)
+
+
+def test_scale_fpt_sweep_runs_the_shipped_study_with_the_scripts_flags(capsys, tmp_path):
+    """`scale-fpt sweep scale --preset paper --plan ...` is `sweeps/scale.py` with the same
+    flags: the same plan, the same refusal."""
+    from scale_fpt import cli
+
+    flags = ["--preset", "paper", "--plan", "--models", "gpt2-tiny", "--tasks", "homology"]
+    assert cli.main(["sweep", "scale", *flags]) == 2
+    out, err = capsys.readouterr()
+    assert out.startswith("scale-paper: 6 arms x 1 trial(s) on a10g-24gb")
+    assert err.startswith("scale-fpt: error: invalid configuration:\n  - homology: no --data-dir")
+    write_tape(tmp_path / "homology")
+    assert cli.main(["sweep", "scale", *flags, "--data-root", str(tmp_path)]) == 0
+
+
+def test_scale_fpt_sweep_refuses_an_unknown_target_and_a_preset_for_a_file(capsys, tmp_path):
+    from scale_fpt import cli
+
+    assert cli.main(["sweep", "scaling"]) == 2
+    assert "'scaling': neither a study (scale, finetune, lr-search) nor a YAML" in (
+        capsys.readouterr().err
+    )
+    sweep_file = tmp_path / "s.yaml"
+    sweep_file.write_text("name: s\nbase: {task: bit-xor}\n")
+    assert cli.main(["sweep", str(sweep_file), "--preset", "paper", "--plan"]) == 2
+    assert "--preset paper: " in capsys.readouterr().err
+    assert cli.main(["sweep", str(sweep_file), "--plan"]) == 0
+    assert capsys.readouterr().out.startswith("s: 1 arms x 1 trial(s)")
