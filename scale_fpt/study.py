@@ -109,6 +109,12 @@ def add_study_flags(
         default=None,
         help="retries per crashed trial; 0 = none (default: the preset's)",
     )
+    p.add_argument(
+        "--loggers",
+        default="",
+        help="comma list of trackers fed with every evaluation: tensorboard (event files per "
+        "trial in RESULTS/<sweep>/tensorboard) or none (default: tensorboard)",
+    )
     p.add_argument("--search-trials", type=int, default=0, help="Optuna trials per arm")
     p.add_argument("--asha", action="store_true", help="stop weak trials early (ASHA)")
     p.add_argument(
@@ -218,6 +224,8 @@ def narrow(sweep, args: argparse.Namespace):
         "data_root": args.data_root,
     }
     changes.update({k: v for k, v in optional.items() if v})
+    if args.loggers:
+        changes["loggers"] = tuple(split(args.loggers))
     # Given values pass unchecked: SweepConfig.validate names a negative one.
     for name in ("max_concurrent", "max_failures"):
         if getattr(args, name) is not None:

@@ -430,23 +430,21 @@ def ray_up(config_path: Path, laptop: Path, home: Path, shared: Path, install: b
     /mnt/shared at ``shared``. The file mounts are copied as the launcher syncs them (.git
     left out of the trees), and the head's setup commands run through ``ray_shell``.
 
-    ``install=True`` runs every setup command as shipped, its `pip install -e` included
-    (~1 min), into the node's Python (local.yaml asks every machine for one Python first on
-    PATH): a virtual environment over this machine's site-packages. ``install=False`` skips
-    the pip and torch commands and puts the synced tree on PYTHONPATH instead, for the tests
-    that need only the synced files."""
+    ``install=True`` runs every setup command as shipped, its `pip install -e` included,
+    with this machine's Python first on PATH (what local.yaml asks of every machine) and pip
+    installing into the node's home (PIP_USER=1: ~/.local, the user site that Python puts
+    ahead of the system site-packages), so nothing of this machine's install changes.
+    ``install=False`` skips the pip and torch commands and puts the synced tree on PYTHONPATH
+    instead, for the tests that need only the synced files."""
     config = _prepare(config_path)
     home.mkdir()
     for remote, local in config["file_mounts"].items():
         target = home / remote.removeprefix("~/")
         shutil.copytree(laptop / local, target, ignore=shutil.ignore_patterns(".git"))
-    python = Path(sys.executable).parent
-    if install:  # pip installs into the node's own Python, never into this machine's
-        venv = home.parent / f"{home.name}-python"
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True)
-        python = venv / "bin"
-    bashrc = f"export PATH={python}:$PATH\n"
-    if not install:
+    bashrc = f"export PATH={Path(sys.executable).parent}:$PATH\n"
+    if install:
+        bashrc += "export PIP_USER=1\n"
+    else:
         bashrc += f"export PYTHONPATH={home / SYNCED.removeprefix('~/')}\n"
     (home / ".bashrc").write_text(bashrc)
     shared.mkdir()

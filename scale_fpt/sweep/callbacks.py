@@ -142,14 +142,26 @@ def trial_error_text(trial) -> str:
     return str(getattr(trial, "error_msg", None) or "trial failed")
 
 
-def sweep_callbacks(sweep: SweepConfig) -> list:
-    """The driver's callbacks: our own rows, plus Tune's result.json (its ResultGrid reads it,
-    and ``recovery`` re-derives lost rows from it); Tune's TensorBoard and CSV loggers would
-    only warn about the nested row lists."""
+def sweep_callbacks(sweep: SweepConfig, experiment: str = "", planned_steps: int = 0) -> list:
+    """The driver's callbacks: our own rows first, Tune's result.json (its ResultGrid reads
+    it, and ``recovery`` re-derives lost rows from it), the live progress of ``experiment``
+    (``planned_steps``: its member trial-steps, for the ETA) and the trackers of
+    ``sweep.loggers``. (Tune's own TensorBoard and CSV loggers would only warn about the
+    nested row lists; ``tracking`` writes TensorBoard files per member trial instead.)"""
     from ray.tune.logger import JsonLoggerCallback
 
+    from scale_fpt.sweep.progress import progress_callback_class
+    from scale_fpt.sweep.tracking import tracking_callback_class
+
     results_dir = str(Path(sweep.results_dir).absolute())
-    return [results_callback_class()(results_dir, sweep.name), JsonLoggerCallback()]
+    callbacks = [
+        results_callback_class()(results_dir, sweep.name),
+        JsonLoggerCallback(),
+        progress_callback_class()(experiment or sweep.name, planned_steps),
+    ]
+    if "tensorboard" in sweep.loggers:
+        callbacks.append(tracking_callback_class()(str(sweep.sweep_dir)))
+    return callbacks
 
 
 def write_where_told(tuner, sweep: SweepConfig, callbacks: list) -> None:

@@ -79,6 +79,10 @@ class SweepConfig:
     ``data_dir`` is not set reads ``data_root/<folder>``; the others keep their default
     source (the seeded generator for ListOps, the Hugging Face cache or hub for images).
     Empty: every task its default source or its ``data_dir``."""
+    loggers: tuple[str, ...] = ("tensorboard",)
+    """Trackers the driver feeds with every evaluation (``sweep.tracking.LOGGERS``):
+    ``tensorboard`` writes event files per member trial in ``results_dir/name/tensorboard``;
+    ``none``: only the Parquet rows."""
     reuse_actors: bool = True
     """Reuse trial processes (saves the import and start-up of torch and DeepSpeed)."""
     pack: int | str = "auto"
@@ -126,6 +130,7 @@ class SweepConfig:
             if getattr(self, name) < 0:
                 out.append(f"{flag(name)}: must be >= 0 (0 = {zero}), got {getattr(self, name)}")
         out += placement_problems(self)
+        out += logger_problems(self.loggers)
         return out
 
     def seed_problems(self) -> list[str]:
@@ -322,6 +327,14 @@ def with_data_root(arm: dict, data_root: str) -> dict:
 def arm_label(flat: dict) -> str:
     keys = ("task", "model", "init", "finetune", "seed")
     return "/".join(str(flat[k]) for k in keys if k in flat)
+
+
+def logger_problems(loggers) -> list[str]:
+    from scale_fpt.sweep.tracking import LOGGERS
+
+    if isinstance(loggers, list | tuple) and loggers and set(loggers) <= set(LOGGERS):
+        return []
+    return [f"loggers: {loggers!r}; a list of {', '.join(LOGGERS)}"]
 
 
 def placement_problems(sweep: SweepConfig) -> list[str]:

@@ -125,6 +125,13 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
     return SweepOutcome([name for name, _ in plans], trials, unfinished)
 
 
+def planned_steps(sweep: SweepConfig, arms: list[dict]) -> int:
+    """Member trial-steps an experiment of ``arms`` trains in all: each arm's ``max_steps``,
+    times the configurations a search tries per arm (for the progress ETA)."""
+    steps = sum(TrialConfig.from_flat(arm).train.max_steps for arm in arms)
+    return steps * (sweep.search_trials if sweep.search else 1)
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
@@ -150,7 +157,7 @@ def run_experiment(
     from scale_fpt.search import without_search_configs
 
     trainable = tune.with_resources(tune_search_members if sweep.search else tune_trial, resources)
-    callbacks = sweep_callbacks(sweep)
+    callbacks = sweep_callbacks(sweep, experiment, planned_steps(sweep, arms))
     if resume and tune.Tuner.can_restore(path):
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True)
         write_where_told(tuner, sweep, callbacks)
