@@ -160,6 +160,10 @@ class SeedMeanSearcher(Searcher):
         """Optuna trial number -> later numbers with the same parameters (told its value)."""
         self.known: dict[tuple, int] = {}
         """Parameters -> the first Optuna trial number with them (this study, every run)."""
+        self.optuna_ids: dict[int, int] = {}
+        """Optuna trial number -> its storage id (to record user attributes at the tell)."""
+        self.member_seeds: dict[str, int] = {}
+        """Member trial id -> its seed."""
         self._study = None
 
     # ----------------------------------------------------------------- the study
@@ -172,7 +176,9 @@ class SeedMeanSearcher(Searcher):
         if self._study is None:
             import optuna
 
-            storage = optuna.storages.RDBStorage(self.storage_url)
+            from scale_fpt.storage import open_optuna_storage
+
+            storage = open_optuna_storage(self.storage_url)
             existing = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(storage)}
             # A continued study must not replay earlier suggestions (a seeded sampler starts
             # its random draws over): offset the seed by the trials the study already has.
@@ -262,17 +268,31 @@ class SeedMeanSearcher(Searcher):
                     self._tell_aliases(earlier)
                 continue
             self.pending[trial.number] = {}
+            # Trial._trial_id: the storage's id, which optuna.trial.Trial(study, id) takes.
+            self.optuna_ids[trial.number] = trial._trial_id
             for arm in self.seed_arms:
                 flat = {**arm, **trial.params}
-                self.pending[trial.number][config_trial_id(self.sweep, flat)] = None
+                member = config_trial_id(self.sweep, flat)
+                self.pending[trial.number][member] = None
+                self.member_seeds[member] = arm.get("seed", 0)
                 members.append(flat)
                 numbers[id(flat)] = trial.number
         for cohort in cohorts(members, self.pack) if members else []:
             self.queue.append({"members": [{**m, SEARCH_CONFIG: numbers[id(m)]} for m in cohort]})
 
     def _tell(self, number: int, value: float | None) -> None:
+        import optuna
         from optuna.trial import TrialState
 
+        # What each seed scored and which Parquet rows hold it, beside the told mean: user
+        # attributes, shown by optuna-dashboard and in study.trials_dataframe().
+        seeds = self.pending[number]
+        trial = optuna.trial.Trial(self.study, self.optuna_ids.pop(number))
+        trial.set_user_attr(
+            "seed_values",
+            {str(self.member_seeds[m]): (None if math.isnan(v) else v) for m, v in seeds.items()},
+        )
+        trial.set_user_attr("trial_ids", {str(self.member_seeds[m]): m for m in seeds})
         if value is None:
             self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
         else:

@@ -38,9 +38,66 @@ def tune_storage_problem(storage: str) -> str | None:
     return problem and f"--storage {storage}: {problem}"
 
 
+JOURNAL_SUFFIX = ".journal"
+"""An Optuna storage ending in this is a journal file (``optuna.storages.JournalStorage``),
+not a database URL: safe on a shared file system (NFS, EFS), where SQLite's locks are not."""
+
+SHARED_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "beegfs", "glusterfs")
+"""File-system types (``/proc/mounts``) that several machines mount at once."""
+
+
+def filesystem_type(path: Path) -> str:
+    """The type of the file system holding ``path`` (its longest mount point in
+    /proc/mounts; '' where that cannot be read)."""
+    path = path.absolute()
+    best, kind = "", ""
+    try:
+        lines = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        mount = fields[1].replace("\\040", " ")
+        inside = path == Path(mount) or Path(mount) in path.parents
+        if inside and len(mount) > len(best):
+            best, kind = mount, fields[2]
+    return kind
+
+
+def default_optuna_storage(sweep_dir: Path) -> str:
+    """The Optuna storage of a search given none: a journal file in the sweep's results
+    directory when that is on a shared file system (where SQLite's locking is unsafe),
+    else an SQLite database there."""
+    kind = filesystem_type(sweep_dir)
+    if kind in SHARED_FILESYSTEMS or kind.startswith("fuse."):
+        return str(sweep_dir / f"optuna{JOURNAL_SUFFIX}")
+    return f"sqlite:///{sweep_dir / 'optuna.db'}"
+
+
+def open_optuna_storage(storage: str):
+    """The Optuna storage object of ``storage``: a journal file (``*.journal``) or an RDB
+    URL. What optuna.load_study and optuna-dashboard read too (docs/tracking.md)."""
+    import optuna
+
+    if storage.endswith(JOURNAL_SUFFIX):
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(storage))
+    return optuna.storages.RDBStorage(storage)
+
+
 def optuna_storage_problem(url: str) -> str | None:
-    """Why Optuna cannot keep a study at the RDB ``url``, or None. An SQLite file needs an
-    existing, writable directory; any other database must accept a connection now."""
+    """Why Optuna cannot keep a study at ``url``, or None: a journal file (``*.journal``)
+    or an SQLite file needs an existing, writable directory; any other database must accept
+    a connection now."""
+    if url.endswith(JOURNAL_SUFFIX):
+        directory = Path(url).absolute().parent
+        if not directory.is_dir():
+            return f"--optuna-storage {url}: directory {directory} does not exist"
+        problem = unwritable_directory(directory)
+        return problem and f"--optuna-storage {url}: {problem}"
     from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
 
@@ -50,7 +107,8 @@ def optuna_storage_problem(url: str) -> str | None:
     except Exception as e:  # ArgumentError (not a URL), NoSuchModuleError (no such database)
         return (
             f"--optuna-storage {url!r}: not a database URL Optuna can use ({one_line(e)}); "
-            "e.g. sqlite:////abs/path/optuna.db or postgresql://user@host/db"
+            "e.g. sqlite:////abs/path/optuna.db, postgresql://user@host/db, or a journal "
+            f"file /shared/path/optuna{JOURNAL_SUFFIX}"
         )
     if parsed.get_backend_name() == "sqlite":
         if parsed.database in (None, "", ":memory:"):

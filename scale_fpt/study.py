@@ -95,7 +95,10 @@ def add_study_flags(
         help="Ray Tune storage, shared on a cluster (default: $SCALE_FPT_STORAGE, else RESULTS/_ray)",
     )
     p.add_argument(
-        "--optuna-storage", default="", help="Optuna RDB URL (default: SQLite in the results)"
+        "--optuna-storage",
+        default="",
+        help="Optuna storage: an RDB URL, or a journal file PATH.journal (safe on NFS) "
+        "(default: in the sweep's results, a journal file on a shared file system, else SQLite)",
     )
     p.add_argument(
         "--max-concurrent",

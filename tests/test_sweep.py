@@ -289,8 +289,15 @@ def test_optuna_search_continues_the_same_study(tmp_path):
     trials = load_results(tmp_path, "search").trials
     assert sorted(trials["lr"]) == sorted(lrs * 2)  # every Optuna trial: a row per seed
     means = trials.groupby("search_config")[sweep.metric].mean()
+    rows = trials.set_index("trial_id")
     for trial in study.trials:
         assert trial.value == pytest.approx(means[trial.number])
+        # each seed's value and Parquet row, as user attributes
+        ids, values = trial.user_attrs["trial_ids"], trial.user_attrs["seed_values"]
+        assert sorted(ids) == sorted(values) == ["0", "1"]
+        for seed, trial_id in ids.items():
+            assert rows.loc[trial_id, "seed"] == int(seed)
+            assert values[seed] == pytest.approx(rows.loc[trial_id, sweep.metric])
 
 
 @pytest.mark.slow

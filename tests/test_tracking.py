@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -111,3 +112,48 @@ def test_terminal_block_is_redrawn_in_place_and_lines_stay_above_it():
     assert text.endswith(
         f"{up}{up}[scale-fpt] FAILED t1 (bit-xor, seed None) at step 5: ValueError: bad\n"
     )
+
+
+def test_search_on_a_journal_file_is_read_by_optuna_load_study(tmp_path):
+    """``--optuna-storage PATH.journal`` (what a shared file system needs): the study is in
+    the journal, and optuna.load_study (what optuna-dashboard PATH.journal does) reads it
+    with every trial's value and user attributes."""
+    import optuna
+
+    from scale_fpt.storage import open_optuna_storage
+    from scale_fpt.sweep import run_sweep
+
+    journal = str(tmp_path / "optuna.journal")
+    sweep = SweepConfig(
+        name="journal",
+        base={**TINY, "max_steps": 20, "eval_every": 20},
+        search={"lr": ("loguniform", 1e-4, 1e-2)},
+        search_trials=1,
+        seeds=(0, 1),
+        results_dir=str(tmp_path),
+        optuna_storage=journal,
+        loggers=("none",),
+    )
+    assert run_sweep(sweep).finished
+    assert not (tmp_path / "journal" / "optuna.db").exists()
+    (summary,) = optuna.get_all_study_summaries(open_optuna_storage(journal))
+    study = optuna.load_study(study_name=summary.study_name, storage=open_optuna_storage(journal))
+    (trial,) = study.trials
+    trials = pd.read_parquet(tmp_path / "journal" / "trials")
+    assert trial.value == pytest.approx(trials[sweep.metric].mean())
+    assert sorted(trial.user_attrs["trial_ids"].values()) == sorted(trials["trial_id"])
+    assert not (tmp_path / "journal" / "tensorboard").exists()  # loggers: none
+
+
+def test_default_optuna_storage_is_a_journal_on_shared_file_systems(tmp_path, monkeypatch):
+    from scale_fpt import storage
+
+    assert storage.default_optuna_storage(tmp_path) == f"sqlite:///{tmp_path / 'optuna.db'}"
+    monkeypatch.setattr(storage, "filesystem_type", lambda path: "nfs4")
+    assert storage.default_optuna_storage(tmp_path) == str(tmp_path / "optuna.journal")
+
+
+def test_filesystem_type_reads_the_longest_mount_point():
+    from scale_fpt.storage import filesystem_type
+
+    assert filesystem_type(Path("/proc/self")) == "proc"

@@ -45,8 +45,9 @@ class SweepConfig:
     """Ray Tune's experiment storage (checkpoints, state); shared storage on a cluster.
     Empty: ``results_dir/_ray``."""
     optuna_storage: str = ""
-    """Optuna storage URL (an RDB URL on a cluster). Empty: an SQLite file under the sweep's
-    results directory."""
+    """Optuna storage: an RDB URL, or a journal file (``*.journal``, safe on a shared file
+    system). Empty: under the sweep's results directory, a journal file when that is on a
+    shared file system (NFS, ...), else an SQLite file (``storage.default_optuna_storage``)."""
     max_concurrent: int = 0
     """At most this many trials at once (0: as many as resources allow)."""
     max_failures: int = 2

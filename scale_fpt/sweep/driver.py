@@ -12,7 +12,7 @@ from scale_fpt.config import TrialConfig
 from scale_fpt.loop import evaluation_steps
 from scale_fpt.recovery import restore_missing_rows
 from scale_fpt.results import ResultsWriter
-from scale_fpt.storage import check_sweep_storage
+from scale_fpt.storage import check_sweep_storage, default_optuna_storage
 from scale_fpt.sweep.callbacks import (
     fit_reporting_write_failures,
     sweep_callbacks,
@@ -46,7 +46,7 @@ def search_algorithm(sweep: SweepConfig, seed_arms: list[dict], study_name: str,
         seed_arms=seed_arms,
         search=sweep.search,
         study_name=study_name,
-        storage_url=sweep.optuna_storage or f"sqlite:///{sweep.sweep_dir / 'optuna.db'}",
+        storage_url=sweep.optuna_storage or default_optuna_storage(sweep.sweep_dir),
         n_configs=sweep.search_trials,
         pack=search_pack(sweep, seed_arms, devices),
         parallel=sweep.max_concurrent or devices.slots,
