@@ -86,6 +86,7 @@ def build_parser() -> Parser:
 
     train = commands.add_parser("train", help="train one trial and write its Parquet rows")
     add_trial_flags(train)
+    add_config_file_flags(train)
     train.add_argument("--results", default="results", help="results directory (default: results)")
     train.add_argument("--sweep", default="train", help="sweep name of the rows (default: train)")
     train.add_argument(
@@ -100,6 +101,7 @@ def build_parser() -> Parser:
         "plan", help="parameter counts, FLOPs, memory and GPUs per trial; trains nothing"
     )
     add_trial_flags(plan)
+    add_config_file_flags(plan)
     add_plan_flags(plan)
 
     pretrain = commands.add_parser("pretrain", help="pretrain a CPU-sized backbone locally")
@@ -169,9 +171,49 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_config_file_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("config file")
+    group.add_argument(
+        "--config",
+        default="",
+        metavar="FILE.yaml",
+        help="trial config fields from a YAML mapping (what --print-config writes); flags "
+        "given beside it win",
+    )
+    group.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the trial's full config as YAML (every field) and exit; runs nothing",
+    )
+
+
+def config_file_values(path: str) -> dict:
+    """The ``{field: value}`` mapping of a ``--config`` YAML file; ConfigError naming the
+    file for an unreadable file, bad YAML or a non-mapping (unknown keys: from_flat)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError([f"--config {path}: cannot read ({e.strerror})"]) from None
+    except yaml.YAMLError as e:
+        raise ConfigError([f"--config {path}: YAML syntax error: {e}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([f"--config {path}: expected a mapping of trial config fields"])
+    return data
+
+
 def trial_config(args: argparse.Namespace) -> TrialConfig:
-    flat = {k: v for k, v in vars(args).items() if k in FIELD_TYPES and v is not None}
+    flat = config_file_values(args.config) if getattr(args, "config", "") else {}
+    flat.update({k: v for k, v in vars(args).items() if k in FIELD_TYPES and v is not None})
     return TrialConfig.from_flat(flat)
+
+
+def print_config(config: TrialConfig) -> int:
+    import yaml
+
+    print(yaml.safe_dump(config.to_flat(), sort_keys=False), end="")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             problems += plan_flag_problems(args)
         if problems:
             raise ConfigError(problems)
+        if args.command in ("train", "plan") and args.print_config:
+            return print_config(config)
         if args.command == "train":
             return train(args, config)
         if args.command == "plan":

@@ -51,3 +51,34 @@ def test_sweep_script_help(script, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert out.startswith("usage: ")
     assert "--preset" in out and "--plan" in out
+
+
+def test_print_config_and_config_read_each_other(capsys, tmp_path):
+    """``train --print-config`` writes every field; ``--config`` of that file gives the same
+    config, and a flag beside it wins."""
+    import yaml
+
+    from scale_fpt.config import FIELD_TYPES
+
+    assert cli.main(["train", "--task", "listops", "--lr", "0.01", "--print-config"]) == 0
+    written = capsys.readouterr().out
+    values = yaml.safe_load(written)
+    assert set(values) == set(FIELD_TYPES)
+    assert (values["task"], values["lr"]) == ("listops", 0.01)
+    path = tmp_path / "trial.yaml"
+    path.write_text(written)
+    assert cli.main(["train", "--config", str(path), "--print-config"]) == 0
+    assert capsys.readouterr().out == written
+    assert cli.main(["plan", "--config", str(path), "--seed", "7", "--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == {**values, "seed": 7}
+
+
+def test_bad_config_file_is_one_error(capsys, tmp_path):
+    path = tmp_path / "trial.yaml"
+    path.write_text("task: listops\nlearning_rate: 0.1\nbatch_size: many\n")
+    assert cli.main(["train", "--config", str(path), "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown config key 'learning_rate'" in err
+    assert "--batch-size: expected int, got 'many'" in err
+    assert cli.main(["train", "--config", str(tmp_path / "none.yaml")]) == 2
+    assert "--config " in capsys.readouterr().err
