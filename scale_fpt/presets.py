@@ -23,6 +23,19 @@ class Study:
     """Preset name -> the SweepConfig it declares."""
 
 
+def paper_sweep(**fields) -> SweepConfig:
+    """A paper preset: 3 seeds, the paper's per-task settings, GPUs sized by the planner on
+    the paper presets' GPU, 3 retries; ``fields`` add to or replace these."""
+    paper = {
+        "seeds": (0, 1, 2),
+        "overrides": paper_overrides(),
+        "gpus_per_trial": "auto",
+        "gpu": PAPER_GPU,
+        "max_failures": 3,
+    }
+    return SweepConfig(**{**paper, **fields})
+
+
 def scale_local() -> SweepConfig:
     return SweepConfig(
         name="scale-local",
@@ -51,7 +64,7 @@ def scale_local() -> SweepConfig:
 
 
 def scale_paper() -> SweepConfig:
-    return SweepConfig(
+    return paper_sweep(
         name="scale-paper",
         base={"finetune": "fpt", "batch_size": 8, "eval_every": 1000, "precision": "bf16"},
         grid={
@@ -59,11 +72,6 @@ def scale_paper() -> SweepConfig:
             "model": ["gpt2", "gpt2-medium", "gpt2-large"],
             "init": ["pretrained", "random"],
         },
-        seeds=(0, 1, 2),
-        overrides=paper_overrides(),
-        gpus_per_trial="auto",
-        gpu=PAPER_GPU,
-        max_failures=3,
     )
 
 
@@ -118,15 +126,10 @@ def finetune_local() -> SweepConfig:
 
 
 def finetune_paper() -> SweepConfig:
-    return SweepConfig(
+    return paper_sweep(
         name="finetune-paper",
         base={"model": "gpt2", "init": "pretrained", "batch_size": 8, "eval_every": 1000},
         grid={"task": list(PAPER_STEPS), "finetune": SUBSETS},
-        seeds=(0, 1, 2),
-        overrides=paper_overrides(),
-        gpus_per_trial="auto",
-        gpu=PAPER_GPU,
-        max_failures=3,
     )
 
 
@@ -159,7 +162,7 @@ def lr_search_local() -> SweepConfig:
 
 
 def lr_search_paper() -> SweepConfig:
-    return SweepConfig(
+    return paper_sweep(
         name="lr-search-paper",
         base={"model": "gpt2", "eval_every": 1000, "precision": "bf16"},
         grid={
@@ -169,11 +172,8 @@ def lr_search_paper() -> SweepConfig:
         },
         search={"lr": ("loguniform", 1e-6, 1e-2), "batch_size": ("choice", [4, 8, 16])},
         search_trials=12,
-        overrides=paper_overrides(),
+        seeds=(0,),
         max_concurrent=8,
-        gpus_per_trial="auto",
-        gpu=PAPER_GPU,
-        max_failures=3,
     )
 
 

@@ -327,3 +327,59 @@ def row_value(row: dict | None, metric: str) -> float:
     """A member's final ``metric`` from its trial row (NaN when missing)."""
     value = (row or {}).get(metric)
     return math.nan if value is None else float(value)
+
+
+class ArmSearchers(Searcher):
+    """Every searched arm of a sweep in one Tune experiment: Tune asks each arm's
+    ``SeedMeanSearcher`` in turn for its next configuration, so the arms run side by side
+    and the cluster stays full instead of draining at the end of each arm. Each arm keeps
+    its own Optuna study; results go back to the arm that suggested the trial."""
+
+    def __init__(self, arms: list[SeedMeanSearcher], metric: str = "best_val_accuracy"):
+        super().__init__(metric=metric, mode="max")
+        self.arms = list(arms)
+        self.owner: dict[str, int] = {}
+        """Tune trial id -> the index of the arm that suggested it."""
+        self.finished: set[int] = set()
+        self.next_arm = 0
+
+    def set_search_properties(self, metric, mode, config, **spec) -> bool:
+        return True
+
+    def suggest(self, trial_id: str):
+        for offset in range(len(self.arms)):
+            index = (self.next_arm + offset) % len(self.arms)
+            if index in self.finished:
+                continue
+            config = self.arms[index].suggest(trial_id)
+            if config == Searcher.FINISHED:
+                self.finished.add(index)
+            elif config is not None:
+                self.owner[trial_id] = index
+                self.next_arm = (index + 1) % len(self.arms)
+                return config
+        return Searcher.FINISHED if len(self.finished) == len(self.arms) else None
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
+        index = self.owner.pop(trial_id, None)
+        if index is not None:
+            self.arms[index].on_trial_complete(trial_id, result=result, error=error)
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump(self.__getstate__(), f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            self.__setstate__(pickle.load(f))
+
+    def __getstate__(self):
+        return {**self.__dict__, "arms": [arm.__getstate__() for arm in self.arms]}
+
+    def __setstate__(self, state):
+        arms = []
+        for arm_state in state["arms"]:
+            arm = SeedMeanSearcher.__new__(SeedMeanSearcher)
+            arm.__dict__.update(arm_state)
+            arms.append(arm)
+        self.__dict__.update({**state, "arms": arms})

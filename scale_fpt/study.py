@@ -77,8 +77,8 @@ def add_study_flags(
         default=os.environ.get("SCALE_FPT_DATA", ""),
         metavar="DIR",
         help="the tasks' data, one folder per dataset: DIR/listops, DIR/homology, DIR/mnist, "
-        "DIR/cifar10 (as `scale-fpt fetch` writes them); a task whose folder is missing keeps "
-        "its default source (default: $SCALE_FPT_DATA)",
+        "DIR/cifar10 (docs/data.md); a task whose folder is missing keeps its default source "
+        "(default: $SCALE_FPT_DATA)",
     )
     p.add_argument("--name", default="", help="sweep name (default: the preset's)")
     # cluster/*.yaml export SCALE_FPT_RESULTS and SCALE_FPT_STORAGE (shared storage), so a

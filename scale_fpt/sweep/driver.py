@@ -1,5 +1,5 @@
 """Running a sweep: connect to (or start) Ray, plan the arms, one Tune experiment for a grid
-or one per searched arm, resume an interrupted one."""
+or for every searched arm side by side, resume an interrupted one."""
 
 from __future__ import annotations
 
@@ -36,22 +36,27 @@ from scale_fpt.trial import (
 )
 
 
-def search_algorithm(sweep: SweepConfig, seed_arms: list[dict], study_name: str, devices: Devices):
-    """The searcher of one arm: its configurations trained for every seed of ``seed_arms``
-    and scored on the seed mean (``search.SeedMeanSearcher``)."""
-    from scale_fpt.search import SeedMeanSearcher
+def search_algorithm(sweep: SweepConfig, arms: list[dict], devices: Devices):
+    """The searcher of a sweep's searched arms: one ``search.SeedMeanSearcher`` per arm (its
+    configurations trained for every seed, scored on the seed mean, in the arm's own Optuna
+    study ``<sweep>-<arm>``), all run side by side (``search.ArmSearchers``)."""
+    from scale_fpt.search import ArmSearchers, SeedMeanSearcher, seed_groups
 
-    return SeedMeanSearcher(
-        sweep=sweep.name,
-        seed_arms=seed_arms,
-        search=sweep.search,
-        study_name=study_name,
-        storage_url=sweep.optuna_storage or default_optuna_storage(sweep.sweep_dir),
-        n_configs=sweep.search_trials,
-        pack=search_pack(sweep, seed_arms, devices),
-        parallel=sweep.max_concurrent or devices.slots,
-        metric=sweep.metric,
-    )
+    searchers = [
+        SeedMeanSearcher(
+            sweep=sweep.name,
+            seed_arms=group,
+            search=sweep.search,
+            study_name=f"{sweep.name}-{slug(arm_label({**group[0], 'seed': 'seeds'}))}",
+            storage_url=sweep.optuna_storage or default_optuna_storage(sweep.sweep_dir),
+            n_configs=sweep.search_trials,
+            pack=search_pack(sweep, group, devices),
+            parallel=sweep.max_concurrent or devices.slots,
+            metric=sweep.metric,
+        )
+        for group in seed_groups(arms)
+    ]
+    return searchers[0] if len(searchers) == 1 else ArmSearchers(searchers, sweep.metric)
 
 
 def connect_ray(runtime_env: dict | None = None, **init_kwargs) -> None:
@@ -80,7 +85,7 @@ def connect_ray(runtime_env: dict | None = None, **init_kwargs) -> None:
 @dataclass
 class SweepOutcome:
     experiments: list[str]
-    """Ray Tune experiment names (one per arm for searches)."""
+    """Ray Tune experiment names (the sweep's one)."""
     trials: int
     """Tune trials run or restored."""
     unfinished: int
@@ -106,23 +111,13 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
     import ray
 
     devices = cluster_devices(sweep, ray.cluster_resources(), offer)
-    if sweep.search:  # one Optuna study per arm, each of its configurations for every seed
-        from scale_fpt.search import seed_groups
-
-        plans = [
-            (f"{sweep.name}-{slug(arm_label({**group[0], 'seed': 'seeds'}))}", group)
-            for group in seed_groups(arms)
-        ]
-    else:
-        plans = [(sweep.name, arms)]
-    trials = unfinished = 0
-    for index, (experiment, arms) in enumerate(plans):
-        grid = run_experiment(sweep, experiment, arms, offer, devices, resume)
-        trials += len(grid)
-        if saved_unfinished(os.path.join(sweep.ray_storage, experiment)):
-            unfinished = unfinished_trials(sweep, [name for name, _ in plans[index:]])
-            break  # interrupted: later arms wait for --resume
-    return SweepOutcome([name for name, _ in plans], trials, unfinished)
+    # One Tune experiment: a grid's trials, or every searched arm side by side (one Optuna
+    # study per arm, each configuration trained for every seed).
+    grid = run_experiment(sweep, sweep.name, arms, offer, devices, resume)
+    unfinished = 0
+    if saved_unfinished(os.path.join(sweep.ray_storage, sweep.name)):
+        unfinished = unfinished_trials(sweep, [sweep.name])
+    return SweepOutcome([sweep.name], len(grid), unfinished)
 
 
 def planned_steps(sweep: SweepConfig, arms: list[dict]) -> int:
@@ -166,7 +161,7 @@ def run_experiment(
 
     if sweep.search:
         param_space = {"sweep": sweep.name}
-        search_alg = search_algorithm(sweep, arms, experiment, devices)
+        search_alg = search_algorithm(sweep, arms, devices)
         num_samples = -1  # the searcher says when it is done (Searcher.FINISHED)
     else:
         search_alg, num_samples = None, 1

@@ -26,11 +26,14 @@ def saved_unfinished(path: str) -> int:
 
 def unfinished_trials(sweep: SweepConfig, experiments: list[str]) -> int:
     """Trials of an interrupted sweep still to run, counted from the sweep's own grid: each
-    arm without a final row on disk; for a search, ``search_trials`` per arm's experiment
-    less the trials Tune finished in it (``experiments``: the current one and those after)."""
+    arm without a final row on disk; for a search, ``search_trials`` per arm less the
+    trials Tune finished in the experiment (``experiments``: the sweep's)."""
     if sweep.search:
+        from scale_fpt.search import seed_groups
+
+        planned = sweep.search_trials * len(seed_groups(sweep.arms()))
         return sum(
-            max(0, sweep.search_trials - saved_finished(os.path.join(sweep.ray_storage, name)))
+            max(0, planned - saved_finished(os.path.join(sweep.ray_storage, name)))
             for name in experiments
         )
     writer = ResultsWriter(sweep.results_dir, sweep.name)
