@@ -276,3 +276,42 @@ def test_interrupted_search_resumes_and_tells_each_configuration_once(tmp_path):
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
     for trial in study.trials:
         assert trial.value == pytest.approx(means[trial.number])
+
+
+def test_arm_searchers_interleave_arms_and_route_results(tmp_path):
+    """Two searched arms in one experiment: Tune's successive asks alternate between the
+    arms (each waits for its own results), each result goes to the arm that suggested it,
+    and the whole search is finished when both arms are; a save/restore keeps it all."""
+    import pickle
+
+    from scale_fpt.search import ArmSearchers
+
+    def arm(finetune: str) -> SeedMeanSearcher:
+        return SeedMeanSearcher(
+            sweep="s",
+            seed_arms=[{**BASE, "init": "random", "finetune": finetune, "seed": 0}],
+            search={"lr": ("loguniform", 1e-5, 1e-2)},
+            study_name=f"s-{finetune}",
+            storage_url=f"sqlite:///{tmp_path / 'optuna.db'}",
+            n_configs=2,
+            parallel=1,
+            metric=METRIC,
+        )
+
+    both = ArmSearchers([arm("fpt"), arm("full")], METRIC)
+    first, second = both.suggest("t1"), both.suggest("t2")
+    assert [m["finetune"] for c in (first, second) for m in c["members"]] == ["fpt", "full"]
+    assert both.suggest("t3") is None  # each arm waits for its one running configuration
+    finish(both, "t2", second)
+    both = pickle.loads(pickle.dumps(both))  # Tune saves and restores the searcher
+    third = both.suggest("t3")
+    assert [m["finetune"] for m in third["members"]] == ["full"]
+    finish(both, "t1", first)
+    finish(both, "t3", third)
+    fourth = both.suggest("t4")
+    assert [m["finetune"] for m in fourth["members"]] == ["fpt"]
+    finish(both, "t4", fourth)
+    assert both.suggest("t5") == "FINISHED"
+    for name in ("s-fpt", "s-full"):
+        trials = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+        assert [t.state.name for t in trials.trials] == ["COMPLETE", "COMPLETE"]
