@@ -159,4 +159,12 @@ def keep_mask_rows(
     return keep.to(torch.float32).mul_(scale).to(dtype)  # scale rounded to float32 as there
 
 
-__all__ = ["Draws", "keep_mask", "keep_mask_rows", "mix64", "mix64_tensor", "splitmix64", "stream_key"]
+__all__ = [
+    "Draws",
+    "keep_mask",
+    "keep_mask_rows",
+    "mix64",
+    "mix64_tensor",
+    "splitmix64",
+    "stream_key",
+]

@@ -21,8 +21,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from scale_fpt.keyed_random import keep_mask_rows  # noqa: E402
-from scale_fpt.models import ops  # noqa: E402
+from scale_fpt.keyed_random import keep_mask_rows
+from scale_fpt.models import ops
 
 BLOCK = 16  # small blocks: 40 positions cross block edges, a head size of 8 pads to 16
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -54,8 +54,7 @@ def flash():
 def qkv(N=4, H=2, T=40, hd=8, dtype=torch.float32, seed=0):
     generator = torch.Generator().manual_seed(seed)
     return [
-        torch.randn(N, H, T, hd, generator=generator).to(dtype).requires_grad_()
-        for _ in range(3)
+        torch.randn(N, H, T, hd, generator=generator).to(dtype).requires_grad_() for _ in range(3)
     ]
 
 

@@ -41,7 +41,7 @@ def _launch_args(q, k, v, positions, keys, scale, p, block):
     threshold = round(p * 2**32)
     keep_scale = 2**32 / (2**32 - threshold)
     dropout = keys is not None and p > 0.0
-    rows_per_key = N // len(keys) if dropout else 1
+    rows_per_key = N // len(keys) if dropout else N  # no keys: every row reads the stand-in
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
     scalars = (H, Tq, T, rows_per_key, scale, threshold, keep_scale)
     meta = {
@@ -57,7 +57,8 @@ def _launch_args(q, k, v, positions, keys, scale, p, block):
 
 
 def _pointers(q, positions, keys):
-    """Stand-ins for absent positions and keys (the kernels do not read them then)."""
+    """Stand-ins for absent positions and keys (one element: the kernels read no positions
+    then, and load the keys' first element without using it)."""
     empty = torch.zeros(1, dtype=torch.int64, device=q.device)
     return (empty if positions is None else positions.contiguous()), (
         empty if keys is None else keys
@@ -152,7 +153,9 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad, grad_lse):
     q, k, v, out, lse, positions, keys = ctx.saved_tensors
-    dq, dk, dv = flash_backward(grad, q, k, v, out, lse, positions, keys, ctx.scale, ctx.p, ctx.block)
+    dq, dk, dv = flash_backward(
+        grad, q, k, v, out, lse, positions, keys, ctx.scale, ctx.p, ctx.block
+    )
     return dq, dk, dv, None, None, None, None, None
 
 

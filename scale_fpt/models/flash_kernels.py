@@ -11,6 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+
 def _interpreter_loop_bounds() -> None:
     """Let Triton's interpreter take a tensor as a loop bound under numpy >= 2.3: it calls
     ``int()`` on the scalar's (1,) array, which those numpy versions refuse; ``.item()``
@@ -49,10 +50,7 @@ def _keep(key, row, offs_n, threshold):
 def _query_rows(POS, KEYS, n, h, offs_m, m_valid, Tq, H, T, ROWS_PER_KEY, FULL: tl.constexpr):
     """Positions of a block of queries, the uint64 key of their batch row and the first
     counter of each query's row of the logical (T, T) probabilities."""
-    if FULL:
-        pos = offs_m
-    else:
-        pos = tl.load(POS + n * Tq + offs_m, mask=m_valid, other=0)
+    pos = offs_m if FULL else tl.load(POS + n * Tq + offs_m, mask=m_valid, other=0)
     key = tl.load(KEYS + n // ROWS_PER_KEY).to(tl.uint64, bitcast=True)
     row = (((n % ROWS_PER_KEY) * H + h) * T + pos).to(tl.int64) * T
     return pos, key, row
@@ -62,16 +60,12 @@ def _query_rows(POS, KEYS, n, h, offs_m, m_valid, Tq, H, T, ROWS_PER_KEY, FULL: 
 def _keys_end(pid_m, T, BLOCK_M: tl.constexpr, FULL: tl.constexpr):
     """The end of the keys a block of queries sees: its last position + 1 when the queries
     are all T positions, else T (a block of chosen positions sees at most that)."""
-    if FULL:
-        end = tl.minimum((pid_m + 1) * BLOCK_M, T)
-    else:
-        end = T
-    return end
+    return tl.minimum((pid_m + 1) * BLOCK_M, T) if FULL else T
 
 
 @triton.jit
 def forward_kernel(
-    Q, K, V, O, LSE, POS, KEYS,
+    Q, K, V, OUT, LSE, POS, KEYS,
     sq_n, sq_h, sq_t, sk_n, sk_h, sk_t, sv_n, sv_h, sv_t, so_n, so_h, so_t,
     H, Tq, T, ROWS_PER_KEY, sm_scale, threshold, keep_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -94,8 +88,12 @@ def forward_kernel(
     for start_n in range(0, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n < T)[:, None] & d_valid[None, :]
-        k = tl.load(K + n * sk_n + h * sk_h + offs_n[:, None] * sk_t + offs_d[None, :], mask=kv_mask)
-        v = tl.load(V + n * sv_n + h * sv_h + offs_n[:, None] * sv_t + offs_d[None, :], mask=kv_mask)
+        k = tl.load(
+            K + n * sk_n + h * sk_h + offs_n[:, None] * sk_t + offs_d[None, :], mask=kv_mask
+        )
+        v = tl.load(
+            V + n * sv_n + h * sv_h + offs_n[:, None] * sv_t + offs_d[None, :], mask=kv_mask
+        )
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale
         s = tl.where(offs_n[None, :] <= pos[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -107,7 +105,7 @@ def forward_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     acc = acc / l_i[:, None]
-    tl.store(O + n * so_n + h * so_h + offs_m[:, None] * so_t + offs_d[None, :], acc, mask=q_mask)
+    tl.store(OUT + n * so_n + h * so_h + offs_m[:, None] * so_t + offs_d[None, :], acc, mask=q_mask)
     tl.store(LSE + nh * Tq + offs_m, m_i + tl.log(l_i), mask=m_valid)
 
 
@@ -140,7 +138,9 @@ def key_grads_kernel(
         pos, key, row = _query_rows(POS, KEYS, n, h, offs_m, m_valid, Tq, H, T, ROWS_PER_KEY, FULL)
         q_mask = m_valid[:, None] & d_valid[None, :]
         q = tl.load(Q + n * sq_n + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :], mask=q_mask)
-        do = tl.load(DO + n * sd_n + h * sd_h + offs_m[:, None] * sd_t + offs_d[None, :], mask=q_mask)
+        do = tl.load(
+            DO + n * sd_n + h * sd_h + offs_m[:, None] * sd_t + offs_d[None, :], mask=q_mask
+        )
         lse = tl.load(LSE + nh * Tq + offs_m, mask=m_valid, other=0.0)
         delta = tl.load(DELTA + nh * Tq + offs_m, mask=m_valid, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale
@@ -188,8 +188,12 @@ def query_grads_kernel(
     for start_n in range(0, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n < T)[:, None] & d_valid[None, :]
-        k = tl.load(K + n * sk_n + h * sk_h + offs_n[:, None] * sk_t + offs_d[None, :], mask=kv_mask)
-        v = tl.load(V + n * sv_n + h * sv_h + offs_n[:, None] * sv_t + offs_d[None, :], mask=kv_mask)
+        k = tl.load(
+            K + n * sk_n + h * sk_h + offs_n[:, None] * sk_t + offs_d[None, :], mask=kv_mask
+        )
+        v = tl.load(
+            V + n * sv_n + h * sv_h + offs_n[:, None] * sv_t + offs_d[None, :], mask=kv_mask
+        )
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale
         visible = (offs_n[None, :] <= pos[:, None]) & m_valid[:, None]
         p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)

@@ -341,9 +341,10 @@ def attention_path(q: torch.Tensor, dropout_p: float, keyed: bool, chosen_querie
 @functools.cache
 def flash_available() -> bool:
     """Whether the Triton attention kernel can run here (Triton installed, not turned off)."""
-    return os.environ.get("SCALE_FPT_FLASH", "1") != "0" and importlib.util.find_spec(
-        "triton"
-    ) is not None
+    return (
+        os.environ.get("SCALE_FPT_FLASH", "1") != "0"
+        and importlib.util.find_spec("triton") is not None
+    )
 
 
 def attention_rows(query_positions: torch.Tensor, n_head: int, T: int) -> Rows:
@@ -373,7 +374,6 @@ def causal_attention(
     the (N, H, T, T) probabilities of all queries: chosen queries draw the masks all
     queries draw for them. ``attention_path`` picks the kernel.
     """
-    N, H, T = k.shape[0], k.shape[1], k.shape[-2]
     # (``_KEYS`` is read only when a mask is drawn: torch.compile cannot trace the read.)
     keyed = dropout_p > 0.0 and (sites is not None or (q.is_cuda and _KEYS.get() is not None))
     path = attention_path(q, dropout_p, keyed, query_positions is not None)
@@ -390,6 +390,21 @@ def causal_attention(
             if keys is None:  # unkeyed: one key from torch's generator, drawn on the device
                 keys = torch.randint(0, 2**62, (1,), device=q.device)
         return flash_attention(q, k, v, scale, query_positions, keys, dropout_p)
+    return materialised_attention(q, k, v, scale, dropout_p, query_positions, sites)
+
+
+def materialised_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    dropout_p: float = 0.0,
+    query_positions: torch.Tensor | None = None,
+    sites: DropoutSites | None = None,
+) -> torch.Tensor:
+    """``causal_attention`` through the (N, H, Tq, T) probabilities in torch ops (the CPU's
+    path; on a GPU, the reference the Triton kernel is measured against)."""
+    H, T = k.shape[1], k.shape[-2]
     keys = torch.arange(T, device=q.device)
     if query_positions is None:
         hidden = keys[None, :] > keys[:, None]  # (T, T): keys after the query
