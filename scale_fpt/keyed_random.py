@@ -154,6 +154,9 @@ def keep_mask_rows(
     threshold = round(p * 2**32)
     scale = 2**32 / (2**32 - threshold)
     counters = (rows % rows_per_key).unsqueeze(1) * width + torch.arange(width, device=rows.device)
+    # ~(c ^ -1) is c: bitwise ops keep torch.compile's inductor from folding counters made of
+    # aranges into an index expression, whose constants (width * GOLDEN) overflow int64.
+    counters = counters.bitwise_xor_(-1).bitwise_not_()
     row_keys = keys.index_select(0, rows // rows_per_key).unsqueeze(1)  # (R, 1)
     keep = _shift_right(splitmix64(row_keys, counters), 32).view(-1) >= threshold
     return keep.to(torch.float32).mul_(scale).to(dtype)  # scale rounded to float32 as there
