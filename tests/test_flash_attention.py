@@ -41,7 +41,7 @@ def test_kernels_in_tritons_interpreter():
         timeout=600,
     )
     assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
-    assert "\n6 passed, 1 skipped in" in child.stdout  # every check ran
+    assert "\n5 passed, 1 skipped in" in child.stdout  # every check ran
 
 
 @pytest.fixture
@@ -107,9 +107,8 @@ def test_in_kernel_mask_is_keyed_randoms_mask_bit_for_bit(flash):
 
 
 @interpreted
-@pytest.mark.parametrize("T", [40, 17])
-def test_keyed_dropout_equals_the_materialised_attention(flash, T):
-    q, k, v = qkv(T=T)
+def test_keyed_dropout_equals_the_materialised_attention(flash):
+    q, k, v = qkv(T=17)  # two blocks, the second partial
     keys = site_keys([5, 6])
     ours = flash(q, k, v, 0.3, keys=keys, p=0.1, block=BLOCK)
     theirs = materialised(q, k, v, 0.1, ops.step_keys([5, 6], 3))
