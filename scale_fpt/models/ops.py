@@ -19,7 +19,9 @@ slower than its own composition. Here:
   bit; GELU is ``x sigmoid(u)`` in in-place passes.
 - on a GPU: torch's own kernels (``F.gelu``, SDPA; ``F.dropout`` when nothing keys the
   mask), and the torch-op keyed mask when something does, so a trial draws the same masks
-  on a GPU as on a CPU.
+  on a GPU as on a CPU; attention with keyed dropout or read-out queries runs the Triton
+  kernel of ``flash_attention``, which draws those masks inside (``attention_path``
+  chooses; docs/attention.md).
 
 Keyed masks: a step's keys are ``step_keys(member seeds, step)``, a (C,) int64 tensor made
 on the device, and a ``DropoutSites`` over them numbers the dropout calls of one forward
@@ -28,7 +30,9 @@ Python state, so ``torch.compile`` traces it into one graph and CUDA graphs can 
 or runs inside ``with dropout_keys(member_seeds, step)`` (the HF modules of a DeepSpeed
 trial, which take no extra argument). Either way every dropout call is a *site* (numbered in call order within the forward pass: the embedding,
 then per layer the attention probabilities and the two residual branches), and the mask of
-member m at a site is a function of (member m's dropout seed, step, site) alone. The leading
+member m at a site is a function of (member m's dropout seed, step, site) alone, drawn
+element by element over the tensor a model computing every token holds there (``Rows``:
+the last block's read-out rows draw what all rows draw for them). The leading
 dimension of the tensor is split into one equal chunk per member (a packed cohort's (K, ...)
 or (K*B, ...) layout, where a member's chunk is laid out as its tensor when it runs alone),
 so a packed member draws exactly the masks it draws alone: the fused kernel and the torch-op
