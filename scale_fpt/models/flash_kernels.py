@@ -47,6 +47,13 @@ def _keep(key, row, offs_n, threshold):
 
 
 @triton.jit
+def _tile(BASE, offs, stride, offs_d, mask):
+    """A (rows, BLOCK_D) tile of a (T, hd) matrix with row ``stride``: zeros outside ``mask``
+    (padded rows and head columns must add nothing to the products)."""
+    return tl.load(BASE + offs[:, None] * stride + offs_d[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
 def _query_rows(POS, KEYS, n, h, offs_m, m_valid, Tq, H, T, ROWS_PER_KEY, FULL: tl.constexpr):
     """Positions of a block of queries, the uint64 key of their batch row and the first
     counter of each query's row of the logical (T, T) probabilities."""
@@ -80,7 +87,7 @@ def forward_kernel(
     m_valid, d_valid = offs_m < Tq, offs_d < HEAD_DIM
     pos, key, row = _query_rows(POS, KEYS, n, h, offs_m, m_valid, Tq, H, T, ROWS_PER_KEY, FULL)
     q_mask = m_valid[:, None] & d_valid[None, :]
-    q = tl.load(Q + n * sq_n + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :], mask=q_mask)
+    q = _tile(Q + n * sq_n + h * sq_h, offs_m, sq_t, offs_d, q_mask)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -88,12 +95,8 @@ def forward_kernel(
     for start_n in range(0, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n < T)[:, None] & d_valid[None, :]
-        k = tl.load(
-            K + n * sk_n + h * sk_h + offs_n[:, None] * sk_t + offs_d[None, :], mask=kv_mask
-        )
-        v = tl.load(
-            V + n * sv_n + h * sv_h + offs_n[:, None] * sv_t + offs_d[None, :], mask=kv_mask
-        )
+        k = _tile(K + n * sk_n + h * sk_h, offs_n, sk_t, offs_d, kv_mask)
+        v = _tile(V + n * sv_n + h * sv_h, offs_n, sv_t, offs_d, kv_mask)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale
         s = tl.where(offs_n[None, :] <= pos[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -127,8 +130,8 @@ def key_grads_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_valid = offs_d < HEAD_DIM
     kv_mask = (offs_n < T)[:, None] & d_valid[None, :]
-    k = tl.load(K + n * sk_n + h * sk_h + offs_n[:, None] * sk_t + offs_d[None, :], mask=kv_mask)
-    v = tl.load(V + n * sv_n + h * sv_h + offs_n[:, None] * sv_t + offs_d[None, :], mask=kv_mask)
+    k = _tile(K + n * sk_n + h * sk_h, offs_n, sk_t, offs_d, kv_mask)
+    v = _tile(V + n * sv_n + h * sv_h, offs_n, sv_t, offs_d, kv_mask)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M if FULL else 0  # earlier queries see none
@@ -137,10 +140,8 @@ def key_grads_kernel(
         m_valid = offs_m < Tq
         pos, key, row = _query_rows(POS, KEYS, n, h, offs_m, m_valid, Tq, H, T, ROWS_PER_KEY, FULL)
         q_mask = m_valid[:, None] & d_valid[None, :]
-        q = tl.load(Q + n * sq_n + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :], mask=q_mask)
-        do = tl.load(
-            DO + n * sd_n + h * sd_h + offs_m[:, None] * sd_t + offs_d[None, :], mask=q_mask
-        )
+        q = _tile(Q + n * sq_n + h * sq_h, offs_m, sq_t, offs_d, q_mask)
+        do = _tile(DO + n * sd_n + h * sd_h, offs_m, sd_t, offs_d, q_mask)
         lse = tl.load(LSE + nh * Tq + offs_m, mask=m_valid, other=0.0)
         delta = tl.load(DELTA + nh * Tq + offs_m, mask=m_valid, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale
@@ -179,8 +180,8 @@ def query_grads_kernel(
     m_valid, d_valid = offs_m < Tq, offs_d < HEAD_DIM
     pos, key, row = _query_rows(POS, KEYS, n, h, offs_m, m_valid, Tq, H, T, ROWS_PER_KEY, FULL)
     q_mask = m_valid[:, None] & d_valid[None, :]
-    q = tl.load(Q + n * sq_n + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :], mask=q_mask)
-    do = tl.load(DO + n * sd_n + h * sd_h + offs_m[:, None] * sd_t + offs_d[None, :], mask=q_mask)
+    q = _tile(Q + n * sq_n + h * sq_h, offs_m, sq_t, offs_d, q_mask)
+    do = _tile(DO + n * sd_n + h * sd_h, offs_m, sd_t, offs_d, q_mask)
     lse = tl.load(LSE + nh * Tq + offs_m, mask=m_valid, other=0.0)
     delta = tl.load(DELTA + nh * Tq + offs_m, mask=m_valid, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -188,12 +189,8 @@ def query_grads_kernel(
     for start_n in range(0, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (offs_n < T)[:, None] & d_valid[None, :]
-        k = tl.load(
-            K + n * sk_n + h * sk_h + offs_n[:, None] * sk_t + offs_d[None, :], mask=kv_mask
-        )
-        v = tl.load(
-            V + n * sv_n + h * sv_h + offs_n[:, None] * sv_t + offs_d[None, :], mask=kv_mask
-        )
+        k = _tile(K + n * sk_n + h * sk_h, offs_n, sk_t, offs_d, kv_mask)
+        v = _tile(V + n * sv_n + h * sv_h, offs_n, sv_t, offs_d, kv_mask)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale
         visible = (offs_n[None, :] <= pos[:, None]) & m_valid[:, None]
         p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
