@@ -93,7 +93,7 @@ def flash_forward(
     lse = torch.empty(N, H, Tq, dtype=torch.float32, device=q.device)
     strides, scalars, meta = _launch_args(q, k, v, positions, keys, scale, p, block)
     pos, key_tensor = _pointers(q, positions, keys)
-    grid = (triton.cdiv(Tq, block), N * H)
+    grid = (N * H, triton.cdiv(Tq, block))
     flash_kernels.forward_kernel[grid](
         q, k, v, out, lse, pos, key_tensor, *strides, *out.stride()[:3], *scalars, **meta
     )
@@ -130,10 +130,10 @@ def flash_backward(
     strides, scalars, meta = _launch_args(q, k, v, positions, keys, scale, p, block)
     pos, key_tensor = _pointers(q, positions, keys)
     tensors = (q, k, v, grad, lse, delta)
-    flash_kernels.key_grads_kernel[(triton.cdiv(T, block), N * H)](
+    flash_kernels.key_grads_kernel[(N * H, triton.cdiv(T, block))](
         *tensors, dk, dv, pos, key_tensor, *strides, *grad.stride()[:3], *scalars, **meta
     )
-    flash_kernels.query_grads_kernel[(triton.cdiv(Tq, block), N * H)](
+    flash_kernels.query_grads_kernel[(N * H, triton.cdiv(Tq, block))](
         *tensors, dq, pos, key_tensor, *strides, *grad.stride()[:3], *scalars, **meta
     )
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

@@ -79,8 +79,8 @@ def forward_kernel(
     BLOCK_N: tl.constexpr, FULL: tl.constexpr, DROPOUT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
-    pid_m = tl.program_id(0)
-    nh = tl.program_id(1).to(tl.int64)
+    nh = tl.program_id(0).to(tl.int64)  # batch row x head: the large grid axis
+    pid_m = tl.program_id(1)
     n, h = nh // H, nh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -123,8 +123,8 @@ def key_grads_kernel(
 ):  # fmt: skip
     """dK and dV of one block of keys, over every query block that can see it (dK and dV
     are written contiguous (N, H, T, hd))."""
-    pid_n = tl.program_id(0)
-    nh = tl.program_id(1).to(tl.int64)
+    nh = tl.program_id(0).to(tl.int64)  # batch row x head: the large grid axis
+    pid_n = tl.program_id(1)
     n, h = nh // H, nh % H
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -172,8 +172,8 @@ def query_grads_kernel(
     PRECISION: tl.constexpr,
 ):  # fmt: skip
     """dQ of one block of queries, over the keys they see (dQ written contiguous)."""
-    pid_m = tl.program_id(0)
-    nh = tl.program_id(1).to(tl.int64)
+    nh = tl.program_id(0).to(tl.int64)  # batch row x head: the large grid axis
+    pid_m = tl.program_id(1)
     n, h = nh // H, nh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
