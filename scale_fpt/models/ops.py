@@ -71,6 +71,11 @@ KERNEL_SOURCE = Path(__file__).parent / "csrc" / "fused_cpu.cpp"
 
 log = logging.getLogger(__name__)
 
+FLASH = os.environ.get("SCALE_FPT_FLASH", "1") != "0" and bool(importlib.util.find_spec("triton"))
+"""Whether the Triton attention kernel may run on a GPU: Triton is installed (a CUDA build of
+torch brings it) and ``SCALE_FPT_FLASH=0`` did not turn it off when this module loaded. (A
+constant: ``torch.compile`` reads it without tracing a call.)"""
+
 
 @functools.cache
 def fused_kernels():
@@ -332,23 +337,13 @@ def attention_path(q: torch.Tensor, dropout_p: float, keyed: bool, chosen_querie
     queries and no dropout, or unkeyed dropout on a GPU), ``"flash"`` (the Triton kernel of
     ``flash_attention``, on a GPU where Triton is installed: keyed dropout or chosen
     queries, at fused-attention memory) or ``"materialised"`` (the (N, H, Tq, T)
-    probabilities in torch ops: on a CPU). ``SCALE_FPT_FLASH=0`` turns the Triton kernel
-    off."""
+    probabilities in torch ops: on a CPU, or without Triton)."""
     dropping = dropout_p > 0.0
     if not chosen_queries and (not dropping or (q.is_cuda and not keyed)):
         return "sdpa"
-    if q.is_cuda and flash_available():
+    if q.is_cuda and FLASH:
         return "flash"
     return "materialised"
-
-
-@functools.cache
-def flash_available() -> bool:
-    """Whether the Triton attention kernel can run here (Triton installed, not turned off)."""
-    return (
-        os.environ.get("SCALE_FPT_FLASH", "1") != "0"
-        and importlib.util.find_spec("triton") is not None
-    )
 
 
 def attention_rows(query_positions: torch.Tensor, n_head: int, T: int) -> Rows:
