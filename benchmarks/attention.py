@@ -40,14 +40,25 @@ def parse_args() -> argparse.Namespace:
         os.environ["TRITON_INTERPRET"] = "1"
         args.seq, args.batch, args.heads, args.head_dim = 32, 2, 2, 16
         args.steps, args.warmup = 1, 0
-    if args.batch % args.members:
-        parser.error(f"--batch {args.batch} does not split into {args.members} members")
+    problems = []
+    if not 0.0 <= args.dropout < 1.0:
+        problems.append(f"--dropout {args.dropout} is not in [0, 1)")
+    if min(args.seq, args.batch, args.heads, args.head_dim, args.members, args.steps) < 1:
+        problems.append("--seq, --batch, --heads, --head-dim, --members and --steps must be >= 1")
+    elif args.batch % args.members:
+        problems.append(f"--batch {args.batch} does not split into {args.members} members")
+    sys.path.insert(0, os.path.dirname(__file__))
+    import _harness as harness  # first torch import, after TRITON_INTERPRET (see _harness)
+
+    if not args.interpret and not harness.CUDA:
+        problems.append("no CUDA GPU here: pass --interpret for the CPU plumbing run")
+    if problems:
+        parser.error("; ".join(problems))
     return args
 
 
 def main() -> None:
     args = parse_args()
-    sys.path.insert(0, os.path.dirname(__file__))
     import _harness as harness
     import torch
 
@@ -55,8 +66,6 @@ def main() -> None:
     from scale_fpt.models.flash_attention import BLOCK, flash_attention
 
     device = "cpu" if args.interpret else harness.DEVICE
-    if device == "cpu" and not args.interpret:
-        sys.exit("attention.py needs a CUDA GPU (or --interpret for the CPU plumbing run)")
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[
         args.dtype or ("fp32" if device == "cpu" else "bf16")
     ]
