@@ -1,9 +1,9 @@
 """The Triton attention kernel (scale_fpt.models.flash_attention) in Triton's interpreter on
 the CPU: its in-kernel dropout mask is keyed_random's, bit for bit; forward and backward
 equal the materialised attention (fp32 to 1e-5); chosen queries (the read-out rows) draw
-the masks all queries draw. Skipped where Triton is not installed. GPU runs of the compiled
-kernel, bf16 included (Triton 3.6's interpreter multiplies bf16 tiles wrongly in
-``tl.dot``), are in test_gpu.py.
+the masks all queries draw; torch.compile traces it whole. Skipped where Triton is not
+installed. GPU runs of the compiled kernel, bf16 included (Triton 3.6's interpreter
+multiplies bf16 tiles wrongly in ``tl.dot``), are in test_gpu.py.
 
 Triton decides at its own import whether kernels are interpreted, so these tests run in a
 child pytest with ``TRITON_INTERPRET=1`` (``test_kernels_in_tritons_interpreter``); in
@@ -41,7 +41,7 @@ def test_kernels_in_tritons_interpreter():
         timeout=600,
     )
     assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
-    assert "\n5 passed, 1 skipped in" in child.stdout  # every check ran
+    assert "\n6 passed, 1 skipped in" in child.stdout  # every check ran
 
 
 @pytest.fixture
@@ -133,6 +133,27 @@ def test_read_out_queries_draw_the_full_computations_masks(flash):
     torch.testing.assert_close(some, theirs, rtol=0, atol=1e-5)
     for a, b in zip(grads(some, (picked, k, v)), grads(theirs, (picked, k, v)), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+@interpreted
+def test_compiles_whole_as_an_opaque_op(flash, monkeypatch):
+    """``torch.compile`` traces ``ops.causal_attention`` on the kernel's path into one graph
+    (the kernels are custom ops with fake implementations), forward and backward."""
+    monkeypatch.setattr(ops, "attention_path", lambda *args: "flash")
+    q, k, v = qkv(N=2, H=1, T=16, hd=16)
+    keys = ops.step_keys([1, 2], 3)
+
+    def attention(q, k, v, keys):
+        return ops.causal_attention(q, k, v, 0.3, 0.1, None, ops.DropoutSites(keys))
+
+    compiled = torch.compile(attention, backend="aot_eager", fullgraph=True)(q, k, v, keys)
+    eager = attention(q, k, v, keys)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    for a, b in zip(grads(compiled, (q, k, v)), grads(eager, (q, k, v)), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    forward = torch.ops.scale_fpt.flash_attention_forward.default
+    args = (q.detach(), k.detach(), v.detach(), None, keys, 0.3, 0.1, 16)
+    torch.library.opcheck(forward, args, test_utils=("test_schema", "test_faketensor"))
 
 
 @interpreted
