@@ -307,12 +307,18 @@ def run_study(declared, args: argparse.Namespace) -> int:
     from scale_fpt.storage import check_sweep_storage
 
     check_sweep_storage(sweep)  # before a backbone is pretrained for it
+    from scale_fpt.models.backbones import local_backbone_dir
     from scale_fpt.sweep import run_sweep
 
     for preset, corpus in local_backbones(sweep):
-        print(
-            f"[scale-fpt] local {corpus} backbone for {preset}: {ensure_backbone(preset, corpus)}"
-        )
+        if not (local_backbone_dir(preset, corpus) / "pretrain.json").exists():
+            print(
+                f"[scale-fpt] pretraining the local {corpus} backbone for {preset} first (once, "
+                "then cached; minutes on a CPU)",
+                flush=True,
+            )
+        where = ensure_backbone(preset, corpus)
+        print(f"[scale-fpt] local {corpus} backbone for {preset}: {where}", flush=True)
     outcome = run_sweep(sweep, resume=args.resume)
     print(summary_table(sweep))
     if not outcome.finished:
