@@ -12,7 +12,7 @@ install:
 	$(PYTHON) -m scale_fpt.prebuild
 
 local: install
-	$(PYTHON) sweeps/scale.py --preset local
+	$(PYTHON) -m scale_fpt.cli sweep scale
 
 test: install
 	$(PYTHON) -m pytest -q
