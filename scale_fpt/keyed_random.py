@@ -129,14 +129,36 @@ class Draws:
         return torch.argsort(self.bits(n), dim=-1, stable=True)
 
 
+DRAW_BLOCK = 2**24
+"""Elements of a dropout mask drawn at once. A draw holds several int64 temporaries per
+element (~48 bytes: counters, SplitMix64's rounds and shifts), 24x a bf16 mask: attention
+probabilities of a long sequence (B*H*T^2 elements, 168M for gpt2-large at T = 1024 and
+batch 8) drawn whole would need ~8 GB for the draw alone. Larger masks are drawn in blocks of
+this many elements (~0.8 GB of temporaries at most; ``DRAW_BYTES_PER_ELEMENT``); under
+``torch.compile`` the draw is one fused kernel that materialises none of them."""
+DRAW_BYTES_PER_ELEMENT = 48
+"""Bytes of temporaries per element while a block of a mask is drawn (measured on the CPU,
+bf16 masks: counters, two live rounds of SplitMix64 and a shift's two temporaries; the
+planner counts ``DRAW_BLOCK`` of them)."""
+
+
 def keep_mask(keys: torch.Tensor, chunk: int, p: float, dtype: torch.dtype) -> torch.Tensor:
     """A (len(keys) * chunk,) dropout mask of ``dtype`` on ``keys``' device, one chunk per
     key: ``scale`` where the draw's top 32 bits are at least round(p * 2^32), else 0, with
-    ``scale = 1 / (1 - p_quantised)``: exactly the fused CPU kernel's mask for those keys."""
+    ``scale = 1 / (1 - p_quantised)``: exactly the fused CPU kernel's mask for those keys.
+    Drawn in blocks of about ``DRAW_BLOCK`` elements (the same numbers as one draw)."""
     threshold = round(p * 2**32)
     scale = 2**32 / (2**32 - threshold)
-    keep = Draws(keys, keys.device).high32(chunk).view(-1) >= threshold  # (C * chunk,)
-    return keep.to(torch.float32).mul_(scale).to(dtype)  # scale rounded to float32 as there
+    draws = Draws(keys, keys.device)
+    if torch.compiler.is_compiling() or len(keys) * chunk <= DRAW_BLOCK:
+        keep = draws.high32(chunk).view(-1) >= threshold  # (C * chunk,)
+        return keep.to(torch.float32).mul_(scale).to(dtype)  # scale rounded to float32 as there
+    out = torch.empty(len(keys), chunk, dtype=dtype, device=keys.device)  # (C, chunk)
+    width = max(1, DRAW_BLOCK // len(keys))  # counters per block: each call takes the next
+    for start in range(0, chunk, width):
+        keep = draws.high32(min(width, chunk - start)) >= threshold  # (C, width)
+        out[:, start : start + width] = keep.to(torch.float32).mul_(scale)
+    return out.view(-1)
 
 
 __all__ = ["Draws", "keep_mask", "mix64", "mix64_tensor", "splitmix64", "stream_key"]

@@ -201,8 +201,10 @@ def fit(
             progress(position)
         if position not in schedule:
             continue
+        # The host reads the device here (and below). On a GPU the steps were only queued:
+        # reading their sums waits for them, so the clock is read after it, not before.
+        sums = step.metrics.take().tolist()
         train_seconds = time.perf_counter() - train_start
-        sums = step.metrics.take().tolist()  # the host reads the device here, and below
         diverged_at = step.metrics.diverged_at.tolist()
         for i in running:
             states[i].train_seconds += train_seconds

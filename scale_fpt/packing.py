@@ -149,8 +149,10 @@ def cohort_memory_bytes(members: list[dict]) -> int:
 def cohort_memory_parts(member: dict) -> tuple[int, int]:
     """(bytes of the frozen body, bytes per member) of a cohort of ``member``'s kind: the
     body once, in the training precision; per member its trained tensors (fp32 weights,
-    gradients and two Adam moments; ``wpe`` only for the task's positions) and its
-    activations."""
+    gradients and two Adam moments; ``wpe`` only for the task's positions), its
+    activations and its materialised attention (``scaling.attention_bytes``; each member
+    counts a whole mask draw's temporaries, an upper bound: a cohort draws its members'
+    masks together)."""
     from scale_fpt import scaling
     from scale_fpt.tasks import task_spec
 
@@ -168,7 +170,11 @@ def cohort_memory_parts(member: dict) -> tuple[int, int]:
     weight_bytes = 4 if first.train.precision == "fp32" else 2
     body = (groups["attn"] + groups["ff"]) * weight_bytes
     trained = groups["ln"] + spec.n_tokens * size.n_embd + heads["input"] + heads["output"]
+    train = first.train
     activations = scaling.activation_bytes(
-        size.n_layer, size.n_embd, spec.n_tokens, first.train.batch_size, first.train.precision
+        size.n_layer, size.n_embd, spec.n_tokens, train.batch_size, train.precision
     )
-    return body, trained * 16 + activations
+    attention = scaling.attention_bytes(
+        size.n_layer, size.n_head, spec.n_tokens, train.batch_size, train.precision, first.model.dropout
+    )
+    return body, trained * 16 + activations + attention

@@ -13,8 +13,10 @@ Memory of one training process on one GPU (bytes):
 - optimiser: Adam's two fp32 moments per trained parameter, the fp32 master copy that the
   bf16/fp16 optimisers keep, and the fp32 temporary of Adam's step (``sqrt(v)``);
 - activations: what the backward pass keeps, per block ~34 values per token and width unit
-  (Korthikanti et al. 2022; no attention-score term: CUDA runs SDPA's fused kernels), only
-  when a trained parameter lies below the output head;
+  (Korthikanti et al. 2022), only when a trained parameter lies below the output head;
+- attention: with dropout on, the (B, H, T, T) scores, probabilities and keyed masks of the
+  materialised attention path, per block kept for backward, plus the mask draw's
+  temporaries (``scaling.attention_bytes``); without dropout SDPA's fused kernels hold none;
 - on top: the CUDA context (never in ``torch.cuda.max_memory_allocated``) and the caching
   allocator's slack (fragmentation, cuBLAS workspaces).
 
@@ -29,7 +31,7 @@ import math
 from dataclasses import dataclass, replace
 
 from scale_fpt.config import ConfigError, ModelConfig, TaskConfig, TrainConfig, TrialConfig
-from scale_fpt.scaling import activation_bytes, device_peak
+from scale_fpt.scaling import activation_bytes, attention_bytes, device_peak
 
 MIB = 2**20
 CUDA_CONTEXT_BYTES = 640 * MIB
@@ -39,7 +41,11 @@ ALLOCATOR_SLACK = 0.15
 """Fraction on top of the allocated bytes: fragmentation of the caching allocator and
 library workspaces."""
 ZERO_BUCKET_ELEMENTS = 50_000_000
-"""Elements of ZeRO-2/3's gradient reduce bucket (``reduce_bucket_size``) at most."""
+"""Elements of ZeRO's gradient buckets (``reduce_bucket_size``, ``allgather_bucket_size``),
+set in every ZeRO engine's config (``steps.engine.zero_optimization``; DeepSpeed's default
+is 5e8). DeepSpeed 0.19.8 allocates the reduce bucket whole at stages 1 and 2 (fp32 where
+it accumulates gradients in fp32, as it does for bf16), two of them at stage 3
+(``overlap_comm``'s double buffer)."""
 MAX_TRIALS_PER_GPU = 4
 """Trials that share one GPU at most (beyond that they compete for its compute)."""
 
@@ -124,6 +130,10 @@ class ModelShape:
     """A trained parameter lies below the output head, so backward runs through the body."""
     train_flops_per_example: int = 0
     """Training FLOPs of one example (``trial.step_flops``), for time estimates."""
+    n_head: int = 0
+    """Attention heads per block (0: no attention, e.g. the LSTM)."""
+    dropout: float = 0.0
+    """The trial's dropout rate: above 0, attention is materialised (``scaling.attention_bytes``)."""
 
 
 @dataclass(frozen=True)
@@ -134,11 +144,13 @@ class TrialMemory:
     gradients: int
     optimizer: int
     activations: int
+    attention: int = 0
+    """The materialised attention of a step with dropout (``scaling.attention_bytes``)."""
 
     @property
     def allocated(self) -> int:
         """What ``torch.cuda.max_memory_allocated`` of a training step should show."""
-        return self.weights + self.gradients + self.optimizer + self.activations
+        return self.weights + self.gradients + self.optimizer + self.activations + self.attention
 
     @property
     def device(self) -> int:
@@ -165,8 +177,9 @@ def trial_memory(
     fp32_grads = trained * 4 if mixed else 0
     module_grads = trained * width if mixed else trained * 4
     if zero_stage >= 2:
-        bucket = min(trained, ZERO_BUCKET_ELEMENTS) * width
-        module_grads = math.ceil(module_grads / workers) + bucket
+        module_grads = math.ceil(module_grads / workers)
+    if zero_stage >= 1:
+        module_grads += ZERO_BUCKET_ELEMENTS * 4 * (2 if zero_stage >= 3 else 1)
     # Adam's moments, the fp32 master copy (mixed precision) and the step's temporary:
     # torch's foreach Adam materialises sqrt(v), one fp32 tensor of the trained parameters.
     optimizer = trained * (8 + (4 if mixed else 0) + 4)
@@ -176,7 +189,16 @@ def trial_memory(
     micro_batch = math.ceil(batch_size / workers)
     layers = shape.n_layer if shape.backbone_backward else 1  # no backward: one block live
     activations = activation_bytes(layers, shape.d_model, shape.n_tokens, micro_batch, precision)
-    return TrialMemory(weights, module_grads + fp32_grads, optimizer, activations)
+    attention = attention_bytes(
+        shape.n_layer,
+        shape.n_head,
+        shape.n_tokens,
+        micro_batch,
+        precision,
+        shape.dropout,
+        shape.backbone_backward,
+    )
+    return TrialMemory(weights, module_grads + fp32_grads, optimizer, activations, attention)
 
 
 # --------------------------------------------------------------------------- plans
@@ -324,6 +346,8 @@ def shape_of(task: TaskConfig, model: ModelConfig, finetune: str) -> ModelShape:
         block_params=block,
         backbone_backward=any(g != "output" for g in built.trained_groups),
         train_flops_per_example=step_flops(built, spec, 1)[0],
+        n_head=getattr(getattr(built.module.backbone, "config", None), "num_attention_heads", 0),
+        dropout=model.dropout,
     )
 
 

@@ -116,6 +116,48 @@ def activation_bytes(n_layer: int, d_model: int, n_tokens: int, batch: int, prec
     return n_layer * batch * n_tokens * d_model * 34 * width // 2
 
 
+ATTENTION_KEPT_WITH_DROPOUT = 3
+"""(B, H, T, T) tensors one block keeps for backward when its attention probabilities take
+keyed dropout (``models.ops.causal_attention``'s materialised path): exp(scores), the
+dropout mask and the dropped probabilities (the softmax division saves its inputs, the
+product with the values saves the dropped probabilities)."""
+ATTENTION_WORKING = 4
+"""(B, H, T, T) tensors beyond those kept, live at once in the block being computed: the
+scores, exp(scores) and probabilities when its mask is drawn in the forward pass; the
+gradients of the dropped probabilities, the probabilities and exp(scores) in backward."""
+
+
+def attention_bytes(
+    n_layer: int,
+    n_head: int,
+    n_tokens: int,
+    batch: int,
+    precision: str,
+    dropout: float,
+    backward: bool = True,
+) -> int:
+    """Peak bytes of materialised attention in a training step. Keyed dropout on the
+    attention probabilities forces the materialised path (torch's fused SDPA kernels draw
+    their own masks). The peak is the larger of: the forward pass at the last block (the
+    blocks below keep ``ATTENTION_KEPT_WITH_DROPOUT`` (B, H, T, T) tensors each, the last
+    holds ``ATTENTION_WORKING`` while its mask is drawn in blocks of at most
+    ``keyed_random.DRAW_BLOCK`` elements with ``DRAW_BYTES_PER_ELEMENT`` each) and the start
+    of the backward pass (every block's kept tensors and the working gradients). With
+    ``backward`` False (nothing trained below the output head) nothing is kept. Without
+    dropout SDPA's fused kernels keep O(T) per query row: 0 here."""
+    from scale_fpt.keyed_random import DRAW_BLOCK, DRAW_BYTES_PER_ELEMENT
+
+    if dropout == 0.0 or not n_head:
+        return 0
+    width = 4 if precision == "fp32" else 2
+    elements = batch * n_head * n_tokens * n_tokens  # one (B, H, T, T) tensor
+    kept = ATTENTION_KEPT_WITH_DROPOUT * (n_layer if backward else 0)
+    forward = (max(0, kept - ATTENTION_KEPT_WITH_DROPOUT) + ATTENTION_WORKING) * elements * width
+    forward += min(elements, DRAW_BLOCK) * DRAW_BYTES_PER_ELEMENT
+    backward_start = (kept + ATTENTION_WORKING) * elements * width if backward else 0
+    return max(forward, backward_start)
+
+
 USABLE_DEVICE_MEMORY = 0.9
 """Share of a device's memory a plan fills: the rest is the CUDA context, the allocator's
 fragmentation and evaluation batches."""

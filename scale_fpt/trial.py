@@ -32,7 +32,7 @@ from scale_fpt.results import SCHEMA_VERSION
 from scale_fpt.seeding import seed_streams
 from scale_fpt.steps.cohort import CohortStep
 from scale_fpt.steps.engine import EngineStep
-from scale_fpt.tasks import build_task
+from scale_fpt.tasks import build_task, release_device_draws
 from scale_fpt.tasks.base import Task, TaskSpec
 from scale_fpt.world import SINGLE_PROCESS, World
 
@@ -274,6 +274,7 @@ class TrialRun:
 
     def close(self) -> None:
         self.step.close()
+        release_device_draws()
 
 
 def error_text(error: BaseException, limit: int = 4000) -> str:

@@ -53,7 +53,9 @@ def test_fp16_trains_with_loss_scaling():
     try:
         (row,) = run.run()
         first = run.states[0].history[0].train_loss  # mean over the first 20 steps
-        scale = run.step.engine.optimizer.cur_scale  # DeepSpeed's dynamic loss scaler
+        # DeepSpeed's dynamic loss scaler: 0.19.8's fp16 optimizers (fused and unfused) keep
+        # it in their LossScaleConfig (no ``cur_scale`` attribute of their own).
+        scale = run.step.engine.optimizer.loss_scale_config.cur_scale
     finally:
         run.close()
     assert row["status"] == "completed"

@@ -39,13 +39,36 @@ def test_one_process_memory_counts_every_byte_per_precision():
 def test_zero_stages_shard_optimizer_then_gradients_then_weights():
     one = trial_memory(SHAPE, "bf16", 2, zero_stage=0, workers=2)
     assert one == TrialMemory(2000, 600, 1600, 2176)  # micro batch 1 per worker
+    # DeepSpeed allocates its reduce bucket whole (fp32) from stage 1 on, however few
+    # parameters train: the planner's bucket size, which every ZeRO engine is configured with.
+    bucket = planner.ZERO_BUCKET_ELEMENTS * 4
     stage1 = trial_memory(SHAPE, "bf16", 2, zero_stage=1, workers=2)
-    assert stage1 == TrialMemory(2000, 200 + 200, 800, 2176)
+    assert stage1 == TrialMemory(2000, 200 + 200 + bucket, 800, 2176)
     stage2 = trial_memory(SHAPE, "bf16", 2, zero_stage=2, workers=2)
-    # 16-bit grads halved plus one reduce bucket (all 100 trained elements, 2 bytes each)
-    assert stage2 == TrialMemory(2000, 100 + 200 + 200, 800, 2176)
+    assert stage2 == TrialMemory(2000, 100 + 200 + bucket, 800, 2176)  # 16-bit grads halved
     stage3 = trial_memory(SHAPE, "bf16", 2, zero_stage=3, workers=2)
     assert stage3.weights == 1000 + 2 * 300 * 2  # half the weights + two gathered blocks
+    assert stage3.gradients == 100 + 200 + 2 * bucket  # overlap_comm's double buffer
+
+
+def test_zero_engines_are_configured_with_the_planned_buckets():
+    """The planner's bucket is what a ZeRO engine allocates: DeepSpeed's default (5e8
+    elements, 2 GB in fp32 per rank) would be 10x the plan."""
+    from scale_fpt.models import build_model
+    from scale_fpt.steps.engine import EngineStep
+    from scale_fpt.tasks import build_task
+
+    flat = {"task": "bit-xor", "model": "gpt2-tiny", "init": "random", "zero_stage": 1}
+    config = TrialConfig.from_flat({**flat, "accelerator": "cpu", "test_batches": 1})
+
+    task = build_task(config.task, 0)
+    step = EngineStep(config.train, task, build_model(config, task.spec))
+    try:
+        optimizer = step.engine.optimizer
+        assert optimizer.reduce_bucket_size == planner.ZERO_BUCKET_ELEMENTS
+        assert optimizer.allgather_bucket_size == planner.ZERO_BUCKET_ELEMENTS
+    finally:
+        step.close()
 
 
 def test_no_backward_through_the_body_keeps_one_block_of_activations():

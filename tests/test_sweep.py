@@ -164,6 +164,7 @@ def test_grid_sweep_writes_contract_rows_once(tmp_path):
         seeds=(0,),
         results_dir=str(tmp_path),
         max_concurrent=2,
+        gpus_per_trial="0",  # CPU trials, one per core, even where a GPU is visible
     )
     outcome = run_sweep(sweep)
     assert outcome.finished and outcome.trials == 2

@@ -181,6 +181,10 @@ class CohortStep:
         """Free the cohort's memory (a reused Ray actor runs the next trial here)."""
         flush_denormals(False)
         del self.model, self.forward, self.optimizer
+        if self.compiled:
+            # Compiled graphs, their guards and CUDA-graph pools hold this cohort's model and
+            # memory; the next trial of a reused actor compiles its own.
+            torch._dynamo.reset()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
