@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 
-
 import pandas as pd
 import pytest
 import torch

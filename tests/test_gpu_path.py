@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import TINY_TRIAL
+
 from scale_fpt.config import TrainConfig, TrialConfig
 from scale_fpt.keyed_random import keep_mask
 from scale_fpt.runtime import resolve_device, unusable_gpu_problem

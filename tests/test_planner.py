@@ -163,7 +163,6 @@ def test_plan_bounds_a_long_sequence_step_on_the_cpu(long_proteins_dir, monkeypa
     what the step holds (tensors alive before it plus its peak above them) and at most 25%
     above. Without the attention term the plan was 20x under. With ``draw_block`` the mask
     of (B, H, T, T) = 4.2M elements is drawn in 4 blocks."""
-    import torch
 
     from scale_fpt import keyed_random
     from scale_fpt.models import ops
@@ -350,7 +349,6 @@ def test_plan_bounds_the_memory_of_a_real_step_from_above_within_25_percent():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from scale_fpt.trial import TrialRun
 
     flat = {"model": "gpt2", "init": "random", "task": "bit-xor", "finetune": "full"}
     flat.update(precision="bf16", batch_size=16, max_steps=2, eval_every=2, test_batches=1)

@@ -16,7 +16,6 @@ import os
 import re
 from pathlib import Path
 
-
 import pytest
 import torch
 
