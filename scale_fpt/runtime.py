@@ -34,8 +34,10 @@ def ray_gpu_ids() -> list[str]:
 
 
 def unusable_gpu_problem(assigned: list[str]) -> str | None:
-    """Why a trial given GPUs ``assigned`` by Ray cannot use them (None: CUDA works)."""
-    if not assigned or torch.cuda.is_available():
+    """Why a trial given GPUs ``assigned`` by Ray cannot use them (None: CUDA works, or the
+    GPUs are a fake cluster's: ``RAY_FAKE_CLUSTER=1``, Ray's autoscaler test mode, declares
+    GPUs that no node has)."""
+    if not assigned or torch.cuda.is_available() or os.environ.get("RAY_FAKE_CLUSTER") == "1":
         return None
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     return (
