@@ -119,7 +119,11 @@ def init_distributed(device: str) -> None:
 
         deepspeed.comm.destroy_process_group()
     os.environ.update(
-        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
     )
     deepspeed.init_distributed(dist_backend=backend(device), verbose=False, dist_init_required=True)
 

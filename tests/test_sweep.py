@@ -144,6 +144,29 @@ def test_planned_arms_set_workers_and_zero_stage_only_for_multi_gpu_trials():
     assert len(e.value.problems) == 2
 
 
+def test_a_trial_wider_than_every_node_is_refused_at_plan_time():
+    """A trial's GPUs are one STRICT_PACK placement group: asking for more than the widest
+    node has would wait forever, so the plan refuses it, naming the arm and the limit."""
+    from scale_fpt.cluster import GPUOffer
+    from scale_fpt.planner import GPUS
+    from scale_fpt.sweep import planned_arms
+
+    four = GPUOffer(GPUS["a10g-24gb"], 4, "cluster.yaml")
+    small = {"model": "gpt2-tiny", "task": "bit-xor"}
+    assert planned_arms([small], SweepConfig(name="s", gpus_per_trial="4"), four)
+    with pytest.raises(ConfigError) as e:
+        planned_arms([small], SweepConfig(name="s", gpus_per_trial="8"), four)
+    (problem,) = e.value.problems
+    assert "asks for 8 GPUs on one node, but the widest node has 4 (cluster.yaml)" in problem
+    assert problem.startswith("bit-xor") or "gpt2-tiny" in problem
+    with pytest.raises(ConfigError, match="asks for 8 GPUs"):  # workers ask for GPUs too
+        planned_arms([{**small, "workers": 8}], SweepConfig(name="s"), four)
+    nothing = GPUOffer(None, 0, "none")
+    with pytest.raises(ConfigError, match="the cluster has and can launch no GPU"):
+        planned_arms([small], SweepConfig(name="s", gpus_per_trial="0.5"), nothing)
+    assert planned_arms([small], SweepConfig(name="s"), nothing) == [small]  # auto: CPU
+
+
 def test_gpu_declarations_are_validated_at_once():
     sweep = SweepConfig(name="s", gpus_per_trial="lots", gpu="v100", gpu_memory_gb=-1)
     with pytest.raises(ConfigError) as e:

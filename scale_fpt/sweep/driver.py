@@ -28,6 +28,7 @@ from scale_fpt.sweep.placement import (
     search_pack,
     sweep_gpus,
     trial_resources,
+    with_node_width,
 )
 from scale_fpt.sweep.resume import saved_unfinished, unfinished_trials
 from scale_fpt.sweep.trainable import tune_members, tune_search_members, tune_trial
@@ -101,7 +102,7 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
 
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
     connect_ray(runtime_env={"env_vars": {"SCALE_FPT_HOME": str(scale_fpt_home())}})
-    offer = sweep_gpus(sweep)
+    offer = with_node_width(sweep_gpus(sweep))
     arms = planned_arms(sweep.arms(), sweep, offer)
     import ray
 
