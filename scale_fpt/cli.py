@@ -331,6 +331,7 @@ def plan(config: TrialConfig, placement) -> int:
         planner.model_shape(config), train.precision, train.batch_size, train.zero_stage
     )
     memory, activations = one.weights + one.gradients + one.optimizer, one.activations
+    attention = one.attention
     print(f"{'group':<10}{'trainable':>16}{'frozen':>16}{'total':>16}")
     for group, count in built.counts.items():
         frozen = count["total"] - count["trainable"]
@@ -347,7 +348,8 @@ def plan(config: TrialConfig, placement) -> int:
     )
     print(
         f"memory of one process: weights+grads+optimizer {memory / 2**20:,.1f} MiB, "
-        f"activations ~{activations / 2**20:,.1f} MiB"
+        f"activations ~{activations / 2**20:,.1f} MiB, attention with dropout "
+        f"~{attention / 2**20:,.1f} MiB"
     )
     print(f"on {placement.gpu.name} ({placement.gpu.memory_mib:,} MiB): {placement.describe()}")
     if placement.memory:
@@ -355,7 +357,8 @@ def plan(config: TrialConfig, placement) -> int:
         print(
             f"  per GPU: weights {m.weights / 2**20:,.1f} MiB, gradients {m.gradients / 2**20:,.1f}"
             f" MiB, optimizer {m.optimizer / 2**20:,.1f} MiB, activations "
-            f"{m.activations / 2**20:,.1f} MiB; with CUDA context and allocator slack "
+            f"{m.activations / 2**20:,.1f} MiB, attention {m.attention / 2**20:,.1f} MiB; "
+            "with CUDA context and allocator slack "
             f"{m.device / 2**20:,.1f} MiB"
         )
     print(
@@ -375,6 +378,7 @@ def plan(config: TrialConfig, placement) -> int:
         "train_flops_per_step": train_flops,
         "state_bytes": memory,
         "activation_bytes": activations,
+        "attention_bytes": attention,
         "preprocessing": [dataclasses.asdict(a) for a in aspects],
         "gpu": placement.gpu.name,
         "gpus": placement.gpus,
