@@ -96,7 +96,8 @@ for what in "${@:-gpu steps}"; do
           python benchmarks/packing.py --models gpt2-tiny --tasks bit-xor,bit-memory \
             --k 1,plan --max-k 4 --batch-size 4 --steps 2 --big-steps 1 --warmup 1 \
             --procs 1 --peak-seconds 0.3 &&
-          python benchmarks/end_to_end.py --quick --lrs 2 --seeds 1 --steps 20 --repeats 1' ;;
+          python benchmarks/end_to_end.py --model gpt2-tiny --lrs 2 --seeds 1 --steps 20 \
+            --batch-size 4 --base dropout=0 --repeats 1' ;;
       *)
         echo "unknown stage $name (gpu steps packing e2e suite plumbing)" >&2
         exit 2 ;;
