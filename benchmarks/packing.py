@@ -60,7 +60,7 @@ def planned_k(model: str, task: str, batch: int, dropout: float, procs: int) -> 
     ``--pack auto`` would put in one cohort."""
     import psutil
 
-    from scale_fpt import scaling
+    from scale_fpt import planner, scaling
     from scale_fpt.packing import cohort_memory_parts
 
     member = member_configs(model, task, 1, batch, dropout)[0].to_flat()
@@ -68,7 +68,8 @@ def planned_k(model: str, task: str, batch: int, dropout: float, procs: int) -> 
         device = torch.cuda.get_device_properties(0).total_memory
     else:
         device = psutil.virtual_memory().total
-    return max(1, scaling.members_that_fit(*cohort_memory_parts(member), device // procs))
+    parts = cohort_memory_parts(member, h.CUDA and planner.gpu_fuses_attention())
+    return max(1, scaling.members_that_fit(*parts, device // procs))
 
 
 def member_configs(

@@ -146,13 +146,14 @@ def cohort_memory_bytes(members: list[dict]) -> int:
     return body + len(members) * per_member
 
 
-def cohort_memory_parts(member: dict) -> tuple[int, int]:
+def cohort_memory_parts(member: dict, fused_attention: bool = False) -> tuple[int, int]:
     """(bytes of the frozen body, bytes per member) of a cohort of ``member``'s kind: the
     body once, in the training precision; per member its trained tensors (fp32 weights,
     gradients and two Adam moments; ``wpe`` only for the task's positions), its
-    activations and its materialised attention (``scaling.attention_bytes``; each member
-    counts a whole mask draw's temporaries, an upper bound: a cohort draws its members'
-    masks together)."""
+    activations and, unless the device runs ``fused_attention`` (a GPU with the Triton
+    kernel), its materialised attention (``scaling.attention_bytes``; each member counts a
+    whole mask draw's temporaries, an upper bound: a cohort draws its members' masks
+    together)."""
     from scale_fpt import scaling
     from scale_fpt.tasks import task_spec
 
@@ -175,6 +176,12 @@ def cohort_memory_parts(member: dict) -> tuple[int, int]:
         size.n_layer, size.n_embd, spec.n_tokens, train.batch_size, train.precision
     )
     attention = scaling.attention_bytes(
-        size.n_layer, size.n_head, spec.n_tokens, train.batch_size, train.precision, first.model.dropout
+        size.n_layer,
+        size.n_head,
+        spec.n_tokens,
+        train.batch_size,
+        train.precision,
+        first.model.dropout,
+        fused=fused_attention,
     )
     return body, trained * 16 + activations + attention

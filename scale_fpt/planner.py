@@ -14,9 +14,10 @@ Memory of one training process on one GPU (bytes):
   bf16/fp16 optimisers keep, and the fp32 temporary of Adam's step (``sqrt(v)``);
 - activations: what the backward pass keeps, per block ~34 values per token and width unit
   (Korthikanti et al. 2022), only when a trained parameter lies below the output head;
-- attention: with dropout on, the (B, H, T, T) scores, probabilities and keyed masks of the
-  materialised attention path, per block kept for backward, plus the mask draw's
-  temporaries (``scaling.attention_bytes``); without dropout SDPA's fused kernels hold none;
+- attention: with dropout on and no fused kernel (``gpu_fuses_attention``), the (B, H, T,
+  T) scores, probabilities and keyed masks of the materialised attention path, per block
+  kept for backward, plus the mask draw's temporaries (``scaling.attention_bytes``);
+  SDPA's and the Triton kernel's fused attention hold none;
 - on top: the CUDA context (never in ``torch.cuda.max_memory_allocated``) and the caching
   allocator's slack (fragmentation, cuBLAS workspaces).
 
@@ -162,11 +163,28 @@ def precision_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
+def gpu_fuses_attention() -> bool:
+    """Whether a GPU trial's keyed-dropout attention runs fused (``models.ops.FLASH``: Triton
+    is installed, as with every CUDA build of torch, and ``SCALE_FPT_FLASH`` is not 0), so
+    the planner counts no (B, H, T, T) tensors."""
+    from scale_fpt.models import ops
+
+    return ops.FLASH
+
+
 def trial_memory(
-    shape: ModelShape, precision: str, batch_size: int, zero_stage: int = 0, workers: int = 1
+    shape: ModelShape,
+    precision: str,
+    batch_size: int,
+    zero_stage: int = 0,
+    workers: int = 1,
+    fused_attention: bool | None = None,
 ) -> TrialMemory:
     """Memory of one of ``workers`` data-parallel processes (each with ``batch_size /
-    workers`` examples) at ``zero_stage``."""
+    workers`` examples) at ``zero_stage`` on a GPU; ``fused_attention`` None: whether GPUs
+    run the fused attention kernel here (``gpu_fuses_attention``)."""
+    if fused_attention is None:
+        fused_attention = gpu_fuses_attention()
     width = precision_bytes(precision)
     mixed = precision != "fp32"
     trained = shape.trained_params
@@ -197,6 +215,7 @@ def trial_memory(
         precision,
         shape.dropout,
         shape.backbone_backward,
+        fused_attention,
     )
     return TrialMemory(weights, module_grads + fp32_grads, optimizer, activations, attention)
 

@@ -135,10 +135,13 @@ def attention_bytes(
     precision: str,
     dropout: float,
     backward: bool = True,
+    fused: bool = False,
 ) -> int:
-    """Peak bytes of materialised attention in a training step. Keyed dropout on the
-    attention probabilities forces the materialised path (torch's fused SDPA kernels draw
-    their own masks). The peak is the larger of: the forward pass at the last block (the
+    """Peak bytes of materialised attention in a training step: 0 with ``fused`` (the
+    Triton kernel ``models.flash_attention``, which a GPU with Triton runs for keyed
+    dropout: O(T) per query row, as SDPA). Otherwise (a CPU, or a GPU without Triton or
+    with ``SCALE_FPT_FLASH=0``) keyed dropout on the attention probabilities materialises
+    them (torch's fused SDPA kernels draw their own masks). The peak is the larger of: the forward pass at the last block (the
     blocks below keep ``ATTENTION_KEPT_WITH_DROPOUT`` (B, H, T, T) tensors each, the last
     holds ``ATTENTION_WORKING`` while its mask is drawn in blocks of at most
     ``keyed_random.DRAW_BLOCK`` elements with ``DRAW_BYTES_PER_ELEMENT`` each) and the start
@@ -147,7 +150,7 @@ def attention_bytes(
     dropout SDPA's fused kernels keep O(T) per query row: 0 here."""
     from scale_fpt.keyed_random import DRAW_BLOCK, DRAW_BYTES_PER_ELEMENT
 
-    if dropout == 0.0 or not n_head:
+    if fused or dropout == 0.0 or not n_head:
         return 0
     width = 4 if precision == "fp32" else 2
     elements = batch * n_head * n_tokens * n_tokens  # one (B, H, T, T) tensor

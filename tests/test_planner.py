@@ -80,21 +80,31 @@ def test_attention_with_dropout_counts_the_materialised_scores_and_the_mask_draw
     """Keyed dropout forces the materialised attention path: (B, H, T, T) tensors per block."""
     shape = ModelShape(**{**SHAPE.__dict__, "n_head": 2, "dropout": 0.1})
     elements = 2 * 2 * 4 * 4  # batch x heads x tokens x tokens
-    draw = elements * 48  # the mask's SplitMix64 temporaries, one block
+    draw = elements * 56  # the mask's SplitMix64 temporaries, one block
+
+    def attention(shape: ModelShape, fused: bool = False) -> int:
+        return trial_memory(shape, "bf16", 2, fused_attention=fused).attention
+
     # forward at the last block: 3 kept by the block below, 4 working, the draw; backward's
     # start: 3 kept per block and 4 working gradients: the forward is larger here
-    assert trial_memory(shape, "bf16", 2).attention == (3 + 4) * elements * 2 + draw
+    assert attention(shape) == (3 + 4) * elements * 2 + draw
     assert (3 + 4) * elements * 2 + draw > (2 * 3 + 4) * elements * 2
-    assert trial_memory(shape, "bf16", 2).allocated == 8552 + (3 + 4) * elements * 2 + draw
-    head_only = ModelShape(**{**shape.__dict__, "backbone_backward": False})
-    assert trial_memory(head_only, "bf16", 2).attention == 4 * elements * 2 + draw
-    no_dropout = ModelShape(**{**shape.__dict__, "dropout": 0.0})  # SDPA's fused kernels
-    assert trial_memory(no_dropout, "bf16", 2).attention == 0
-    # a long sequence: gpt2-large on cifar10-lra (T = 1024) at batch 8 no longer "fits" an
-    # A10G; without dropout it does
+    materialised = trial_memory(shape, "bf16", 2, fused_attention=False)
+    assert materialised.allocated == 8552 + (3 + 4) * elements * 2 + draw
+    assert attention(ModelShape(**{**shape.__dict__, "backbone_backward": False})) == (
+        4 * elements * 2 + draw
+    )
+    assert attention(ModelShape(**{**shape.__dict__, "dropout": 0.0})) == 0  # SDPA
+    assert attention(shape, fused=True) == 0  # the Triton kernel: no (B, H, T, T) tensors
+    # a long sequence on a GPU without the fused kernel: gpt2-large on cifar10-lra (T =
+    # 1024) at batch 8 no longer "fits" an A10G; without dropout, or fused, it does
     lra = {"model": "gpt2-large", "task": "cifar10-lra", "precision": "bf16", "batch_size": 8}
-    assert plan_of(lra, "a10g-24gb").gpus == 4
-    assert plan_of({**lra, "dropout": 0.0}, "a10g-24gb").gpus == 1
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(planner, "gpu_fuses_attention", lambda: False)
+        assert plan_of(lra, "a10g-24gb").gpus == 4
+        assert plan_of({**lra, "dropout": 0.0}, "a10g-24gb").gpus == 1
+        patch.setattr(planner, "gpu_fuses_attention", lambda: True)
+        assert plan_of(lra, "a10g-24gb").gpus == 1
 
 
 class HostAllocated:
@@ -183,7 +193,7 @@ def test_plan_bounds_a_long_sequence_step_on_the_cpu(long_proteins_dir, monkeypa
     finally:
         run.close()
     measured = before + held.peak
-    plan = trial_memory(planner.model_shape(config), "fp32", 1)
+    plan = trial_memory(planner.model_shape(config), "fp32", 1, fused_attention=False)
     assert plan.attention > 5 * plan.activations  # what the planner left out
     assert measured <= plan.allocated <= 1.25 * measured, (plan, measured)
 
@@ -379,19 +389,28 @@ def cuda_step_peak(config: TrialConfig, kind: str | None = None) -> int:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("kind", ["cohort", "engine"])
-def test_plan_bounds_a_long_sequence_bf16_step_on_the_gpu(long_proteins_dir, kind):
-    """gpt2 at T = 1024 in bf16 with dropout (materialised attention, keyed masks): the plan
-    is at least torch.cuda.max_memory_allocated and at most 25% above, on either step."""
+def test_plan_bounds_a_long_sequence_bf16_step_on_the_gpu(
+    long_proteins_dir, kind, fused, monkeypatch
+):
+    """gpt2 at T = 1024 in bf16 with keyed dropout, through the Triton kernel (``fused``) or
+    the materialised attention (``ops.FLASH`` off): the plan is at least
+    torch.cuda.max_memory_allocated and at most 25% above, on either step."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+    from scale_fpt.models import ops
+
+    if fused and not ops.FLASH:
+        pytest.skip("needs Triton (the fused kernel)")
+    monkeypatch.setattr(ops, "FLASH", fused)
     flat = {"task": "homology", "data_dir": long_proteins_dir, "model": "gpt2", "init": "random"}
     flat.update(precision="bf16", batch_size=8, dropout=0.1, test_batches=1, accelerator="cuda")
     config = TrialConfig.from_flat(flat)
     measured = cuda_step_peak(config, kind)
-    plan = planner.trial_memory(planner.model_shape(config), "bf16", 8)
-    assert plan.attention > plan.activations
+    plan = planner.trial_memory(planner.model_shape(config), "bf16", 8, fused_attention=fused)
+    assert (plan.attention > plan.activations) != fused
     assert measured <= plan.allocated <= 1.25 * measured, (plan, measured)
 
 

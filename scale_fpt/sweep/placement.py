@@ -160,7 +160,8 @@ def auto_pack(member: dict, n_members: int, devices: Devices) -> int:
     spread over the slots, as many per cohort as fit in a slot's memory."""
     from scale_fpt.packing import cohort_memory_parts
 
-    fits = scaling.members_that_fit(*cohort_memory_parts(member), devices.slot_bytes)
+    fused = bool(devices.gpus) and planner.gpu_fuses_attention()
+    fits = scaling.members_that_fit(*cohort_memory_parts(member, fused), devices.slot_bytes)
     return scaling.auto_cohort_size(n_members, devices.slots, fits)
 
 
