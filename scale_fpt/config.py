@@ -198,8 +198,10 @@ class TrainConfig:
     """Also evaluate at log-spaced steps (100, 150, 200, 300, 500, 700, 1000, 1500, ...;
     ``loop.evaluation_steps``), so steps-to-threshold resolves early differences."""
     patience: int = 0
-    """Stop after this many evaluations without a better validation accuracy (0 = off:
-    train the whole budget). The trials row records why a trial ended (``stop_reason``)."""
+    """Stop once this many steps have passed since the evaluation with the best validation
+    accuracy (checked at each evaluation; 0 = off: train the whole budget). Counted in
+    steps, not evaluations, so the log-spaced schedule's sparse late evaluations do not
+    stop a slow starter early. The trials row records why a trial ended (``stop_reason``)."""
     eval_batch_size: int = 32
     """Examples per evaluation batch."""
     seed: int = 0

@@ -10,12 +10,14 @@
         for each position < max_steps:  step.train_step(position)  (reads nothing on the host)
         at each of evaluation_steps(max_steps, eval_every, log_evals):
             one host read: every member's train-loss/accuracy sums and diverged_at
-            members whose loss went non-finite end ``diverged`` (their curve keeps every
-                finite evaluation; steps_done = the steps before the non-finite one)
+            members whose training loss went non-finite end ``diverged`` (their curve
+                keeps every finite evaluation; steps_done = the steps before the
+                non-finite one)
             evaluate the others on ``val`` and ``test`` -> one Evaluation each (a
-                non-finite evaluation ends the member ``diverged`` instead)
-            members end at the budget (``max_steps``) or after ``patience`` evaluations
-                without a better validation accuracy; ended members leave the step
+                non-finite validation loss ends the member ``diverged`` instead; test is
+                recorded, never read for a decision)
+            members end at the budget (``max_steps``) or ``patience`` steps after their
+                best validation accuracy; ended members leave the step
             on_eval(position, evaluated members)  (rows, Tune reports, checkpoints)
 
 The step protocol (``Step`` below): the loop never looks inside a step, and a step never
@@ -141,10 +143,12 @@ class TrialState:
     def best_test_accuracy(self) -> float:
         return max((e.test_accuracy for e in self.history), default=float("nan"))
 
-    def evaluations_since_best(self) -> int:
-        """Evaluations after the one with the best validation accuracy."""
+    def steps_since_best(self) -> int:
+        """Steps trained since the evaluation with the best validation accuracy (patience
+        counts steps, not evaluations: on the log-spaced schedule evaluations thin out, so a
+        count of evaluations would give a slow starter flat from step 100 only until 300)."""
         best = self.selected()
-        return 0 if best is None else len(self.history) - 1 - self.history.index(best)
+        return 0 if best is None else self.history[-1].step - best.step
 
     def steps_to_threshold(self, threshold: float) -> int | None:
         """The first evaluated step whose validation accuracy reaches ``threshold``."""
@@ -223,9 +227,11 @@ def fit(
         ):
             state = states[i]
             state.step = position
-            if not (math.isfinite(val_loss) and math.isfinite(test_loss)):
+            if not math.isfinite(val_loss):
                 # The last update left the model with non-finite outputs: this evaluation
-                # means nothing, so the curve (and final_*) end at the one before.
+                # means nothing, so the curve (and final_*) end at the one before. Test is
+                # measured, never read for a decision: a non-finite test loss alone ends
+                # nothing (and is recorded as it is).
                 state.end("diverged")
                 continue
             state.history.append(
@@ -244,7 +250,7 @@ def fit(
             evaluated.append(i)
             if position == train.max_steps:
                 state.end("budget")
-            elif train.patience and state.evaluations_since_best() >= train.patience:
+            elif train.patience and state.steps_since_best() >= train.patience:
                 state.end("patience")
         running = [i for i in running if states[i].running]
         if running and running != alive:
