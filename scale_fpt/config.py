@@ -95,6 +95,9 @@ class TaskConfig:
     rotation_degrees: float = 20.0
     """CIFAR-10 augmentation: rotations drawn uniformly within ±this many degrees (the
     reference code's RandomRotation(20); the paper says "small rotations")."""
+    normalize: bool = True
+    """Image tasks: normalise pixels per channel as the reference code does (CIFAR-10's
+    channel means/stds, CIFAR-10 LRA to [-1, 1], MNIST unchanged); false: pixels in [0, 1]."""
     mnist_tokens: int = 49
     """MNIST: 49 = the 28x28 image as stored, in 4x4 patches (the reference code); 64 = the
     image zero-padded to 32x32 first (the paper's table counts 64 tokens)."""
