@@ -167,6 +167,10 @@ class ModelConfig:
     """``lstm`` only: hidden width of the 3-layer LSTM (the paper's 768)."""
     lstm_layers: int = 3
     """``lstm`` only: number of LSTM layers (the paper's 3)."""
+    lstm_layer_norm: bool = True
+    """``lstm`` only: layer-normalised LSTM layers, as the reference code's baseline (its
+    norms are the ``ln`` group, trained in the frozen ``fpt`` arm); false: a plain
+    ``nn.LSTM``."""
 
     def problems(self) -> list[str]:
         out = [choice_problem("init", self.init, INITS)]
