@@ -14,6 +14,13 @@ from scale_fpt import planner
 from scale_fpt.config import FIELD_TYPES, ConfigError, TrialConfig, flag
 
 SEARCH_KINDS = ("loguniform", "uniform", "int", "choice")
+VALIDATION_METRICS = ("best_val_accuracy", "val_accuracy")
+"""What a search or ASHA may maximise (``metric``): validation metrics only, the only ones
+reported to Ray Tune's schedulers and searchers; test is never read for a decision."""
+ASHA_AXES = ("lr", "batch_size")
+"""Grid fields ASHA may compare trials across: training settings of one design. A grid over
+anything else (task, model, init, finetune, ...) holds several arms, and ASHA would rank
+them against each other (ListOps against XOR) and stop the weaker arms' trials."""
 
 
 @dataclass(frozen=True)
@@ -37,8 +44,9 @@ class SweepConfig:
     search_trials: int = 8
     """Optuna trials per arm (and per seed)."""
     metric: str = "best_val_accuracy"
-    """What searches and ASHA maximise: the best validation accuracy so far (never a test
-    metric; test is measured at the selected step and reported)."""
+    """What searches and ASHA maximise: one of ``VALIDATION_METRICS`` (the best validation
+    accuracy so far, or the one at the selected step); a test metric is refused (test is
+    measured at the selected step and reported, never chosen on)."""
     results_dir: str = "results"
     """Parquet results go to ``results_dir/name``."""
     storage_path: str = ""
@@ -52,7 +60,9 @@ class SweepConfig:
     max_failures: int = 2
     """Retries of a crashed trial, each from its last checkpoint."""
     asha: bool = False
-    """Stop weak trials early with ASHA (on ``metric``, in evaluation steps)."""
+    """Stop weak trials early with ASHA (on ``metric``, in evaluation steps). Only for a
+    sweep of one design: a grid over ``ASHA_AXES`` (lr, batch size) and seeds; stopped
+    trials are rows with status ``stopped`` that every table shows."""
     asha_grace_evals: int = 2
     """ASHA: evaluations every trial gets before it can be stopped."""
     cpus_per_trial: int = 1
@@ -104,6 +114,18 @@ class SweepConfig:
             if not spec or spec[0] not in SEARCH_KINDS:
                 out.append(f"search {key!r}: kind must be one of {', '.join(SEARCH_KINDS)}")
         out += self.seed_problems()
+        if self.metric not in VALIDATION_METRICS:
+            out.append(
+                f"metric {self.metric!r}: searches and ASHA decide on validation only; "
+                f"choose from {', '.join(VALIDATION_METRICS)}"
+            )
+        arm_axes = sorted(k for k in self.grid if k not in ASHA_AXES)
+        if self.asha and arm_axes:
+            out.append(
+                f"asha with a grid over {', '.join(arm_axes)}: ASHA would rank different arms "
+                f"against each other; grid only over {', '.join(ASHA_AXES)} (one sweep per "
+                "arm) or drop asha"
+            )
         if self.asha and self.search:
             out.append(
                 "asha with search: Ray records early-stopped trials in Optuna as complete with "
