@@ -241,26 +241,26 @@ def test_like_for_like_rule():
 
 def test_table4_steps_to_threshold_and_speedup(results):
     t4 = report.table4_steps(results.trials, results.curves)
-    pre = cell(t4, row="gpt2-tiny · pretrained · steps=1000", task="bit-xor")
-    rnd = cell(t4, row="gpt2-tiny · random · steps=1000", task="bit-xor")
+    pre = cell(t4, row="gpt2-tiny · pretrained · steps=1000 · main", task="bit-xor")
+    rnd = cell(t4, row="gpt2-tiny · random · steps=1000 · main", task="bit-xor")
     assert (pre["mean"], pre["std"], pre["n"], pre["threshold"]) == (200, 100, 3, 0.9)
     assert rnd["mean"] == 600 and rnd["n"] == 3  # the stopped seed is not counted
-    up = cell(t4, row="speed-up · gpt2-tiny · pretrained · steps=1000", task="bit-xor")
+    up = cell(t4, row="speed-up · gpt2-tiny · pretrained · steps=1000 · main", task="bit-xor")
     assert up["speedup"] == pytest.approx(3.0) and up["speedup_text"] == "3x"
     # bit-memory: random never reaches 0.9 in 1000 steps -> a bound, never a number
-    mem = cell(t4, row="gpt2-tiny · random · steps=1000", task="bit-memory")
+    mem = cell(t4, row="gpt2-tiny · random · steps=1000 · main", task="bit-memory")
     assert mem["n"] == 1 and mem["n_reached"] == 0 and math.isnan(mem["mean"])
     assert tables.steps_text(mem) == ">1000 (0/1 reached)"
-    mem_up = cell(t4, row="speed-up · gpt2-tiny · pretrained · steps=1000", task="bit-memory")
+    mem_up = cell(t4, row="speed-up · gpt2-tiny · pretrained · steps=1000 · main", task="bit-memory")
     assert mem_up["speedup_text"] == ">2x (random not reached)"
     assert not up["like_for_like"] and up["published"] == 40  # convergence, not threshold
     shaped = report.wide(t4)
     assert shaped.loc[pre["row"], "bit-xor"] == "200 ± 100 (n=3, CI ±248)"
     # a stricter threshold: nobody reaches it, no speed-up is invented
     strict = report.table4_steps(results.trials, results.curves, thresholds={"bit-xor": 0.99})
-    pre = cell(strict, row="gpt2-tiny · pretrained · steps=1000", task="bit-xor")
+    pre = cell(strict, row="gpt2-tiny · pretrained · steps=1000 · main", task="bit-xor")
     assert tables.steps_text(pre) == ">1000 (0/3 reached)"
-    up = cell(strict, row="speed-up · gpt2-tiny · pretrained · steps=1000", task="bit-xor")
+    up = cell(strict, row="speed-up · gpt2-tiny · pretrained · steps=1000 · main", task="bit-xor")
     assert math.isnan(up["speedup"]) and up["speedup_text"] == "— pretrained not reached"
 
 
@@ -272,7 +272,7 @@ def test_table6_sizes_and_parameter_counts(results):
     assert list(xor["total_params"]) == [400_000, 2_000_000, 85_000_000]
     assert list(xor["trainable_params"]) == [20_000, 50_000, 100_000]
     shaped = report.table6_wide(t6)
-    row = shaped.loc[("bit-xor", "gpt2-mini · steps=1000")]
+    row = shaped.loc[("bit-xor", "gpt2-mini · steps=1000 · main")]
     assert (row["layers"], row["total params"], row["trained params"]) == (4, "2M", "50K")
     assert row["pretrained"] == "80.0 (n=1)" and row["random"] == "— no trials"
     # the paper's Table 6 setting (CIFAR-10, gpt2 small, fpt, lr 1e-3), but 1000 steps and a
@@ -285,7 +285,7 @@ def test_table6_sizes_and_parameter_counts(results):
         "a fixed 10% validation slice; test split (published: full train split; test split)"
     )
     published = report.table6_wide(t6, tables.published_text)
-    assert published.loc[("cifar10", "gpt2 · steps=1000"), "pretrained"] == "68.2 (ref.)"
+    assert published.loc[("cifar10", "gpt2 · steps=1000 · main"), "pretrained"] == "68.2 (ref.)"
     # Table 1's CIFAR-10 FPT was gpt2-large: gpt2 small is reference only there
     t1 = cell(report.table1_full(results.trials), task="cifar10")
     assert not t1["like_for_like"] and "(paper gpt2-large)" in t1["comparison"]
@@ -600,4 +600,4 @@ def test_preprocessing_table_lists_each_tasks_choices(results):
     split = steps[(steps["task"] == "cifar10") & (steps["aspect"] == "split")].iloc[0]
     assert split["as published"] == "no" and split["reference code"].startswith("full train")
     xor = steps[steps["task"] == "bit-xor"]
-    assert len(xor) == 5 and set(xor["as published"]) == {"yes"}
+    assert len(xor) == 6 and set(xor["as published"]) == {"yes"}

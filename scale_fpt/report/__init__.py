@@ -90,13 +90,14 @@ __all__ = [
 
 def main(args) -> int:
     """``scale-fpt report``: args.results_dir, args.out, and optionally args.metric,
-    args.threshold (list), args.no_attention."""
+    args.threshold (list), args.no_attention, args.pool."""
     path = build_report(
         args.results_dir,
         args.out or None,
         metric=getattr(args, "metric", None) or DEFAULT_METRIC,
         thresholds=parse_thresholds(getattr(args, "threshold", None) or []),
         attention_maps=not getattr(args, "no_attention", False),
+        pool=getattr(args, "pool", False),
     )
     print(path)
     return 0

@@ -15,6 +15,7 @@ per cell: statistics, trial ids, compute, published number) under ``tables/``.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime
 import html
 import math
@@ -397,12 +398,18 @@ def build_report(
     thresholds=None,
     attention_maps: bool = True,
     attention_examples: int = 32,
+    pool: bool = False,
 ) -> Path:
     """Write report.md, report.html, figures/ and tables/ to ``out`` (default
-    RESULTS_DIR/report); returns the path of report.md."""
+    RESULTS_DIR/report); returns the path of report.md. ``pool``: every sweep's trials share
+    cells (``tables.pool_sweeps``), and the report says so at the top."""
     results = load_results(results_dir)
     if results.trials.empty:  # e.g. every trials file damaged (each named by load_results)
         raise ResultsError([f"no readable trial rows under {results_dir}: nothing to report"])
+    sweeps = sorted(set(results.trials["sweep"].dropna()))
+    by_sweep = results.trials  # what each sweep ran, and where its checkpoints are
+    if pool:
+        results = dataclasses.replace(results, trials=tables.pool_sweeps(results.trials))
     out = Path(out) if out else Path(results_dir) / "report"
     for sub in ("figures", "tables"):
         (out / sub).mkdir(parents=True, exist_ok=True)
@@ -416,7 +423,14 @@ def build_report(
         f"code: {', '.join(shas) or 'unknown'}. Published numbers: Lu et al. 2021, "
         "'Pretrained Transformers as Universal Computation Engines'."
     )
-    trials_section(doc, trials, metric)
+    if pool and len(sweeps) > 1:
+        doc.para(
+            f"**Pooled (--pool):** the trials of {len(sweeps)} sweeps ({', '.join(sweeps)}) "
+            "share cells wherever their settings agree. Seeds may repeat across sweeps (the "
+            "same seed shares every random stream), so a pooled cell's n counts trials, not "
+            "independent seeds, and its interval is too narrow by an unknown amount."
+        )
+    trials_section(doc, by_sweep, metric)
     limits = tables.thresholds_for(sorted(set(trials["task"])), thresholds)
     conventions(doc, metric, limits)
     frame_section(
@@ -456,7 +470,7 @@ def build_report(
         doc.bullets(absent)
     figures_section(doc, out, trials, curves, computed["T4"], metric)
     if attention_maps:
-        attention_section(doc, out, trials, results_dir, attention_examples)
+        attention_section(doc, out, by_sweep, results_dir, attention_examples)
     (out / "report.md").write_text(doc.markdown())
     (out / "report.html").write_text(doc.html())
     return out / "report.md"
