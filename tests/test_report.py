@@ -322,7 +322,8 @@ def test_lr_fair_selects_each_arms_best_rate_on_validation(results):
     assert full["n_search_trials"] == 4  # compute of the whole search
     text = tables.lr_text(full)
     assert text == (
-        "93.0 ± 4.2 (n=2, CI ±38.1) @ lr 0.0001 (best of 2 configurations); "
+        "93.0 ± 4.2 (n=2, CI ±38.1) @ lr 0.0001 (selection seeds: no confirmation run) "
+        "(best of 2 configurations); "
         "lr 0.001: 60.0 ± 0.0 (n=2, CI ±0.0)"
     )
     points = report.lr_points(results.trials)

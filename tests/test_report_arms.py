@@ -44,6 +44,7 @@ def test_pool_merges_sweeps_and_the_report_says_so(two_sweeps, tmp_path):
     out = tmp_path / "r"
     args = ["report", str(two_sweeps), "--out", str(out), "--no-attention"]
     assert cli.main([*args, "--pool"]) == 0
-    assert "**Pooled (--pool):** the trials of 2 sweeps (finetune, scale)" in (
-        out / "report.md"
-    ).read_text()
+    assert (
+        "**Pooled (--pool):** the trials of 2 sweeps (finetune, scale)"
+        in (out / "report.md").read_text()
+    )

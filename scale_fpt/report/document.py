@@ -465,6 +465,20 @@ def build_report(
             table_section(doc, key, table, out, tables.wide, tables.lr_text)
         else:
             table_section(doc, key, table, out, tables.wide, tables.cell_text)
+    contrasts = tables.lr_differences(trials, metric)
+    if not contrasts.empty:
+        frame_section(
+            doc,
+            out,
+            "LR-fair differences",
+            "full - fpt and pretrained - random, each arm at its own best learning rate, on "
+            "the headline seeds (confirmation seeds where run), paired on the seeds both arms "
+            "ran: mean difference (percentage points) with its paired-t 95% interval, paired "
+            "t and Wilcoxon signed-rank p-values, Benjamini-Hochberg adjusted over the rows "
+            "of this table, and Hedges' g with a bootstrap 95% interval (5 pairs or more).",
+            contrasts_display(contrasts),
+            ["task", "contrast"],
+        )
     if absent:
         doc.heading(2, "Tables these results cannot fill")
         doc.bullets(absent)
@@ -484,6 +498,41 @@ def frame_section(doc, out: Path, title: str, text: str, frame: pd.DataFrame, in
     doc.para(text)
     doc.table(frame.set_index(index))
     frame.to_csv(out / "tables" / f"{title.lower()}.csv", index=False)
+
+
+def contrasts_display(contrasts: pd.DataFrame) -> pd.DataFrame:
+    """The LR-fair differences as the report shows them: one row per contrast."""
+    shown = pd.DataFrame(
+        {
+            "task": contrasts["task"],
+            "contrast": contrasts["contrast"],
+            "setting": [
+                f"{row['model']} · {row['init'] if row['contrast'].startswith('full') else row['finetune_label']}"
+                for _, row in contrasts.iterrows()
+            ],
+            "lr (a / b)": [
+                f"{a:.3g} / {b:.3g}"
+                for a, b in zip(contrasts["lr_a"], contrasts["lr_b"], strict=True)
+            ],
+            "n pairs": contrasts["n"],
+            "difference [95% CI]": [
+                f"{d:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+                for d, lo, hi in zip(
+                    contrasts["diff"], contrasts["ci_low"], contrasts["ci_high"], strict=True
+                )
+            ],
+            "p (t, BH)": contrasts["p_t_adjusted"].map(lambda p: f"{p:.3g}"),
+            "p (Wilcoxon, BH)": contrasts["p_wilcoxon_adjusted"].map(lambda p: f"{p:.3g}"),
+            "Hedges' g [95% CI]": [
+                f"{g:.2f} [{lo:.2f}, {hi:.2f}]"
+                for g, lo, hi in zip(
+                    contrasts["g"], contrasts["g_low"], contrasts["g_high"], strict=True
+                )
+            ],
+            "seeds": contrasts["headline"],
+        }
+    )
+    return shown
 
 
 def t6_wide(table: pd.DataFrame, text) -> pd.DataFrame:

@@ -82,6 +82,7 @@ from scale_fpt.report.tables.display import (
 from scale_fpt.report.tables.lr import (
     LR_SELECTION,
     group_index,
+    lr_differences,
     lr_fair,
     lr_points,
     lr_text,
@@ -145,6 +146,7 @@ __all__ = [
     "init_difference",
     "init_label",
     "init_rank",
+    "lr_differences",
     "lr_fair",
     "lr_points",
     "lr_text",
