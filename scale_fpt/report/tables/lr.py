@@ -26,9 +26,7 @@ from scale_fpt.report.tables.cells import (
     rank,
 )
 from scale_fpt.report.tables.display import cell_text, count
-
-CONFIRM_SUFFIX = "-confirm"
-"""A sweep's confirmation runs (``SweepConfig.confirm_seeds``) are the sweep ``<name>-confirm``."""
+from scale_fpt.sweep.config import CONFIRM_SUFFIX
 
 
 def lr_points(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
