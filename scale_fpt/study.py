@@ -398,7 +398,12 @@ def summary_table(sweep) -> str:
     trials = load_results(sweep.results_dir, sweep.name).trials
     if trials.empty:
         return "(no trials)"
-    trials = trials.assign(arm=trials["model"] + " " + trials["init"] + " " + trials["finetune"])
+    # One column per design: a search's or grid's learning rates are never pooled into one mean.
+    lr = trials["lr"].map(lambda v: f" lr {v:.3g}")
+    bs = trials["batch_size"].map(lambda v: f" bs {int(v)}")
+    trials = trials.assign(
+        arm=trials["model"] + " " + trials["init"] + " " + trials["finetune"] + lr + bs
+    )
     stats = trials.groupby(["task", "arm"])["test_accuracy"].agg(["mean", "std", "count"])
     cells = stats.apply(
         lambda r: (
@@ -409,20 +414,24 @@ def summary_table(sweep) -> str:
     table = cells.unstack("arm").fillna("")
     status = trials["status"].value_counts().to_dict()
     return (
-        f"\n{sweep.name}: test accuracy at the step of best validation accuracy, mean ± std "
-        f"over seeds (results in {sweep.sweep_dir}; statuses {status})\n{table.to_string()}\n"
+        f"\n{sweep.name}: test accuracy at the step of best validation accuracy within each "
+        f"trial's budget, mean ± std over seeds, one column per (arm, lr, batch size) "
+        f"(results in {sweep.sweep_dir}; statuses {status})\n{table.to_string()}\n"
         f"{findings(trials)}"
         f"tables, figures and attention maps: scale-fpt report {sweep.results_dir}\n"
     )
 
 
 def findings(trials) -> str:
-    """One line per task where both inits ran: pretrained minus random, accuracy and steps to
-    the threshold, with Welch 95% intervals over seeds (``report.tables.init_difference``)."""
+    """One line per setting where both inits ran: pretrained minus random, paired on the
+    seeds they share (``report.tables.init_difference``): test accuracy at the selected step
+    within the budget (not a converged accuracy), and steps to the threshold as censored
+    data (Kaplan-Meier medians, log-rank)."""
     from scale_fpt.report.tables import difference_text, init_difference
 
     lines = [
-        f"{row['task']} ({row['model']}, {row['finetune_label']}, lr {row['lr']:g}): "
+        f"{row['task']} ({row['model']}, {row['finetune_label']}, lr {row['lr']:g}, "
+        f"{int(row['max_steps']):,}-step budget, threshold {row['accuracy_threshold']:g}): "
         + difference_text(row)
         for row in init_difference(trials).to_dict("records")
     ]

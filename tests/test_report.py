@@ -251,7 +251,9 @@ def test_table4_steps_to_threshold_and_speedup(results):
     mem = cell(t4, row="gpt2-tiny · random · steps=1000 · main", task="bit-memory")
     assert mem["n"] == 1 and mem["n_reached"] == 0 and math.isnan(mem["mean"])
     assert tables.steps_text(mem) == ">1000 (0/1 reached)"
-    mem_up = cell(t4, row="speed-up · gpt2-tiny · pretrained · steps=1000 · main", task="bit-memory")
+    mem_up = cell(
+        t4, row="speed-up · gpt2-tiny · pretrained · steps=1000 · main", task="bit-memory"
+    )
     assert mem_up["speedup_text"] == ">2x (random not reached)"
     assert not up["like_for_like"] and up["published"] == 40  # convergence, not threshold
     shaped = report.wide(t4)
@@ -573,25 +575,43 @@ def test_budget_table_sets_budgets_beside_the_papers(results):
     assert list(budgets.index.get_level_values("task"))[:2] == ["bit-memory", "bit-memory"]
 
 
-def test_init_difference_with_welch_intervals(results):
+def test_init_difference_pairs_shared_seeds(results):
+    """Both inits ran seeds 0-2: paired on the seed. Accuracy 50/60/70 vs 40/50/60 differs
+    by exactly 10 in every pair (a zero-wide interval); steps 100/200/300 vs 400/800/600
+    differ by -300/-600/-300 (paired t, recomputed with scipy)."""
+    from scipy import stats as sp
+
     diffs = tables.init_difference(results.trials)
     xor = cell(diffs, task="bit-xor", model="gpt2-tiny", max_steps=1000)
-    # accuracy 60 vs 50 (each std 10, n=3): Welch df 4, t(0.975, 4) = 2.776445
     assert (xor["n_pretrained"], xor["n_random"]) == (3, 3)
-    assert xor["accuracy_diff"] == pytest.approx(10)
-    assert xor["accuracy_ci95"] == pytest.approx(2.776445 * math.sqrt(200 / 3), abs=1e-4)
-    # steps 100/200/300 vs 400/800/600: the a/b example of test_welch_difference_interval x 100
+    assert xor["accuracy_design"] == "paired over 3 shared seeds"
+    assert xor["accuracy_diff"] == pytest.approx(10) and xor["accuracy_ci95"] == 0
+    ci = sp.ttest_rel([100, 200, 300], [400, 800, 600]).confidence_interval(0.95)
     assert xor["steps_diff"] == pytest.approx(-400)
-    assert xor["steps_ci95"] == pytest.approx(415.53995031825, abs=1e-6)
-    assert tables.difference_text(xor) == (
-        "pretrained - random: accuracy +10.0 pp [95% CI -12.7, +32.7] (n=3 vs 3); "
-        "steps to threshold -400 [95% CI -816, +16]"
+    assert (xor["steps_ci_low"], xor["steps_ci_high"]) == (
+        pytest.approx(ci.low),
+        pytest.approx(ci.high),
+    )
+    # Kaplan-Meier: every seed reached it; medians 200 and 600; log-rank as scipy's.
+    assert (xor["steps_median_pretrained"], xor["steps_median_random"]) == (200, 600)
+    logrank = sp.logrank(sp.CensoredData([100, 200, 300]), sp.CensoredData([400, 800, 600]))
+    assert xor["steps_logrank_p"] == pytest.approx(logrank.pvalue)
+    assert tables.difference_text(xor).startswith(
+        "pretrained - random, paired over 3 shared seeds: accuracy +10.0 pp [95% CI +10.0, "
+        "+10.0] (n=3 vs 3); steps to threshold, Kaplan-Meier median [95% CI] 200 [100, not "
+        "reached] vs 600 [400, not reached], log-rank p 0.025; difference -400 [95% CI -830, +30]"
     )
     memory = cell(diffs, task="bit-memory")
+    assert memory["accuracy_design"] == "too few seeds for an interval"
     assert math.isnan(memory["accuracy_ci95"]) and math.isnan(memory["steps_diff"])
+    assert memory["steps_median_random"] == math.inf  # censored at its last step, 1000
     assert memory["steps_note"] == (
         "threshold reached by 1/1 pretrained and 0/1 random seeds: pretrained - random < -500 "
         "steps (unreached seeds at their last step)"
+    )
+    # One family: Benjamini-Hochberg over the table's rows.
+    np.testing.assert_allclose(
+        diffs["steps_logrank_p_adjusted"], sp.false_discovery_control(diffs["steps_logrank_p"])
     )
 
 

@@ -48,3 +48,24 @@ def test_pool_merges_sweeps_and_the_report_says_so(two_sweeps, tmp_path):
         "**Pooled (--pool):** the trials of 2 sweeps (finetune, scale)"
         in (out / "report.md").read_text()
     )
+
+
+def test_the_study_summary_is_per_learning_rate_and_its_finding_is_paired(tmp_path):
+    from scale_fpt.study import summary_table
+    from scale_fpt.sweep import SweepConfig
+
+    writer = ResultsWriter(tmp_path, "scale-local")
+    for seed, (pre, rnd) in enumerate([(1.0, 0.8), (1.0, 0.85), (0.98, 0.9)]):
+        write(writer, f"p{seed}", pre, seed=seed, init="pretrained", hit=400, max_steps=2000)
+        write(writer, f"r{seed}", rnd, seed=seed, init="random", hit=0, max_steps=2000)
+        write(writer, f"q{seed}", 0.6, seed=seed, init="random", lr=1e-4, max_steps=2000)
+    text = summary_table(SweepConfig(name="scale-local", results_dir=str(tmp_path)))
+    header = text.splitlines()[2]
+    assert "gpt2-tiny random fpt lr 0.0001 bs 16" in header  # its own column, not pooled
+    assert "gpt2-tiny random fpt lr 0.001 bs 16" in header
+    finding = next(line for line in text.splitlines() if line.startswith("bit-xor ("))
+    assert finding.startswith(
+        "bit-xor (gpt2-tiny, fpt, lr 0.001, 2,000-step budget, threshold 0.9): pretrained - "
+        "random, paired over 3 shared seeds: accuracy +14.3 pp [95% CI "
+    )
+    assert "Kaplan-Meier median [95% CI] 400 [400, not reached] vs not reached" in finding

@@ -177,17 +177,21 @@ def steps_survival(steps, reached) -> dict:
     if not reached.any():
         return {**out, "median": math.inf, "median_low": math.inf, "median_high": math.inf}
     sf = stats.ecdf(censored(steps, reached)).sf
-    band = sf.confidence_interval(CONFIDENCE, method="log-log")
+    with warnings.catch_warnings():  # scipy warns where the band is undefined (NaN below)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        band = sf.confidence_interval(CONFIDENCE, method="log-log")
 
-    def crossing(probabilities) -> float:
-        below = np.flatnonzero(np.nan_to_num(probabilities, nan=1.0) <= 0.5)
+    def crossing(probabilities, undefined: float) -> float:
+        below = np.flatnonzero(np.nan_to_num(probabilities, nan=undefined) <= 0.5)
         return float(sf.quantiles[below[0]]) if len(below) else math.inf
 
+    # Where the band is undefined (too few seeds) it bounds nothing: the lower limit falls
+    # to 0 and the upper rises to 1, so the median's interval widens to the widest.
     return {
         **out,
-        "median": crossing(sf.probabilities),
-        "median_low": crossing(band.low.probabilities),
-        "median_high": crossing(band.high.probabilities),
+        "median": crossing(sf.probabilities, 1.0),
+        "median_low": crossing(band.low.probabilities, 0.0),
+        "median_high": crossing(band.high.probabilities, 1.0),
     }
 
 
