@@ -69,3 +69,18 @@ def test_the_study_summary_is_per_learning_rate_and_its_finding_is_paired(tmp_pa
         "random, paired over 3 shared seeds: accuracy +14.3 pp [95% CI "
     )
     assert "Kaplan-Meier median [95% CI] 400 [400, not reached] vs not reached" in finding
+
+
+def test_precision_batch_size_and_protocol_are_judged_against_the_paper():
+    base = {"task": "bit-xor", "kind": "transformer", "model": "gpt2", "model_label": "gpt2"}
+    base.update(init_label="pretrained", weights="", lr=1e-3, n=3, mean=99.0, max_steps=100_000)
+    same = tables.compare({**base, "precision": "fp32", "batch_size": 8}, "T2", "language (FPT)")
+    assert same["like_for_like"] and same["comparison"].startswith(
+        "like-for-like except the evaluation protocol (here: test accuracy at the evaluation "
+        "with the best validation accuracy"
+    )
+    other = tables.compare({**base, "precision": "bf16", "batch_size": 32}, "T2", "random")
+    assert not other["like_for_like"]
+    assert other["comparison"] == (
+        "reference only: precision bf16 (reference code fp32); batch size 32 (paper 2-16)"
+    )

@@ -201,17 +201,32 @@ def conventions(doc: Document, metric: str, thresholds: dict) -> None:
             "validation split: a trial's step is its evaluation with the best validation "
             "accuracy (`selected_step`), test accuracy is measured there and never selected on.",
             "Each cell: mean ± sample std over seeds (n-1), n, and the 95% Student-t interval "
-            "half-width (CI ±, t(0.975, n-1)·std/√n); n=1 shows no spread.",
-            "An arm (cell) is one setting: task, model, weights, init, finetune, LSTM size, lr, "
-            "batch size, steps; trials of the same setting in different sweeps are pooled.",
+            "half-width (CI ±, t(0.975, n-1)·std/√n; scipy.stats); n=1 shows no spread.",
+            "An arm (cell) is one design: its sweep and every config field that changes a "
+            "trial (task, model, weights, init, finetune, LSTM size, lr, batch size, steps, "
+            "precision, sequence length, augmentation, normalisation, patience, evaluation "
+            "settings, ...); what differs between cells shown together is named in the row. "
+            "Trials of different sweeps are never pooled unless the report is built with "
+            "--pool (and then it says so at the top).",
+            "Differences between arms (pretrained - random; full - fpt in the LR-fair "
+            "differences) are paired on the seeds both arms ran (a seed gives both the same "
+            "heads, data and dropout streams): paired-t 95% interval, paired t and Wilcoxon "
+            "signed-rank p-values, Hedges' g with a bootstrap interval; Welch where no seed is "
+            "shared. Each table's p-values are one family, Benjamini-Hochberg adjusted. Steps "
+            "to threshold are censored data (unreached seeds at their last step): Kaplan-Meier "
+            "medians with 95% intervals and the log-rank test.",
             "Paper tables use one learning rate per arm: where an arm was run at several (an "
             "LR search), only the paper's rate (1e-3; 1e-4 homology) is used there; the "
             "LR-fair table compares every searched arm at its own best rate.",
             "Published numbers (Lu et al. 2021) stand beside a cell with a difference Δ "
             "(study - paper) only like-for-like: same model (gpt2 small unless the paper's "
-            "cell says otherwise), same learning rate and, for LSTMs, 3 x 768. Otherwise they "
-            "are reference only (ref.), with the reason listed. Training length and batch size "
-            "are never matched: the paper trained to convergence.",
+            "cell says otherwise), weights, learning rate, for LSTMs 3 x 768, a budget of at "
+            "least the paper's steps to convergence, fp32 (the reference code's precision), a "
+            "batch size within the paper's 2-16, and the task's preprocessing as published. "
+            "Otherwise they are reference only (ref.), with every reason listed. The "
+            "evaluation protocol always differs (test at the validation-selected step here; "
+            "test batches during training, no validation split, in the reference code) and "
+            "every like-for-like comparison says so.",
             "Steps to threshold: the first evaluated step whose validation accuracy reaches the "
             "threshold ("
             + ", ".join(f"{t} {v:.3g}" for t, v in thresholds.items())
