@@ -84,3 +84,20 @@ def test_precision_batch_size_and_protocol_are_judged_against_the_paper():
     assert other["comparison"] == (
         "reference only: precision bf16 (reference code fp32); batch size 32 (paper 2-16)"
     )
+
+
+def test_learning_curves_are_validation_curves_with_t_interval_bands(tmp_path):
+    from scipy import stats as sp
+
+    from scale_fpt.report import figures
+
+    writer = ResultsWriter(tmp_path, "s")
+    for seed, hit in enumerate([100, 200, 300]):
+        write(writer, f"t{seed}", 0.9, seed=seed, hit=hit, max_steps=400)
+    results = load_results(tmp_path)
+    _, data = figures.learning_curves_figure(results.trials, results.curves, "bit-xor")
+    at_200 = data[data["step"] == 200].iloc[0]  # validation 95, 95, 50 at step 200
+    values = [95.0, 95.0, 50.0]
+    low, high = sp.t.interval(0.95, 2, loc=sum(values) / 3, scale=sp.sem(values))
+    assert at_200["n"] == 3 and at_200["mean"] == pytest.approx(80.0)
+    assert (at_200["ci_low"], at_200["ci_high"]) == (pytest.approx(low), pytest.approx(high))

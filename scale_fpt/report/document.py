@@ -315,7 +315,8 @@ def figures_section(doc, out, trials, curves, t4, metric) -> None:
                 f"curves_{task}",
                 fig,
                 data,
-                f"Learning curves on {TASK_TITLES.get(task, task)}: mean ± std over seeds",
+                f"Validation curves on {TASK_TITLES.get(task, task)}: mean and 95% interval "
+                "over seeds (n per arm in the legend)",
             )
     fig, data = figures.lr_figure(trials, metric)
     if len(data):
