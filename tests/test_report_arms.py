@@ -101,3 +101,25 @@ def test_learning_curves_are_validation_curves_with_t_interval_bands(tmp_path):
     low, high = sp.t.interval(0.95, 2, loc=sum(values) / 3, scale=sp.sem(values))
     assert at_200["n"] == 3 and at_200["mean"] == pytest.approx(80.0)
     assert (at_200["ci_low"], at_200["ci_high"]) == (pytest.approx(low), pytest.approx(high))
+
+
+def test_compute_and_examples_matched_differences(tmp_path):
+    """fpt costs 1 FLOP a step, full 2: at fpt's 400 FLOPs full is cut at step 200, where
+    seed 2 (threshold at step 300) still scores 50; with equal batches, examples match at
+    the full 400 steps, where every seed scores 95."""
+    from scale_fpt.report.tables.matched import matched_differences, matched_text
+
+    writer = ResultsWriter(tmp_path, "s")
+    for seed, (fpt_hit, full_hit) in enumerate([(100, 100), (200, 100), (300, 300)]):
+        common = {"seed": seed, "max_steps": 400}
+        write(writer, f"fpt{seed}", 0.95, hit=fpt_hit, flops_per_step=1.0, **common)
+        write(writer, f"full{seed}", 0.95, hit=full_hit, finetune="full", flops_per_step=2.0,
+              **common)  # fmt: skip
+    results = load_results(tmp_path)
+    (flops,) = matched_differences(results.trials, results.curves, "flops").to_dict("records")
+    assert (flops["contrast"], flops["horizon"], flops["n_pairs"]) == ("full - fpt", 400, 3)
+    assert (flops["mean_a"], flops["mean_b"]) == (pytest.approx(80), pytest.approx(95))
+    assert flops["diff"] == pytest.approx(-15)
+    assert matched_text(flops).startswith("full - fpt at 400 FLOPs: -15.0 pp [95% CI ")
+    (examples,) = matched_differences(results.trials, results.curves, "examples").to_dict("records")
+    assert examples["horizon"] == 400 * 16 and examples["diff"] == 0

@@ -495,6 +495,7 @@ def build_report(
             contrasts_display(contrasts),
             ["task", "contrast"],
         )
+    matched_section(doc, out, trials, curves)
     if absent:
         doc.heading(2, "Tables these results cannot fill")
         doc.bullets(absent)
@@ -514,6 +515,39 @@ def frame_section(doc, out: Path, title: str, text: str, frame: pd.DataFrame, in
     doc.para(text)
     doc.table(frame.set_index(index))
     frame.to_csv(out / "tables" / f"{title.lower()}.csv", index=False)
+
+
+def matched_section(doc: Document, out: Path, trials: pd.DataFrame, curves: pd.DataFrame) -> None:
+    """full - fpt and pretrained - random at equal FLOPs and at equal examples seen."""
+    frames = [tables.matched_differences(trials, curves, match) for match in ("flops", "examples")]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return
+    matched = pd.concat(frames, ignore_index=True)
+    shown = pd.DataFrame(
+        {
+            "task": matched["task"],
+            "model": matched["model"],
+            "sweep": matched["sweep"],
+            "comparison": [tables.matched_text(row) for row in matched.to_dict("records")],
+            "means (a / b)": [
+                f"{a:.1f} / {b:.1f}"
+                for a, b in zip(matched["mean_a"], matched["mean_b"], strict=True)
+            ],
+        }
+    )
+    frame_section(
+        doc,
+        out,
+        "Matched budgets",
+        "Arm pairs at equal compute (FLOPs: the project's accounting, 6N per step when the "
+        "body trains, 4N plus attention when it is frozen) and at equal examples seen: every "
+        "trial of the pair is cut at the least any of them reached, scored at its best "
+        "validation evaluation within the cut, and the difference is paired on shared seeds "
+        "(Benjamini-Hochberg over each match's rows).",
+        shown,
+        ["task", "model"],
+    )
 
 
 def contrasts_display(contrasts: pd.DataFrame) -> pd.DataFrame:

@@ -87,6 +87,7 @@ from scale_fpt.report.tables.lr import (
     lr_points,
     lr_text,
 )
+from scale_fpt.report.tables.matched import matched_differences, matched_text
 from scale_fpt.report.tables.paper import (
     frozen_transformers,
     init_rank,
@@ -150,6 +151,8 @@ __all__ = [
     "lr_fair",
     "lr_points",
     "lr_text",
+    "matched_differences",
+    "matched_text",
     "model_label",
     "paper_steps",
     "pool_sweeps",
