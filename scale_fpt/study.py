@@ -395,7 +395,8 @@ def summary_table(sweep) -> str:
     std over seeds, per task (rows) and arm (columns); nothing in it is chosen on test."""
     from scale_fpt.results import load_results
 
-    trials = load_results(sweep.results_dir, sweep.name).trials
+    results = load_results(sweep.results_dir, sweep.name)
+    trials = results.trials
     if trials.empty:
         return "(no trials)"
     # One column per design: a search's or grid's learning rates are never pooled into one mean.
@@ -417,22 +418,23 @@ def summary_table(sweep) -> str:
         f"\n{sweep.name}: test accuracy at the step of best validation accuracy within each "
         f"trial's budget, mean ± std over seeds, one column per (arm, lr, batch size) "
         f"(results in {sweep.sweep_dir}; statuses {status})\n{table.to_string()}\n"
-        f"{findings(trials)}"
+        f"{findings(trials, results.curves)}"
         f"tables, figures and attention maps: scale-fpt report {sweep.results_dir}\n"
     )
 
 
-def findings(trials) -> str:
+def findings(trials, curves=None) -> str:
     """One line per setting where both inits ran: pretrained minus random, paired on the
     seeds they share (``report.tables.init_difference``): test accuracy at the selected step
     within the budget (not a converged accuracy), and steps to the threshold as censored
-    data (Kaplan-Meier medians, log-rank)."""
+    data (Kaplan-Meier medians, log-rank) at each task's threshold (90% of the paper's FPT
+    accuracy, as Table 4; read from ``curves``)."""
     from scale_fpt.report.tables import difference_text, init_difference
 
     lines = [
         f"{row['task']} ({row['model']}, {row['finetune_label']}, lr {row['lr']:g}, "
         f"{int(row['max_steps']):,}-step budget, threshold {row['accuracy_threshold']:g}): "
         + difference_text(row)
-        for row in init_difference(trials).to_dict("records")
+        for row in init_difference(trials, curves=curves).to_dict("records")
     ]
     return "".join(line + "\n" for line in lines)

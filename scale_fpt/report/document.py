@@ -495,6 +495,33 @@ def build_report(
             contrasts_display(contrasts),
             ["task", "contrast"],
         )
+    differences = tables.init_difference(trials, metric, curves, thresholds)
+    if not differences.empty:
+        frame_section(
+            doc,
+            out,
+            "Pretrained - random",
+            "Each setting run with both inits: the accuracy difference paired on shared "
+            "seeds (Welch where none is shared), p-values Benjamini-Hochberg adjusted over "
+            "this table, and steps to each task's threshold as censored data (Kaplan-Meier "
+            "medians with 95% intervals, log-rank test).",
+            pd.DataFrame(
+                {
+                    "task": differences["task"],
+                    "setting": differences["model"].astype(str)
+                    + " · "
+                    + differences["finetune_label"].astype(str)
+                    + " · lr "
+                    + differences["lr"].map(lambda v: f"{v:g}")
+                    + " · "
+                    + differences["sweep"].astype(str),
+                    "pretrained - random": [
+                        tables.difference_text(r) for r in differences.to_dict("records")
+                    ],
+                }
+            ),
+            ["task", "setting"],
+        )
     matched_section(doc, out, trials, curves)
     if absent:
         doc.heading(2, "Tables these results cannot fill")

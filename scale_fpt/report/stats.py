@@ -201,5 +201,6 @@ def steps_logrank(steps_a, reached_a, steps_b, reached_b) -> dict:
     an event."""
     if not (np.any(reached_a) or np.any(reached_b)):
         return {"statistic": math.nan, "p": math.nan}
-    test = stats.logrank(censored(steps_a, reached_a), censored(steps_b, reached_b))
+    with np.errstate(invalid="ignore", divide="ignore"):  # identical arms: p is NaN
+        test = stats.logrank(censored(steps_a, reached_a), censored(steps_b, reached_b))
     return {"statistic": float(test.statistic), "p": float(test.pvalue)}

@@ -24,6 +24,7 @@ from scale_fpt.report.stats import (
     welch_difference,
 )
 from scale_fpt.report.tables.cells import ARM_KEYS, DEFAULT_METRIC, prepare
+from scale_fpt.report.tables.steps import steps_to_threshold, thresholds_for
 
 PAIR_KEYS = tuple(k for k in ARM_KEYS if k not in ("init", "weights"))
 """Arms that agree on these and differ only in init are compared by ``init_difference``."""
@@ -56,7 +57,31 @@ def compare_arms(a: pd.DataFrame, b: pd.DataFrame, column: str) -> dict:
     }
 
 
-def init_difference(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
+def with_task_thresholds(trials: pd.DataFrame, curves: pd.DataFrame, thresholds=None):
+    """``trials`` with ``steps_to_threshold``, ``steps_done`` and ``accuracy_threshold``
+    re-read from each trial's validation curve at its task's threshold (``thresholds_for``:
+    90% of the paper's FPT accuracy by default, as Table 4), not the flat threshold the trial
+    was run with."""
+    limits = thresholds_for(sorted(set(trials["task"])), thresholds)
+    by_trial = {key: c for key, c in curves.groupby(["sweep", "trial_id"])}
+    steps, last = [], []
+    for row in trials.itertuples(index=False):
+        curve = by_trial.get((row.sweep, row.trial_id))
+        hit, end = (
+            (math.nan, math.nan) if curve is None else steps_to_threshold(curve, limits[row.task])
+        )
+        steps.append(hit)
+        last.append(row.steps_done if math.isnan(end) else end)
+    return trials.assign(
+        steps_to_threshold=steps,
+        steps_done=last,
+        accuracy_threshold=trials["task"].map(limits),
+    )
+
+
+def init_difference(
+    trials: pd.DataFrame, metric: str = DEFAULT_METRIC, curves=None, thresholds=None
+) -> pd.DataFrame:
     """Language-pretrained minus random init, per task and setting (same sweep, model,
     trained groups, lr, batch size, budget and every other setting): the accuracy difference
     (percentage points; ``accuracy_*``: diff, 95% interval, p, Wilcoxon p, Hedges' g and its
@@ -64,7 +89,11 @@ def init_difference(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.Da
     (``steps_to_threshold``, unreached seeds censored at ``steps_done``): Kaplan-Meier
     medians (``steps_median_*`` with intervals), the log-rank p (``steps_p``) and, when every
     seed of both arms reached it, the (paired) difference of steps (``steps_diff``...).
-    ``*_p_adjusted``: Benjamini-Hochberg over the rows of the table."""
+    ``*_p_adjusted``: Benjamini-Hochberg over the rows of the table. With ``curves``, steps
+    are read at each task's threshold (``with_task_thresholds``); without, the trials' own
+    ``steps_to_threshold`` (their ``accuracy_threshold``)."""
+    if curves is not None and len(curves):
+        trials = with_task_thresholds(trials, curves, thresholds)
     df = prepare(trials, metric)
     df = df[df["used"] & df["init_label"].isin(("pretrained", "random"))]
     records = []
