@@ -556,6 +556,7 @@ def matched_section(doc: Document, out: Path, trials: pd.DataFrame, curves: pd.D
             "task": matched["task"],
             "model": matched["model"],
             "sweep": matched["sweep"],
+            "lr": matched["lr"].map(lambda v: f"{v:g}"),
             "comparison": [tables.matched_text(row) for row in matched.to_dict("records")],
             "means (a / b)": [
                 f"{a:.1f} / {b:.1f}"
