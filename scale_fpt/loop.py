@@ -26,8 +26,8 @@ decides when to evaluate, stop or checkpoint.
 Checkpoints (one format for both step kinds): a directory with the step's own files
 (``step.save``: trained tensors and optimiser state, never the frozen body, what resuming
 needs), ``weights-<trial_id>.pt`` per member (``{"module": trained tensors named as in the
-trial's own ``build_model`` module}``: what the report rebuilds a trial from, whichever step
-trained it) and ``progress.pt`` (written last): format version, the members' trial ids, the
+trial's own ``build_model`` module}`` at the member's selected evaluation: what the report
+rebuilds a trial from, whichever step trained it) and ``progress.pt`` (written last): format version, the members' trial ids, the
 loop position, every member's TrialState and torch's global RNG state. Resuming at an evaluation gives
 exactly the curve of an uninterrupted run (data and dropout masks are functions of
 (seed, step), not of process state).
@@ -266,13 +266,21 @@ def fit(
 
 
 def save_checkpoint(
-    directory: str, step: Step, states: list[TrialState], trial_ids: list[str], position: int
+    directory: str,
+    step: Step,
+    states: list[TrialState],
+    trial_ids: list[str],
+    position: int,
+    selected: dict[int, dict[str, torch.Tensor]] | None = None,
 ) -> None:
-    """The step's tensors, then ``progress.pt`` (see the module docstring)."""
+    """The step's tensors, then ``progress.pt`` (see the module docstring). Each member's
+    ``weights-<trial_id>.pt`` holds ``selected[member]`` where given (its trained tensors at
+    its selected evaluation, which the report rebuilds it from), else the current ones."""
     os.makedirs(directory, exist_ok=True)
     step.save(directory)
     for member, trial_id in enumerate(trial_ids):
-        weights = {"module": step.member_weights(member)}  # collective under ZeRO-3
+        current = step.member_weights(member)  # collective under ZeRO-3: every rank, always
+        weights = {"module": (selected or {}).get(member, current)}
         if step.rank == 0:
             torch.save(weights, os.path.join(directory, weights_file(trial_id)))
     if step.rank != 0:

@@ -613,3 +613,26 @@ def test_trial_row_contents(tmp_path, finetune, trained_groups, trained_matmul):
     stored = load_results(tmp_path).trials.iloc[0]
     for column in ("trial_id", "status", "steps_done", "trainable_params", "flops_per_step"):
         assert stored[column] == row[column], column
+
+
+@pytest.mark.parametrize("kind", ["cohort", "engine"])
+def test_the_checkpoints_weights_file_holds_the_selected_evaluations_weights(tmp_path, kind):
+    """What the report rebuilds a trial from (attention maps) is the model at the step its
+    row reports, not the last step's."""
+    trial = trial_run(config(max_steps=40, eval_every=10, lr=3e-3), kind)
+    seen = {}
+
+    def on_eval(curves, rows):
+        seen[trial.position] = trial.step.member_weights(0)
+
+    try:
+        trial.run(on_eval=on_eval)
+        trial.save(str(tmp_path))
+        selected = trial.states[0].selected().step
+    finally:
+        trial.close()
+    saved = torch.load(tmp_path / f"weights-{trial.trial_ids[0]}.pt", weights_only=False)
+    assert sorted(seen) == [10, 20, 30, 40] and selected == 30  # validation 0.5625 at 30
+    for name, tensor in seen[30].items():
+        torch.testing.assert_close(saved["module"][name], tensor, rtol=0, atol=0)
+    assert any(not torch.equal(seen[40][n], t) for n, t in seen[30].items())  # moved on
