@@ -45,7 +45,9 @@ def build_model(
     model_config, seed = config.model, config.train.seed
     if model_config.model == "lstm":
         d_model = model_config.lstm_width
-        backbone: nn.Module = LSTMBackbone(d_model, model_config.lstm_layers, model_config.dropout)
+        backbone: nn.Module = LSTMBackbone(
+            d_model, model_config.lstm_layers, model_config.dropout, model_config.lstm_layer_norm
+        )
         n_layer, n_positions = model_config.lstm_layers, None
     else:
         backbone, d_model, n_positions = build_backbone(model_config, seed, attn_implementation)
