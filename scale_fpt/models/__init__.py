@@ -1,4 +1,5 @@
-"""Models: backbones (GPT-2 presets, any HF causal LM, LSTM), the FPT wrapper, fine-tuning groups."""
+"""Models: backbones (GPT-2 presets, GPT-NeoX, Llama-style and OPT families, any HF causal LM,
+LSTM, ablation bodies), the FPT wrapper, fine-tuning groups, LoRA."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from scale_fpt.config import ConfigError, TrialConfig
-from scale_fpt.models.backbones import build_backbone
+from scale_fpt.config import ABLATIONS, ConfigError, TrialConfig, parse_finetune
+from scale_fpt.models.ablations import build_ablation
+from scale_fpt.models.adapters import add_lora
+from scale_fpt.models.backbones import build_backbone, load_architecture
+from scale_fpt.models.families import model_width
 from scale_fpt.models.fpt import FPT, LSTMBackbone, input_dropout_p
-from scale_fpt.models.groups import freeze, group_counts
+from scale_fpt.models.groups import ORDER, freeze, group_counts
 from scale_fpt.seeding import seed_streams
 from scale_fpt.tasks.base import TaskSpec
 
@@ -47,13 +51,22 @@ def build_model(
         d_model = model_config.lstm_width
         backbone: nn.Module = LSTMBackbone(d_model, model_config.lstm_layers, model_config.dropout)
         n_layer, n_positions = model_config.lstm_layers, None
+    elif model_config.init in ABLATIONS:
+        arch = load_architecture(model_config, attn_implementation)
+        backbone, n_layer = build_ablation(model_config, seed, arch)
+        d_model, n_positions = model_width(arch), None
     else:
         backbone, d_model, n_positions = build_backbone(model_config, seed, attn_implementation)
         n_layer = backbone.config.num_hidden_layers
+        if "lora" in parse_finetune(config.train.finetune):
+            add_lora(backbone, model_config, seed)
     check_positions(config, spec, n_positions)
     module = build_heads(spec, d_model, seed, input_dropout_p(model_config, spec))
     module.backbone = backbone
     trained = freeze(module, config.train.finetune)
+    if model_config.init == "one-attn":  # the ablation's one layer always trains
+        backbone.requires_grad_(True)
+        trained = tuple(g for g in ORDER if g in {*trained, "attn", "ln"})
     return BuiltModel(module, trained, group_counts(module, spec.n_tokens), n_layer, d_model)
 
 

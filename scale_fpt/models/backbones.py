@@ -18,11 +18,19 @@ from torch import nn
 
 from scale_fpt.config import ConfigError, ModelConfig
 from scale_fpt.models import ops
+from scale_fpt.models.families import family_of, model_width
 from scale_fpt.scaling import GPT2_SIZES, HUB_SIZES, GPT2Size
 from scale_fpt.seeding import seed_streams
 
 CPU_PRESETS = tuple(name for name in GPT2_SIZES if name not in HUB_SIZES)
-DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout")
+DROPOUT_KEYS = (
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "hidden_dropout",
+    "attention_dropout",
+    "dropout",  # OPT
+)
 
 
 def scale_fpt_home() -> Path:
@@ -64,6 +72,11 @@ def weights_source(config: ModelConfig) -> str:
     return config.weights or config.model
 
 
+def revision(config: ModelConfig) -> str | None:
+    """The hub revision ``from_pretrained`` reads (None: the default branch)."""
+    return config.revision or None
+
+
 def missing_weights_problem(config: ModelConfig, source: str) -> str:
     if config.model in CPU_PRESETS and config.weights in ("", *LOCAL_CORPORA):
         corpus = config.weights or "language"
@@ -73,7 +86,9 @@ def missing_weights_problem(config: ModelConfig, source: str) -> str:
             "or pass --weights DIR"
         )
     return (
-        f"--init {config.init}: weights {source!r} are not available offline (no such directory, "
+        f"--init {config.init}: weights {source!r}"
+        + (f" at revision {config.revision!r}" if config.revision else "")
+        + " are not available offline (no such directory, "
         "not in the Hugging Face cache); download them once with network access (or set HF_HOME "
         "to a cache that has them), or pass --weights DIR"
     )
@@ -88,7 +103,10 @@ def load_architecture(config: ModelConfig, attn_implementation: str = "sdpa"):
 
         source = config.model
         try:
-            arch = from_disk_or_hub(lambda **kw: AutoConfig.from_pretrained(source, **kw), source)
+            arch = from_disk_or_hub(
+                lambda **kw: AutoConfig.from_pretrained(source, revision=revision(config), **kw),
+                source,
+            )
         except (OSError, ValueError) as e:
             raise ConfigError(
                 [
@@ -109,10 +127,13 @@ def load_architecture(config: ModelConfig, attn_implementation: str = "sdpa"):
 
 
 def fast_ops(backbone: nn.Module, attn_implementation: str) -> None:
-    """Give a GPT-2 backbone the fast CPU dropout, GELU and (for ``sdpa``) attention of
-    ``models.ops``: the same functions, ~20x cheaper dropout masks and 2x cheaper GELU on a
-    CPU, torch's own kernels on a GPU. Other architectures are left as they are."""
-    if getattr(backbone.config, "model_type", None) != "gpt2":
+    """Give a backbone of a known family (``families.FAMILIES``) the fast CPU dropout and
+    (for ``sdpa``) attention of ``models.ops``, and GPT-2 its fused GELU: the same functions,
+    ~20x cheaper dropout masks and 2x cheaper GELU on a CPU, torch's own kernels on a GPU.
+    Every dropout mask is then keyed (``ops.dropout_keys``), so a resumed or packed run draws
+    its solo run's masks. Other architectures are left as they are."""
+    family = family_of(backbone.config)
+    if family is None:
         return
     from transformers import AttentionInterface
 
@@ -120,8 +141,8 @@ def fast_ops(backbone: nn.Module, attn_implementation: str) -> None:
         for name, child in parent.named_children():
             if isinstance(child, nn.Dropout):
                 setattr(parent, name, ops.Dropout(child.p))
-    if backbone.config.activation_function in ops.TANH_GELUS:
-        for block in backbone.h:
+    if getattr(backbone.config, "activation_function", None) in ops.TANH_GELUS:
+        for block in family.blocks(backbone):
             block.mlp.act = ops.GeluTanh()
     if attn_implementation == "sdpa":
         AttentionInterface.register(ops.HF_ATTENTION, ops.hf_causal_attention)
@@ -155,7 +176,7 @@ def build_backbone(
     backbone.set_input_embeddings(None)
     backbone.requires_grad_(False)
     fast_ops(backbone, attn_implementation)
-    return backbone, arch.hidden_size, max_positions(arch)
+    return backbone, model_width(arch), max_positions(arch)
 
 
 def load_pretrained(config: ModelConfig, arch) -> nn.Module:
@@ -175,6 +196,7 @@ def load_pretrained(config: ModelConfig, arch) -> nn.Module:
                     config=arch,
                     output_loading_info=True,
                     ignore_mismatched_sizes=True,
+                    revision=revision(config),
                     **kw,
                 ),
                 source,
