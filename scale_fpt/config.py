@@ -33,6 +33,12 @@ MNIST_TOKENS = (49, 64)
 HOMOLOGY_LONG = ("drop", "truncate")
 
 
+def shape_init(init: str) -> str:
+    """The init that builds a model of ``init``'s shapes without reading weights: ``random``,
+    or the ablation arm itself (its body is not the named model's)."""
+    return init if init in ABLATIONS else "random"
+
+
 class ConfigError(ValueError):
     """Every problem found in a configuration, reported at once."""
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from scale_fpt.config import ConfigError, TrialConfig, parse_finetune
+from scale_fpt.config import ABLATIONS, ConfigError, TrialConfig, parse_finetune
 from scale_fpt.models.backbones import load_architecture
 
 PACKABLE_GROUPS = ("input", "output", "ln", "pos")
@@ -52,6 +52,8 @@ def pack_problem(flat: dict) -> str | None:
         return "; ".join(e.problems)
     if config.model.model == "lstm":
         return "the lstm baseline has no transformer body to share"
+    if config.model.init in ABLATIONS:
+        return f"--init {config.model.init}: an ablation arm has no frozen body to share"
     if config.train.workers > 1:
         return f"--workers {config.train.workers}: a trial over several processes runs alone"
     if config.train.zero_offload or config.train.activation_checkpointing:

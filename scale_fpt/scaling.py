@@ -109,11 +109,49 @@ def eval_step_flops(matmul_params: int, attention_fwd: int, n_tokens: int, batch
     return batch * (n_tokens * 2 * matmul_params + attention_fwd)
 
 
-def activation_bytes(n_layer: int, d_model: int, n_tokens: int, batch: int, precision: str) -> int:
-    """Activations kept for backward, per GPT-2 block ~ 34 values per token-width unit
-    (Korthikanti et al. 2022, without the attention-score term that SDPA does not store)."""
+@dataclass(frozen=True)
+class BlockShape:
+    """What one transformer block's saved activations depend on, for any family."""
+
+    d_model: int
+    inner: int
+    """Width of the MLP's hidden layer (GPT-2: 4 d; Llama: ``intermediate_size``)."""
+    gated: bool = False
+    """Gated MLP (Llama's SiLU(x W_gate) * x W_up): two inner-wide products and their
+    product are kept, not one pre- and one post-activation."""
+    rms_norm: bool = False
+    """RMSNorm as transformers composes it (the input and the normalised input kept, vs
+    LayerNorm's fused kernel keeping its input)."""
+
+    @property
+    def activation_units(self) -> int:
+        """Bytes per token that one block keeps for backward at 16 bits (Korthikanti et al.
+        2022's 34 d for GPT-2, without the attention-score term that SDPA does not store):
+        attention 11 d (the norm's output, Q, K and V as attended (grouped-query keys and
+        values are repeated to every query head first, so GQA keeps what MHA keeps), the
+        projection's input, a dropout mask); MLP 2 d input + 4 inner (activation in and out;
+        gated: 8 inner, gate and up in, the activation out and the product) + d mask; two
+        norms 4 d (RMSNorm composed: 8 d). Checked against the bytes autograd keeps on tiny
+        models of each family (tests/test_families.py)."""
+        d = self.d_model
+        mlp = 2 * d + (8 if self.gated else 4) * self.inner + d
+        norms = (8 if self.rms_norm else 4) * d
+        return 11 * d + mlp + norms
+
+
+def activation_bytes(
+    n_layer: int,
+    d_model: int,
+    n_tokens: int,
+    batch: int,
+    precision: str,
+    block: BlockShape | None = None,
+) -> int:
+    """Activations kept for backward: ``block.activation_units`` per token and block
+    (default: a GPT-2 block of width ``d_model``, 34 d), in the training precision."""
     width = 4 if precision == "fp32" else 2
-    return n_layer * batch * n_tokens * d_model * 34 * width // 2
+    units = (block or BlockShape(d_model, 4 * d_model)).activation_units
+    return n_layer * batch * n_tokens * units * width // 2
 
 
 USABLE_DEVICE_MEMORY = 0.9

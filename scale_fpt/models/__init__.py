@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from scale_fpt.config import ABLATIONS, ConfigError, TrialConfig, parse_finetune
+from scale_fpt.config import ABLATIONS, GROUPS, ConfigError, TrialConfig, parse_finetune
 from scale_fpt.models.ablations import build_ablation
 from scale_fpt.models.adapters import add_lora
 from scale_fpt.models.backbones import build_backbone, load_architecture
-from scale_fpt.models.families import model_width
+from scale_fpt.models.families import family_of, model_width
 from scale_fpt.models.fpt import FPT, LSTMBackbone, input_dropout_p
 from scale_fpt.models.groups import ORDER, freeze, group_counts
 from scale_fpt.seeding import seed_streams
@@ -70,6 +70,30 @@ def build_model(
     return BuiltModel(module, trained, group_counts(module, spec.n_tokens), n_layer, d_model)
 
 
+def family_name(built: BuiltModel) -> str:
+    """What ``scale-fpt plan`` and the docs call the backbone's family (``lstm``, an ablation
+    arm, a family of ``families.FAMILIES``, or the transformers model type)."""
+    config = getattr(built.module.backbone, "config", None)
+    if config is None:
+        return type(built.module.backbone).__name__
+    family = family_of(config)
+    return family.name if family else f"{config.model_type} (no explicit mapping: name heuristic)"
+
+
+def empty_groups(built: BuiltModel, init: str) -> dict[str, str]:
+    """{group: why it has no parameters} for the groups ``GROUPS`` names that ``built`` lacks."""
+    config = getattr(built.module.backbone, "config", None)
+    family = family_of(config)
+    known = family.empty_groups() if family else {}
+    if init == "no-body":
+        reason = "the transformer is removed (--init no-body)"
+    elif init == "one-attn":
+        reason = "the body is one attention layer (--init one-attn)"
+    else:
+        reason = "the architecture has no such parameters"
+    return {g: known.get(g, reason) for g in GROUPS if g not in built.counts}
+
+
 def check_positions(config: TrialConfig, spec: TaskSpec, n_positions: int | None) -> None:
     """ConfigError when the task's sequences are longer than the backbone's positions."""
     if n_positions is not None and spec.n_tokens > n_positions:
@@ -91,4 +115,12 @@ def build_heads(spec: TaskSpec, d_model: int, seed: int, input_dropout: float = 
     return FPT(spec, nn.Identity(), d_model, input_dropout)
 
 
-__all__ = ["FPT", "BuiltModel", "build_heads", "build_model", "check_positions"]
+__all__ = [
+    "FPT",
+    "BuiltModel",
+    "build_heads",
+    "build_model",
+    "check_positions",
+    "empty_groups",
+    "family_name",
+]

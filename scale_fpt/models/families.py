@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 
 from scale_fpt.config import GROUPS
+from scale_fpt.scaling import BlockShape
 
 
 @dataclass(frozen=True)
@@ -165,3 +166,17 @@ def model_width(arch) -> int:
     """Width of the vectors the backbone takes and returns (OPT-350m's word-embedding
     projection width, else the hidden size)."""
     return int(getattr(arch, "word_embed_proj_dim", None) or arch.hidden_size)
+
+
+def block_shape(arch) -> BlockShape:
+    """The block shape (``scaling.BlockShape``) of a transformers config of any family."""
+    d = int(arch.hidden_size)
+    inner = (
+        getattr(arch, "intermediate_size", None)
+        or getattr(arch, "ffn_dim", None)
+        or getattr(arch, "n_inner", None)
+        or 4 * d
+    )
+    family = family_of(arch)
+    llama_style = family is not None and family.name == "llama"
+    return BlockShape(d, int(inner), gated=llama_style, rms_norm=llama_style)
