@@ -1,19 +1,18 @@
 """LoRA through PEFT as the fine-tuning group ``lora``: a rank-r update B A (scaled by
 alpha / r) beside every attention projection of the body (``families.Family.lora_targets``).
 
-PEFT skips target names that match no module without a word, so the trainable count is
-asserted against the count from the matched modules' shapes: r x (fan-in + fan-out) each.
+PEFT adapts what its target pattern matches and skips the rest without a word, so the
+trainable count is asserted against the count from the shapes of the attention projections
+that the family's group rules name: r x (fan-in + fan-out) each.
 """
 
 from __future__ import annotations
-
-import re
 
 import torch
 from torch import nn
 
 from scale_fpt.config import ConfigError, ModelConfig
-from scale_fpt.models.families import family_of
+from scale_fpt.models.families import Family, family_of
 from scale_fpt.seeding import seed_streams
 
 
@@ -26,12 +25,16 @@ def projection_shape(module: nn.Module) -> tuple[int, int] | None:
     return None
 
 
-def lora_params(backbone: nn.Module, pattern: str, rank: int) -> int:
-    """Parameters LoRA of ``rank`` adds to the modules whose names match ``pattern``."""
-    shapes = [
-        projection_shape(m) for name, m in backbone.named_modules() if re.fullmatch(pattern, name)
-    ]
-    return sum(rank * (fan_in + fan_out) for fan_in, fan_out in shapes if fan_in)
+def lora_params(backbone: nn.Module, family: Family, rank: int) -> int:
+    """Parameters LoRA of ``rank`` should add: r x (fan-in + fan-out) of every linear layer
+    the family's own group rules put in ``attn``, found without ``lora_targets``, so a
+    target pattern that misses a projection (or one PEFT skips) is caught."""
+    total = 0
+    for name, module in backbone.named_modules():
+        shape = projection_shape(module)
+        if shape and family.group_of(f"{name}.weight") == "attn":
+            total += rank * sum(shape)
+    return total
 
 
 def add_lora(backbone: nn.Module, config: ModelConfig, seed: int) -> int:
@@ -48,7 +51,7 @@ def add_lora(backbone: nn.Module, config: ModelConfig, seed: int) -> int:
                 "gpt-neox, llama, opt): its attention projections are not named"
             ]
         )
-    expected = lora_params(backbone, family.lora_targets, config.lora_rank)
+    expected = lora_params(backbone, family, config.lora_rank)
     lora = LoraConfig(
         r=config.lora_rank,
         lora_alpha=config.lora_alpha,

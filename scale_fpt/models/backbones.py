@@ -110,8 +110,10 @@ def load_architecture(config: ModelConfig, attn_implementation: str = "sdpa"):
         except (OSError, ValueError) as e:
             raise ConfigError(
                 [
-                    f"--model: {source!r} is not a preset ({', '.join(GPT2_SIZES)}, lstm), a "
-                    f"local save_pretrained directory, or a Hugging Face id available offline "
+                    f"--model: {source!r}"
+                    + (f" at --revision {config.revision!r}" if config.revision else "")
+                    + f" is not a preset ({', '.join(GPT2_SIZES)}, lstm), a local "
+                    f"save_pretrained directory, or a Hugging Face id available offline "
                     f"({type(e).__name__})"
                 ]
             ) from None
