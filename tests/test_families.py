@@ -346,3 +346,45 @@ def test_activation_rule_is_within_15_percent_of_what_autograd_keeps(family_dirs
     rule = scaling.activation_bytes(L, D, spec.n_tokens, batch, "fp32", shape)
     assert abs(sum(kept.values()) / rule - 1) < 0.15, (sum(kept.values()), rule)
     assert shape.activation_units == {"gpt2": 26, "gpt-neox": 26, "llama": 38}[family] * D
+
+
+# ------------------------------------------------------------------ packing
+
+
+@pytest.mark.parametrize("family", ["gpt-neox", "llama"])
+def test_packed_members_equal_their_solo_deepspeed_runs_at_dropout(family_dirs, family):
+    """Three members over one frozen body, at dropout 0.1: each member's curve equals its run
+    alone on a DeepSpeed engine over transformers' own modules (keyed masks, same sites)."""
+    from scale_fpt.packing import step_kind
+    from scale_fpt.trial import TrialRun
+
+    base = {"task": "bit-xor", "test_batches": 1, "val_batches": 1, "model": family_dirs[family],
+            "init": "pretrained", "dropout": 0.1, "batch_size": 4, "max_steps": 4,
+            "eval_every": 1, "log_evals": False, "accelerator": "cpu"}  # fmt: skip
+    members = [{"lr": 1e-2, "seed": 0, "finetune": "fpt"},
+               {"lr": 3e-3, "seed": 1, "finetune": "input+output"}]  # fmt: skip
+    configs = [TrialConfig.from_flat({**base, **m}) for m in members]
+    assert {step_kind(c) for c in configs} == {"cohort"}
+
+    def losses(run_configs, kind=None):
+        run = TrialRun(run_configs, kind=kind)
+        try:
+            run.run()
+            return [[x for e in s.history for x in (e.train_loss, e.val_loss)] for s in run.states]
+        finally:
+            run.close()
+
+    packed = losses(configs)
+    for config, curve in zip(configs, packed, strict=True):
+        (alone,) = losses([config], "engine")
+        assert len(curve) == 2 * 4
+        assert curve == pytest.approx(alone, rel=1e-5)
+    assert packed[0] != packed[1]
+
+
+def test_opt_trials_run_alone():
+    # OPT's residual dropout is functional inside transformers' layer: not keyed, not packed.
+    import transformers as tr
+
+    assert families.family_of(tr.OPTConfig()).name == "opt"
+    assert not families.family_of(tr.OPTConfig()).keyed_dropout
