@@ -39,6 +39,73 @@ GPT2_SIZES = {
 HUB_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
 
+@dataclass(frozen=True)
+class FamilySize:
+    """A GPT-NeoX or Llama-style architecture, enough to build its config offline."""
+
+    family: str
+    """``gpt-neox`` or ``llama`` (``models.families``)."""
+    n_layer: int
+    d_model: int
+    n_head: int
+    vocab_size: int
+    inner: int = 0
+    """MLP width (0: 4 d)."""
+    n_kv_head: int = 0
+    """Key/value heads (0: one per query head)."""
+    published_params: int = 0
+    """The parameter count its publisher gives (Pythia: Biderman et al. 2023, Table 1,
+    embeddings in and out included); 0 for CPU presets."""
+
+    @property
+    def mlp_width(self) -> int:
+        return self.inner or 4 * self.d_model
+
+
+PYTHIA_SIZES = {
+    f"EleutherAI/pythia-{name}": FamilySize("gpt-neox", *shape, published_params=published)
+    for name, shape, published in (
+        ("14m", (6, 128, 4, 50304), 14_067_712),
+        ("31m", (6, 256, 8, 50304), 30_494_720),
+        ("70m", (6, 512, 8, 50304), 70_426_624),
+        ("160m", (12, 768, 12, 50304), 162_322_944),
+        ("410m", (24, 1024, 16, 50304), 405_334_016),
+        ("1b", (16, 2048, 8, 50304), 1_011_781_632),
+        ("1.4b", (24, 2048, 16, 50304), 1_414_647_808),
+        ("2.8b", (32, 2560, 32, 50304), 2_775_208_960),
+        ("6.9b", (32, 4096, 32, 50432), 6_857_302_016),
+        ("12b", (36, 5120, 40, 50688), 11_846_072_320),
+    )
+}
+"""Pythia (EleutherAI; GPT-NeoX blocks, rotary on a quarter of each head, parallel residual,
+2048 positions, untied embeddings in and out). Built offline from this table, so planning
+and random-init trials need no download; ``pretrained`` reads the hub (or its cache)."""
+PYTHIA_LADDER = tuple(f"EleutherAI/pythia-{n}" for n in ("70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b", "12b"))  # fmt: skip
+FAMILY_CPU_PRESETS = {
+    "pythia-tiny": FamilySize("gpt-neox", 2, 128, 4, 256),
+    "llama-tiny": FamilySize("llama", 2, 128, 4, 256, inner=256, n_kv_head=2),
+}
+"""Random-init CPU presets of the other families (no pretrained weights: tests, laptops)."""
+PYTHIA_CHECKPOINTS = (0, *(2**i for i in range(10)), *range(1000, 143001, 1000))
+"""Pythia's 154 published pretraining checkpoints (hub revisions ``step<N>``): step 0, the
+log-spaced steps 1-512, then every 1000 steps to 143000 (the final weights)."""
+
+
+def pythia_revisions(steps=PYTHIA_CHECKPOINTS) -> list[str]:
+    """Hub revision names of Pythia checkpoints (``step143000``)."""
+    return [f"step{s}" for s in steps]
+
+
+def neox_group_params(size: FamilySize) -> dict[str, int]:
+    """GPT-NeoX backbone parameters per group (no embeddings; rotary: no ``pos``)."""
+    d, n, inner = size.d_model, size.n_layer, size.mlp_width
+    return {
+        "ln": n * 2 * (2 * d) + 2 * d,
+        "ff": n * (d * inner + inner + inner * d + d),
+        "attn": n * (d * 3 * d + 3 * d + d * d + d),
+    }
+
+
 def gpt2_group_params(size: GPT2Size) -> dict[str, int]:
     """Backbone parameters per fine-tuning group (the word embedding ``wte`` is never used)."""
     d, n, inner = size.n_embd, size.n_layer, size.n_inner

@@ -42,6 +42,7 @@ LIST_FLAGS = {
     "finetunes": "finetune",
     "lrs": "lr",
     "batch_sizes": "batch_size",
+    "revisions": "revision",
 }
 
 

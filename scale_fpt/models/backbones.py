@@ -19,10 +19,19 @@ from torch import nn
 from scale_fpt.config import ConfigError, ModelConfig
 from scale_fpt.models import ops
 from scale_fpt.models.families import family_of, model_width
-from scale_fpt.scaling import GPT2_SIZES, HUB_SIZES, GPT2Size
+from scale_fpt.scaling import (
+    FAMILY_CPU_PRESETS,
+    GPT2_SIZES,
+    HUB_SIZES,
+    PYTHIA_SIZES,
+    FamilySize,
+    GPT2Size,
+)
 from scale_fpt.seeding import seed_streams
 
 CPU_PRESETS = tuple(name for name in GPT2_SIZES if name not in HUB_SIZES)
+PRESETS = (*GPT2_SIZES, *PYTHIA_SIZES, *FAMILY_CPU_PRESETS)
+"""Names whose architecture is built offline (Pythia's ``-deduped`` twins too)."""
 DROPOUT_KEYS = (
     "resid_pdrop",
     "embd_pdrop",
@@ -57,6 +66,48 @@ def gpt2_config(size: GPT2Size, dropout: float):
         attn_pdrop=dropout,
         bos_token_id=size.vocab_size - 1,
         eos_token_id=size.vocab_size - 1,
+    )
+
+
+def family_size(model: str) -> FamilySize | None:
+    """The table entry of a Pythia size (``-deduped`` included) or a family CPU preset."""
+    return FAMILY_CPU_PRESETS.get(model) or PYTHIA_SIZES.get(model.removesuffix("-deduped"))
+
+
+def family_config(size: FamilySize, dropout: float):
+    """The transformers config of a GPT-NeoX (Pythia's settings) or Llama-style size."""
+    if size.family == "gpt-neox":
+        from transformers import GPTNeoXConfig
+
+        return GPTNeoXConfig(
+            vocab_size=size.vocab_size,
+            hidden_size=size.d_model,
+            num_hidden_layers=size.n_layer,
+            num_attention_heads=size.n_head,
+            intermediate_size=size.mlp_width,
+            hidden_act="gelu",
+            rotary_pct=0.25,
+            max_position_embeddings=2048,
+            use_parallel_residual=True,
+            tie_word_embeddings=False,
+            hidden_dropout=dropout,
+            attention_dropout=dropout,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=size.vocab_size,
+        hidden_size=size.d_model,
+        num_hidden_layers=size.n_layer,
+        num_attention_heads=size.n_head,
+        num_key_value_heads=size.n_kv_head or size.n_head,
+        intermediate_size=size.mlp_width,
+        max_position_embeddings=2048,
+        attention_dropout=dropout,
+        bos_token_id=0,
+        eos_token_id=0,
     )
 
 
@@ -98,6 +149,8 @@ def load_architecture(config: ModelConfig, attn_implementation: str = "sdpa"):
     """The transformers config of the backbone (no weights), with dropout applied."""
     if config.model in GPT2_SIZES:
         arch = gpt2_config(GPT2_SIZES[config.model], config.dropout)
+    elif family_size(config.model) is not None:
+        arch = family_config(family_size(config.model), config.dropout)
     else:
         from transformers import AutoConfig
 
@@ -112,7 +165,7 @@ def load_architecture(config: ModelConfig, attn_implementation: str = "sdpa"):
                 [
                     f"--model: {source!r}"
                     + (f" at --revision {config.revision!r}" if config.revision else "")
-                    + f" is not a preset ({', '.join(GPT2_SIZES)}, lstm), a local "
+                    + f" is not a preset ({', '.join(PRESETS)}, lstm), a local "
                     f"save_pretrained directory, or a Hugging Face id available offline "
                     f"({type(e).__name__})"
                 ]
