@@ -28,7 +28,14 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
-from scale_fpt.config import ConfigError, ModelConfig, TaskConfig, TrainConfig, TrialConfig, shape_init
+from scale_fpt.config import (
+    ConfigError,
+    ModelConfig,
+    TaskConfig,
+    TrainConfig,
+    TrialConfig,
+    shape_init,
+)
 from scale_fpt.models.families import block_shape, family_of
 from scale_fpt.scaling import BlockShape, activation_bytes, device_peak
 
@@ -316,7 +323,9 @@ def shape_of(task: TaskConfig, model: ModelConfig, finetune: str) -> ModelShape:
     from scale_fpt.trial import step_flops
 
     spec = task_spec(task)
-    architecture = TrialConfig(task, replace(model, init=shape_init(model.init)), TrainConfig(finetune=finetune))
+    architecture = TrialConfig(
+        task, replace(model, init=shape_init(model.init)), TrainConfig(finetune=finetune)
+    )
     with torch.device("meta"):
         built = build_model(architecture, spec)
     config = getattr(built.module.backbone, "config", None)

@@ -71,7 +71,11 @@ def pythia_revisions_preset() -> SweepConfig:
     )  # fmt: skip
 
 
-PRESETS = {"local": local, "pythia-ladder": pythia_ladder, "pythia-revisions": pythia_revisions_preset}
+PRESETS = {
+    "local": local,
+    "pythia-ladder": pythia_ladder,
+    "pythia-revisions": pythia_revisions_preset,
+}
 
 if __name__ == "__main__":
     sys.exit(study_main(__doc__, PRESETS))

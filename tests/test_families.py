@@ -32,17 +32,37 @@ def tiny(family: str):
 
     common = {"vocab_size": 256, "num_hidden_layers": L, "num_attention_heads": HEADS}
     if family == "gpt2":
-        model = tr.GPT2Model(tr.GPT2Config(n_embd=D, n_layer=L, n_head=HEADS, n_inner=INNER,
-                                            vocab_size=256, bos_token_id=0, eos_token_id=0))
+        model = tr.GPT2Model(
+            tr.GPT2Config(
+                n_embd=D,
+                n_layer=L,
+                n_head=HEADS,
+                n_inner=INNER,
+                vocab_size=256,
+                bos_token_id=0,
+                eos_token_id=0,
+            )
+        )
     elif family == "gpt-neox":
-        model = tr.GPTNeoXModel(tr.GPTNeoXConfig(hidden_size=D, intermediate_size=INNER,
-                                                  rotary_pct=0.25, **common))
+        model = tr.GPTNeoXModel(
+            tr.GPTNeoXConfig(hidden_size=D, intermediate_size=INNER, rotary_pct=0.25, **common)
+        )
     elif family == "llama":
-        model = tr.LlamaModel(tr.LlamaConfig(hidden_size=D, intermediate_size=INNER,
-                                              num_key_value_heads=KV_HEADS, **common))
+        model = tr.LlamaModel(
+            tr.LlamaConfig(
+                hidden_size=D, intermediate_size=INNER, num_key_value_heads=KV_HEADS, **common
+            )
+        )
     else:
-        model = tr.OPTModel(tr.OPTConfig(hidden_size=D, ffn_dim=INNER, word_embed_proj_dim=D,
-                                          max_position_embeddings=512, **common))
+        model = tr.OPTModel(
+            tr.OPTConfig(
+                hidden_size=D,
+                ffn_dim=INNER,
+                word_embed_proj_dim=D,
+                max_position_embeddings=512,
+                **common,
+            )
+        )
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -102,7 +122,9 @@ def test_each_family_maps_every_parameter_to_its_group_exactly(family_dirs, fami
     assert {g: c["total"] for g, c in built.counts.items()} == expected
     fpt = {"input", "output", "ln", "pos"}
     trained = {g: c["trainable"] for g, c in built.counts.items()}
-    assert trained == {g: (10 * D if g == "pos" else n) if g in fpt else 0 for g, n in expected.items()}
+    assert trained == {
+        g: (10 * D if g == "pos" else n) if g in fpt else 0 for g, n in expected.items()
+    }
 
 
 def test_a_renamed_tensor_of_a_known_family_is_an_error_not_a_frozen_guess():

@@ -30,7 +30,10 @@ def module_groups(model: nn.Module) -> dict[str, str]:
         names = [name for name, _ in model.named_parameters()]
         body = [n.partition(".")[2] for n in names if n.startswith("backbone.")]
         mapped = backbone_groups(family, body)
-        return {n: mapped[n.partition(".")[2]] if n.startswith("backbone.") else n.partition(".")[0] for n in names}
+        return {
+            n: mapped[n.partition(".")[2]] if n.startswith("backbone.") else n.partition(".")[0]
+            for n in names
+        }
     return heuristic_groups(model)
 
 

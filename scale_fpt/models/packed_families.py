@@ -222,7 +222,7 @@ class PackedRotaryFPT(nn.Module):
 
     def _neox_block(self, h, layer, p, T, cos, sin, sites) -> torch.Tensor:
         (w_qkv, b_qkv), (w_o, b_o), (w_fc, b_fc), (w_p, b_p) = self.frozen[layer]
-        Ka, d, H, hd = h.shape[0], self.d, self.n_head, self.hd
+        d, H, hd = self.d, self.n_head, self.hd
         a = self._norm(h, p, "norm_1", layer).reshape(-1, d)
         qkv = torch.addmm(b_qkv, a, w_qkv).view(-1, H, 3 * hd)  # per head: q, k, v
         q, k, v = (t.reshape(-1, d) for t in qkv.split(hd, dim=-1))
@@ -251,8 +251,14 @@ class PackedRotaryFPT(nn.Module):
         return h + f.view_as(h)
 
 
-def packed_model(backbone: nn.Module, spec: TaskSpec, heads: list[FPT], n_tokens: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+def packed_model(
+    backbone: nn.Module,
+    spec: TaskSpec,
+    heads: list[FPT],
+    n_tokens: int,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+):
     """The packed model of ``backbone``'s family: ``PackedFPT`` for GPT-2,
     ``PackedRotaryFPT`` for GPT-NeoX and Llama-style bodies."""
     family = family_of(backbone.config)
