@@ -57,7 +57,7 @@ def add_trial_flags(parser: argparse.ArgumentParser) -> None:
                 dest=f.name,
                 default=None,
                 metavar=type(default).__name__.upper(),
-                help=f"{doc} (default: {default!r})",
+                help=f"{doc} (default: {default!r})".replace("%", "%%"),  # argparse formats %
             )
 
 

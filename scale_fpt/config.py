@@ -158,8 +158,9 @@ class ModelConfig:
 
     model: str = "gpt2-tiny"
     """A preset (``models.backbones.PRESETS``: gpt2, gpt2-medium, gpt2-large, gpt2-xl,
-    gpt2-tiny, ...), any Hugging Face causal-LM id, a local ``save_pretrained`` directory,
-    or ``lstm``."""
+    gpt2-tiny, ..., EleutherAI/pythia-70m ... EleutherAI/pythia-12b, pythia-tiny,
+    llama-tiny), any Hugging Face causal-LM id (families: docs/backbones.md), a local
+    ``save_pretrained`` directory, or ``lstm``."""
     init: str = "pretrained"
     """``pretrained`` (the weights), ``random`` (the architecture's default init, built from
     the config alone), ``stats`` (random tensors with each pretrained tensor's mean/std), or an
@@ -208,8 +209,9 @@ class TrainConfig:
     """How one trial trains: what is trained, optimiser, length, evaluation, numerics."""
 
     finetune: str = "fpt"
-    """Trained parameter groups joined with '+' (input, output, ln, pos, ff, attn) or a
-    preset: ``fpt`` = input+output+ln+pos, ``full`` = everything."""
+    """Trained parameter groups joined with '+' (input, output, ln, pos, ff, attn; ``lora``
+    adds LoRA beside the attention projections) or a preset: ``fpt`` = input+output+ln+pos,
+    ``full`` = everything."""
     lr: float = 1e-3
     """Adam learning rate (paper: 1e-3; 1e-4 for homology)."""
     batch_size: int = 16
