@@ -410,3 +410,22 @@ def test_opt_trials_run_alone():
 
     assert families.family_of(tr.OPTConfig()).name == "opt"
     assert not families.family_of(tr.OPTConfig()).keyed_dropout
+
+
+@pytest.mark.parametrize("family", ["gpt-neox", "llama"])
+def test_a_packed_members_weights_carry_its_fpt_modules_names_and_values(family_dirs, family):
+    from scale_fpt.models import build_heads
+    from scale_fpt.models.backbones import build_backbone
+    from scale_fpt.models.packed_families import PackedRotaryFPT
+
+    config = TrialConfig.from_flat({"task": "bit-xor", "model": family_dirs[family]})
+    spec = task_spec(config.task)
+    alone = build_model(config, spec).module
+    backbone, d_model, _ = build_backbone(config.model, 0)
+    packed = PackedRotaryFPT(backbone, spec, [build_heads(spec, d_model, 0)] * 2, spec.n_tokens)
+    state = packed.member_state(1)
+    trained = {n: p for n, p in alone.named_parameters() if p.requires_grad}
+    assert state.keys() == trained.keys()
+    for name, value in state.items():
+        assert torch.equal(value, trained[name].detach()), name
+    assert set(packed.param_groups.values()) == {"input", "output", "ln"}
