@@ -429,3 +429,27 @@ def test_a_packed_members_weights_carry_its_fpt_modules_names_and_values(family_
     for name, value in state.items():
         assert torch.equal(value, trained[name].detach()), name
     assert set(packed.param_groups.values()) == {"input", "output", "ln"}
+
+
+def test_pythia_ladder_has_the_published_sizes():
+    """Pythia's architectures are built offline from a table: each backbone plus its untied
+    input and output embeddings is the published parameter count (Biderman et al. 2023,
+    Table 1), and --model builds what the table counts (on the meta device, no download)."""
+    published = {"70m": 70_426_624, "160m": 162_322_944, "410m": 405_334_016,
+                 "1b": 1_011_781_632, "1.4b": 1_414_647_808, "2.8b": 2_775_208_960,
+                 "6.9b": 6_857_302_016, "12b": 11_846_072_320}  # fmt: skip
+    assert tuple(f"EleutherAI/pythia-{n}" for n in published) == scaling.PYTHIA_LADDER
+    for name, count in published.items():
+        size = scaling.PYTHIA_SIZES[f"EleutherAI/pythia-{name}"]
+        body = sum(scaling.neox_group_params(size).values())
+        assert body + 2 * size.vocab_size * size.d_model == count, name
+    for name in ("70m", "1b"):  # the table's formula is what --model builds
+        model = f"EleutherAI/pythia-{name}"
+        config = TrialConfig.from_flat({"task": "bit-xor", "model": model, "init": "random"})
+        with torch.device("meta"):
+            built = build_model(config, task_spec(config.task))
+        groups = {g: c["total"] for g, c in built.counts.items() if g not in ("input", "output")}
+        assert groups == scaling.neox_group_params(scaling.PYTHIA_SIZES[model])
+    assert len(scaling.pythia_revisions()) == 154
+    assert scaling.pythia_revisions()[:3] == ["step0", "step1", "step2"]
+    assert scaling.pythia_revisions()[-1] == "step143000"
