@@ -53,6 +53,12 @@ def tiny(family: str):
                 hidden_size=D, intermediate_size=INNER, num_key_value_heads=KV_HEADS, **common
             )
         )
+    elif family == "qwen2":  # the llama family with q/k/v biases
+        model = tr.Qwen2Model(
+            tr.Qwen2Config(
+                hidden_size=D, intermediate_size=INNER, num_key_value_heads=KV_HEADS, **common
+            )
+        )
     else:
         model = tr.OPTModel(
             tr.OPTConfig(
@@ -70,6 +76,7 @@ def tiny(family: str):
 
 
 FAMILIES = ("gpt2", "gpt-neox", "llama", "opt")
+TINY_MODELS = (*FAMILIES, "qwen2")
 
 # Backbone parameters per group, by hand from each family's published block layout.
 EXPECTED_GROUPS = {
@@ -101,7 +108,7 @@ EXPECTED_GROUPS = {
 @pytest.fixture(scope="module")
 def family_dirs(tmp_path_factory) -> dict[str, str]:
     out = {}
-    for i, family in enumerate(FAMILIES):
+    for i, family in enumerate(TINY_MODELS):
         torch.manual_seed(i)
         directory = tmp_path_factory.mktemp(family)
         tiny(family).save_pretrained(directory)
@@ -133,7 +140,7 @@ def test_a_renamed_tensor_of_a_known_family_is_an_error_not_a_frozen_guess():
         families.backbone_groups(gpt2, ["wpe.weight", "h.0.adapter.w"])
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", TINY_MODELS)
 def test_fpt_body_equals_the_hugging_face_models_output(family_dirs, family):
     from transformers import AutoModel
 
@@ -373,7 +380,7 @@ def test_activation_rule_is_within_15_percent_of_what_autograd_keeps(family_dirs
 # ------------------------------------------------------------------ packing
 
 
-@pytest.mark.parametrize("family", ["gpt-neox", "llama"])
+@pytest.mark.parametrize("family", ["gpt-neox", "llama", "qwen2"])
 def test_packed_members_equal_their_solo_deepspeed_runs_at_dropout(family_dirs, family):
     """Three members over one frozen body, at dropout 0.1: each member's curve equals its run
     alone on a DeepSpeed engine over transformers' own modules (keyed masks, same sites)."""
