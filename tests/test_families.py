@@ -206,6 +206,14 @@ def test_missing_weights_are_one_line_saying_what_to_do(tmp_path):
     assert "\n" not in problem and "--weights DIR" in problem
 
 
+def test_a_random_init_preset_asked_for_weights_says_it_has_none(no_network):
+    with pytest.raises(ConfigError) as err:
+        build("llama-tiny", init="pretrained")
+    (problem,) = err.value.problems
+    assert "llama-tiny is a random-init CPU preset with no pretrained weights" in problem
+    assert not no_network  # refused without asking the hub
+
+
 # ------------------------------------------------------------------ LoRA
 
 

@@ -129,6 +129,11 @@ def revision(config: ModelConfig) -> str | None:
 
 
 def missing_weights_problem(config: ModelConfig, source: str) -> str:
+    if config.model in FAMILY_CPU_PRESETS and not config.weights:
+        return (
+            f"--init {config.init}: {config.model} is a random-init CPU preset with no "
+            "pretrained weights; use --init random (or no-body, one-attn), or pass --weights DIR"
+        )
     if config.model in CPU_PRESETS and config.weights in ("", *LOCAL_CORPORA):
         corpus = config.weights or "language"
         return (
@@ -241,7 +246,7 @@ def load_pretrained(config: ModelConfig, arch) -> nn.Module:
 
     source = weights_source(config)
     local = Path(source).is_dir()
-    if config.model in CPU_PRESETS and not local:
+    if (config.model in CPU_PRESETS or config.model in FAMILY_CPU_PRESETS) and not local:
         raise ConfigError([missing_weights_problem(config, source)])
     try:
         with quiet_transformers():  # its load report would bury the one-line problem below
