@@ -47,9 +47,6 @@ def heuristic_groups(model: nn.Module) -> dict[str, str]:
         if top in ("input", "output"):
             groups[name] = top
             continue
-        if ".lora_" in name:
-            groups[name] = "lora"
-            continue
         owner = name.rsplit(".", 1)[0]
         words = rest.lower()
         if owner in norm_modules:
