@@ -103,6 +103,10 @@ class PackedRotaryFPT(nn.Module):
             setattr(self, f"norm_f_{part}", member_stack([final] * self.K))  # (K, d)
         self.output_weight = member_stack([h.output.weight for h in heads])
         self.output_bias = member_stack([h.output.bias for h in heads])
+        self.param_groups = {  # trained tensor -> its fine-tuning group
+            name: "ln" if name.startswith("norm") else name.split("_")[0]
+            for name, _ in self.named_parameters()
+        }
 
         def frozen(module: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
             weight = module.weight.detach().to(device=device, dtype=dtype).t().contiguous()
@@ -128,12 +132,6 @@ class PackedRotaryFPT(nn.Module):
         cos, sin = backbone.rotary_emb(torch.zeros(1, dtype=torch.float32), positions)
         self.cos = cos[0].to(device=device, dtype=dtype)  # (T, rotary dims)
         self.sin = sin[0].to(device=device, dtype=dtype)
-
-    @property
-    def param_groups(self) -> dict[str, str]:
-        """Trained tensor -> the fine-tuning group it belongs to."""
-        return {name: name.split("_")[0] if not name.startswith("norm") else "ln"
-                for name, _ in self.named_parameters()}  # fmt: skip
 
     def member_state(self, member: int) -> dict[str, torch.Tensor]:
         """Member ``member``'s trained tensors under the names of its own FPT module."""
