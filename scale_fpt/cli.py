@@ -339,7 +339,7 @@ def plan(config: TrialConfig, placement) -> int:
     print(f"{'all':<10}{trainable:>16,}{total - trainable:>16,}{total:>16,}")
     print(f"trained groups: {'+'.join(built.trained_groups)} ({100 * trainable / total:.3f}%)")
     empty = empty_groups(built, config.model.init)
-    print(f"family: {family_name(built)}")
+    print(f"family: {family_name(built, config.model.init)}")
     for group, why in empty.items():
         print(f"empty group {group}: {why}")
     print(f"sequence: {spec.n_tokens} tokens; batch {train.batch_size}")
@@ -373,7 +373,7 @@ def plan(config: TrialConfig, placement) -> int:
         print(f"{mark} {a.name}: {a.here} | paper: {a.paper} | reference code: {a.reference}")
     summary = {
         "groups": built.counts,
-        "family": family_name(built),
+        "family": family_name(built, config.model.init),
         "empty_groups": empty,
         "trainable_params": trainable,
         "total_params": total,

@@ -269,6 +269,12 @@ def test_no_body_feeds_the_input_layer_to_the_output_head(family_dirs):
         k = module.spec.n_predicting_tokens
         expected = module.output(module.input(x)[:, -k:]).view(2, k, 1, 2)
         torch.testing.assert_close(module(x), expected)
+    from scale_fpt.models import empty_groups, family_name
+
+    assert family_name(built, "no-body") == "ablation no-body"
+    assert empty_groups(built, "no-body") == {
+        g: "the transformer is removed (--init no-body)" for g in ("ln", "pos", "ff", "attn")
+    }
     # The same heads as the full model of the same seed: only the body differs.
     full = build(family_dirs["llama"], init="random")
     assert torch.equal(full.module.input.weight, module.input.weight)

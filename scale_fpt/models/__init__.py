@@ -70,12 +70,14 @@ def build_model(
     return BuiltModel(module, trained, group_counts(module, spec.n_tokens), n_layer, d_model)
 
 
-def family_name(built: BuiltModel) -> str:
-    """What ``scale-fpt plan`` and the docs call the backbone's family (``lstm``, an ablation
-    arm, a family of ``families.FAMILIES``, or the transformers model type)."""
+def family_name(built: BuiltModel, init: str = "") -> str:
+    """What ``scale-fpt plan`` and the docs call the backbone's family: a family of
+    ``families.FAMILIES``, the transformers model type, ``ablation <init>`` or ``lstm``."""
     config = getattr(built.module.backbone, "config", None)
+    if init in ABLATIONS:
+        return f"ablation {init}"
     if config is None:
-        return type(built.module.backbone).__name__
+        return "lstm"
     family = family_of(config)
     return family.name if family else f"{config.model_type} (no explicit mapping: name heuristic)"
 
