@@ -131,6 +131,12 @@ def build_parser() -> Parser:
     report.add_argument(
         "--no-attention", action="store_true", help="skip the attention maps of checkpoints"
     )
+    report.add_argument(
+        "--pool",
+        action="store_true",
+        help="pool the trials of every sweep into shared cells (default: a sweep's trials are "
+        "never pooled with another's; pooled seeds may repeat and share random streams)",
+    )
     return parser
 
 

@@ -107,6 +107,9 @@ class TaskConfig:
     rotation_degrees: float = 20.0
     """CIFAR-10 augmentation: rotations drawn uniformly within ±this many degrees (the
     reference code's RandomRotation(20); the paper says "small rotations")."""
+    normalize: bool = True
+    """Image tasks: normalise pixels per channel as the reference code does (CIFAR-10's
+    channel means/stds, CIFAR-10 LRA to [-1, 1], MNIST unchanged); false: pixels in [0, 1]."""
     mnist_tokens: int = 49
     """MNIST: 49 = the 28x28 image as stored, in 4x4 patches (the reference code); 64 = the
     image zero-padded to 32x32 first (the paper's table counts 64 tokens)."""
@@ -179,6 +182,10 @@ class ModelConfig:
     """``lstm`` only: hidden width of the 3-layer LSTM (the paper's 768)."""
     lstm_layers: int = 3
     """``lstm`` only: number of LSTM layers (the paper's 3)."""
+    lstm_layer_norm: bool = True
+    """``lstm`` only: layer-normalised LSTM layers, as the reference code's baseline (its
+    norms are the ``ln`` group, trained in the frozen ``fpt`` arm); false: a plain
+    ``nn.LSTM``."""
     revision: str = ""
     """Hub revision of the weights (a branch, tag or commit: Pythia's pretraining checkpoints
     are branches ``step0`` ... ``step143000``); empty: the default branch. A pretraining-amount
@@ -225,8 +232,10 @@ class TrainConfig:
     """Also evaluate at log-spaced steps (100, 150, 200, 300, 500, 700, 1000, 1500, ...;
     ``loop.evaluation_steps``), so steps-to-threshold resolves early differences."""
     patience: int = 0
-    """Stop after this many evaluations without a better validation accuracy (0 = off:
-    train the whole budget). The trials row records why a trial ended (``stop_reason``)."""
+    """Stop once this many steps have passed since the evaluation with the best validation
+    accuracy (checked at each evaluation; 0 = off: train the whole budget). Counted in
+    steps, not evaluations, so the log-spaced schedule's sparse late evaluations do not
+    stop a slow starter early. The trials row records why a trial ended (``stop_reason``)."""
     eval_batch_size: int = 32
     """Examples per evaluation batch."""
     seed: int = 0

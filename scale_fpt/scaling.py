@@ -128,6 +128,18 @@ def lstm_params(width: int, n_layers: int) -> int:
     return n_layers * 4 * (2 * width * width + 2 * width)
 
 
+def lstm_norm_params(width: int, n_layers: int) -> int:
+    """A layer-normalised LSTM (``models.fpt.LayerNormLSTMLayer``) per layer: gain and bias
+    of the input and recurrent pre-activation norms (4 x width each) and of the cell norm."""
+    return n_layers * 2 * (4 * width + 4 * width + width)
+
+
+def ln_lstm_weight_params(width: int, n_layers: int) -> int:
+    """The weights of a layer-normalised LSTM besides its norms: two bias-free 4-gate
+    projections per layer."""
+    return n_layers * 2 * width * 4 * width
+
+
 def attention_flops_per_sequence(n_layer: int, d_model: int, n_tokens: int) -> int:
     """Forward FLOPs of the attention products QK^T and AV (no weights: same frozen or not)."""
     return n_layer * 2 * 2 * n_tokens * n_tokens * d_model

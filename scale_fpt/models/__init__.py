@@ -49,7 +49,9 @@ def build_model(
     model_config, seed = config.model, config.train.seed
     if model_config.model == "lstm":
         d_model = model_config.lstm_width
-        backbone: nn.Module = LSTMBackbone(d_model, model_config.lstm_layers, model_config.dropout)
+        backbone: nn.Module = LSTMBackbone(
+            d_model, model_config.lstm_layers, model_config.dropout, model_config.lstm_layer_norm
+        )
         n_layer, n_positions = model_config.lstm_layers, None
     elif model_config.init in ABLATIONS:
         arch = load_architecture(model_config, attn_implementation)
