@@ -16,7 +16,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from scale_fpt.config import CONCERNS, FIELD_TYPES, ConfigError, TrialConfig, flag
+from scale_fpt.config import CONCERNS, FIELD_TYPES, ConfigError, TrialConfig, flag, shape_init
 
 EXIT_BAD_INPUT = 2
 ALIASES = {"max_steps": ["--steps"]}
@@ -57,7 +57,7 @@ def add_trial_flags(parser: argparse.ArgumentParser) -> None:
                 dest=f.name,
                 default=None,
                 metavar=type(default).__name__.upper(),
-                help=f"{doc} (default: {default!r})",
+                help=f"{doc} (default: {default!r})".replace("%", "%%"),  # argparse formats %
             )
 
 
@@ -322,13 +322,13 @@ def plan(config: TrialConfig, placement) -> int:
     import torch
 
     from scale_fpt import planner
-    from scale_fpt.models import build_model
+    from scale_fpt.models import build_model, empty_groups, family_name
     from scale_fpt.tasks import task_spec
     from scale_fpt.tasks.preprocessing import preprocessing
     from scale_fpt.trial import step_flops
 
     spec = task_spec(config.task)
-    architecture = config.replace(init="random")
+    architecture = config.replace(init=shape_init(config.model.init))
     with torch.device("meta"):
         built = build_model(architecture, spec)
     train = config.train
@@ -345,6 +345,10 @@ def plan(config: TrialConfig, placement) -> int:
     total, trainable = built.total_params, built.trainable_params
     print(f"{'all':<10}{trainable:>16,}{total - trainable:>16,}{total:>16,}")
     print(f"trained groups: {'+'.join(built.trained_groups)} ({100 * trainable / total:.3f}%)")
+    empty = empty_groups(built, config.model.init)
+    print(f"family: {family_name(built, config.model.init)}")
+    for group, why in empty.items():
+        print(f"empty group {group}: {why}")
     print(f"sequence: {spec.n_tokens} tokens; batch {train.batch_size}")
     if "pos" in built.counts and built.d_model:
         rows = built.counts["pos"]["total"] // built.d_model
@@ -378,6 +382,8 @@ def plan(config: TrialConfig, placement) -> int:
         print(f"{mark} {a.name}: {a.here} | paper: {a.paper} | reference code: {a.reference}")
     summary = {
         "groups": built.counts,
+        "family": family_name(built, config.model.init),
+        "empty_groups": empty,
         "trainable_params": trainable,
         "total_params": total,
         "n_tokens": spec.n_tokens,

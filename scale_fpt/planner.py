@@ -31,8 +31,16 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
-from scale_fpt.config import ConfigError, ModelConfig, TaskConfig, TrainConfig, TrialConfig
-from scale_fpt.scaling import activation_bytes, attention_bytes, device_peak
+from scale_fpt.config import (
+    ConfigError,
+    ModelConfig,
+    TaskConfig,
+    TrainConfig,
+    TrialConfig,
+    shape_init,
+)
+from scale_fpt.models.families import block_shape, family_of
+from scale_fpt.scaling import BlockShape, activation_bytes, attention_bytes, device_peak
 
 MIB = 2**20
 CUDA_CONTEXT_BYTES = 640 * MIB
@@ -131,6 +139,9 @@ class ModelShape:
     """A trained parameter lies below the output head, so backward runs through the body."""
     train_flops_per_example: int = 0
     """Training FLOPs of one example (``trial.step_flops``), for time estimates."""
+    block: BlockShape | None = None
+    """The family's block (``families.block_shape``: gated MLP, RMSNorm) whose saved
+    activations ``scaling.activation_bytes`` counts; None: a GPT-2 block of ``d_model``."""
     n_head: int = 0
     """Attention heads per block (0: no attention, e.g. the LSTM)."""
     dropout: float = 0.0
@@ -206,7 +217,9 @@ def trial_memory(
         fp32_grads = math.ceil(fp32_grads / workers)
     micro_batch = math.ceil(batch_size / workers)
     layers = shape.n_layer if shape.backbone_backward else 1  # no backward: one block live
-    activations = activation_bytes(layers, shape.d_model, shape.n_tokens, micro_batch, precision)
+    activations = activation_bytes(
+        layers, shape.d_model, shape.n_tokens, micro_batch, precision, shape.block
+    )
     attention = attention_bytes(
         shape.n_layer,
         shape.n_head,
@@ -351,10 +364,14 @@ def shape_of(task: TaskConfig, model: ModelConfig, finetune: str) -> ModelShape:
     from scale_fpt.trial import step_flops
 
     spec = task_spec(task)
-    architecture = TrialConfig(task, replace(model, init="random"), TrainConfig(finetune=finetune))
+    architecture = TrialConfig(
+        task, replace(model, init=shape_init(model.init)), TrainConfig(finetune=finetune)
+    )
     with torch.device("meta"):
         built = build_model(architecture, spec)
-    blocks = getattr(built.module.backbone, "h", None)
+    config = getattr(built.module.backbone, "config", None)
+    family = family_of(config)
+    blocks = family.blocks(built.module.backbone) if family is not None else None
     block = sum(p.numel() for p in blocks[0].parameters()) if blocks is not None else 0
     return ModelShape(
         total_params=built.total_params,
@@ -365,7 +382,8 @@ def shape_of(task: TaskConfig, model: ModelConfig, finetune: str) -> ModelShape:
         block_params=block,
         backbone_backward=any(g != "output" for g in built.trained_groups),
         train_flops_per_example=step_flops(built, spec, 1)[0],
-        n_head=getattr(getattr(built.module.backbone, "config", None), "num_attention_heads", 0),
+        block=block_shape(config) if family is not None else None,
+        n_head=getattr(config, "num_attention_heads", 0),
         dropout=model.dropout,
     )
 

@@ -70,6 +70,7 @@ LIST_FLAGS = {
     "finetunes": "finetune",
     "lrs": "lr",
     "batch_sizes": "batch_size",
+    "revisions": "revision",
 }
 
 

@@ -24,7 +24,7 @@ from importlib import metadata
 import torch
 
 from scale_fpt import scaling
-from scale_fpt.config import ConfigError, TrialConfig
+from scale_fpt.config import ConfigError, TrialConfig, shape_init
 from scale_fpt.loop import (
     Evaluation,
     TrialState,
@@ -120,7 +120,7 @@ def device_name(device: str) -> str:
 def counting_model(config: TrialConfig, spec: TaskSpec) -> BuiltModel:
     """The trial's model built on the meta device (no memory, no weights read): its
     parameter counts, trained groups and FLOPs, the same whichever step trains it."""
-    shape_only = config.replace(init="random", weights="")
+    shape_only = config.replace(init=shape_init(config.model.init), weights="")
     with torch.device("meta"):
         return build_model(shape_only, spec)
 

@@ -339,7 +339,7 @@ def test_seed_streams_are_reproducible_and_independent():
     import numpy as np
 
     # The documented derivation, word for word: child i of SeedSequence(seed), top bit dropped.
-    children = np.random.SeedSequence(7).spawn(4)
+    children = np.random.SeedSequence(7).spawn(len(STREAMS))
     expected = [int(c.generate_state(1, dtype=np.uint64)[0]) >> 1 for c in children]
     assert [getattr(seed_streams(7), name) for name in STREAMS] == expected
     assert seed_streams(7) == seed_streams(7)

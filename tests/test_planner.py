@@ -422,11 +422,18 @@ def test_study_plan_lists_placements_and_gpu_hours_without_ray():
     sweep = SweepConfig(name="s", base=arms, seeds=(0, 1), gpu="a10g-24gb")
     table = placement_table(sweep).splitlines()
     assert table[0] == "s: 2 arms x 1 trial(s) on a10g-24gb"
-    assert table[1].startswith("    2 x gpt2 fpt bit-xor: a10g-24gb, ZeRO 0, 4 trials per GPU;")
+    assert table[1] == "  seeds 0, 1"
+    assert table[2].startswith(
+        "    2 x gpt2 fpt bit-xor, 1,000 steps, bs 16: a10g-24gb, ZeRO 0, 4 trials per GPU;"
+    )
     hours = planner.study_gpu_hours(sweep.arms(), "auto", GPUS["a10g-24gb"])
     assert table[-1].endswith(f"gpt2 {hours['gpt2']:,.1f}, total {hours['total']:,.1f}")
     cpu = placement_table(SweepConfig(name="s", base=arms, gpus_per_trial="0")).splitlines()
-    assert cpu == ["s: 1 arms x 1 trial(s) on CPUs", "    1 x gpt2 fpt bit-xor: CPU"]
+    assert cpu == [
+        "s: 1 arms x 1 trial(s) on CPUs",
+        "  seeds 0",
+        "    1 x gpt2 fpt bit-xor, 1,000 steps, bs 16: CPU",
+    ]
 
 
 def test_sweep_yaml_and_study_flags_declare_gpus(tmp_path):

@@ -86,8 +86,8 @@ def enable_activation_checkpointing(module: torch.nn.Module, train: TrainConfig)
     (``TrainConfig.activation_checkpointing``), through the Hugging Face backbone's own
     gradient checkpointing, each block through ``ops.keyed_checkpoint``: non-reentrant (the
     blocks' inputs need no ``requires_grad``, a frozen body), and the recomputation draws the
-    same dropout masks (keyed GPT-2 dropout replays its keys; torch's RNG state is restored
-    for other backbones)."""
+    same dropout masks (the known families' keyed dropout replays its keys; torch's RNG
+    state is restored for other backbones)."""
     if not train.activation_checkpointing:
         return
     backbone = module.backbone
