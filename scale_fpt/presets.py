@@ -8,9 +8,11 @@ Each preset is a function returning a ``SweepConfig``: the narrowing flags of
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from scale_fpt.scaling import PYTHIA_LADDER, pythia_revisions
 from scale_fpt.study import PAPER_GPU, PAPER_STEPS, paper_overrides
 from scale_fpt.sweep import SweepConfig
 
@@ -130,6 +132,10 @@ def finetune_paper() -> SweepConfig:
         name="finetune-paper",
         base={"model": "gpt2", "init": "pretrained", "batch_size": 8, "eval_every": 1000},
         grid={"task": list(PAPER_STEPS), "finetune": SUBSETS},
+        # Seeds of their own: scale-paper's fpt arm is this sweep's fpt arm, and with the same
+        # seeds the two would share every random stream (pseudo-replication if pooled).
+        seeds=(10, 11, 12),
+        overrides=paper_overrides(SUBSETS),
     )
 
 
@@ -144,20 +150,42 @@ Launch:
 Presets:
     local  gpt2-tiny language-pretrained (built locally on first use), bit-xor and
            bit-memory, every subset, 2 seeds.
-    paper  gpt2 pretrained, all seven tasks, every subset, 3 seeds, lr 1e-3 (so fpt+attn
-           diverges on some tasks as in the paper; diverged trials keep their last accuracy).""",
+    paper  gpt2 pretrained, all seven tasks, every subset, 3 seeds (10-12: none shared with
+           scale-paper), lr 1e-3 (so fpt+attn diverges on some tasks as in the paper;
+           diverged trials keep their last accuracy). Frozen-body subsets train the task's
+           budget (study.PAPER_STEPS); fpt+ff, fpt+attn and full train to convergence
+           (patience of 25% of that budget, in steps) within twice it.""",
     {"local": finetune_local, "paper": finetune_paper},
 )
+
+
+LR_SEEDS = (0, 1, 2)
+"""Seeds every searched configuration trains for (its score is their mean)."""
+CONFIRM_SEEDS = (3, 4, 5)
+"""Fresh seeds each arm's chosen configuration is re-run on (the lr-fair table's headline)."""
+LR_FINETUNES = ["fpt", "full"]
 
 
 def lr_search_local() -> SweepConfig:
     return SweepConfig(
         name="lr-search-local",
         base={"task": "bit-xor", "model": "gpt2-tiny", "max_steps": 600, "eval_every": 200},
-        grid={"finetune": ["fpt", "full"], "init": ["pretrained", "random"]},
+        grid={"finetune": LR_FINETUNES, "init": ["pretrained", "random"]},
         search={"lr": ("loguniform", 1e-5, 1e-2)},
         search_trials=4,
+        seeds=LR_SEEDS,
+        confirm_seeds=CONFIRM_SEEDS,
         max_concurrent=2,
+    )
+
+
+def lr_grid_local() -> SweepConfig:
+    sweep = lr_search_local()
+    return dataclasses.replace(
+        sweep,
+        name="lr-grid-local",
+        grid={**sweep.grid, "lr": [1e-5, 1e-4, 1e-3, 1e-2]},
+        search={},
     )
 
 
@@ -167,38 +195,143 @@ def lr_search_paper() -> SweepConfig:
         base={"model": "gpt2", "eval_every": 1000, "precision": "bf16"},
         grid={
             "task": list(PAPER_STEPS),
-            "finetune": ["fpt", "full"],
+            "finetune": LR_FINETUNES,
             "init": ["pretrained", "random"],
         },
         search={"lr": ("loguniform", 1e-6, 1e-2), "batch_size": ("choice", [4, 8, 16])},
         search_trials=12,
-        seeds=(0,),
+        seeds=LR_SEEDS,
+        confirm_seeds=CONFIRM_SEEDS,
+        overrides=paper_overrides(LR_FINETUNES),
         max_concurrent=8,
     )
 
 
+def lr_grid_paper() -> SweepConfig:
+    sweep = lr_search_paper()
+    return dataclasses.replace(
+        sweep,
+        name="lr-grid-paper",
+        base={**sweep.base, "batch_size": 8},
+        grid={**sweep.grid, "lr": [1e-6, 3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2]},
+        search={},
+        # The grid sets every lr: the paper's per-task rate (homology 1e-4) is one of them.
+        overrides=tuple((m, v) for m, v in sweep.overrides if "lr" not in v),
+    )
+
+
 LR_SEARCH = Study(
-    """Learning-rate-fair comparison: an Optuna search of learning rate (and batch size) per arm,
-so each arm (frozen fpt vs full fine-tuning, pretrained vs random) is compared at its own
-best learning rate (Rothermel et al. 2021's critique of the paper's single lr of 1e-3).
+    """Learning-rate-fair comparison: each arm (frozen fpt vs full fine-tuning, pretrained vs
+random) at its own best learning rate (Rothermel et al. 2021's critique of the paper's
+single lr of 1e-3), chosen on validation over three seeds and then re-run on three fresh
+confirmation seeds that took no part in the choice (the table's headline).
 
 Launch:
-    scale-fpt sweep lr-search                    # local preset: CPU, offline, ~10 min
+    scale-fpt sweep lr-search                    # local preset: CPU, offline
+    scale-fpt sweep lr-search --preset local-grid   # the same on a shared lr grid
     scale-fpt sweep lr-search --resume           # continue: the Optuna studies continue too
-    ray submit cluster/gpu.yaml sweeps/lr_search.py -- --preset paper \\
+    ray submit cluster/gpu.yaml sweeps/lr_search.py -- --preset paper \
         --data-root /mnt/shared/data --optuna-storage postgresql://USER:PASS@HOST/optuna
 
-Each arm gets its own Optuna study (``<sweep>-<arm>``) in the Optuna storage (an SQLite file
-under the results directory by default): inspect it with Optuna's own tools, e.g.
-``optuna-dashboard sqlite:///results/lr-search-local/optuna.db``.
+Each searched arm gets its own Optuna study (``<sweep>-<arm>``), all arms side by side in
+one Tune experiment, in the Optuna storage (under the results directory by default: SQLite,
+or a journal file on a shared file system; docs/tracking.md), e.g.
+``optuna-dashboard sqlite:///results/lr-search-local/optuna.db``. Every configuration is
+trained for seeds 0-2 and scored on its seed mean of best_val_accuracy (a failed or
+diverged seed fails it); once every arm is done, each arm's best configuration trains on
+seeds 3-5 as the sweep ``<name>-confirm``.
 
 Presets:
-    local  gpt2-tiny on bit-xor: fpt vs full x pretrained vs random; lr in [1e-5, 1e-2].
-    paper  gpt2 on all seven tasks: fpt vs full x pretrained vs random; lr in [1e-6, 1e-2]
-           and batch size in {4, 8, 16}, 12 trials per arm, ASHA off (the searcher sees
-           full-length runs only).""",
-    {"local": lr_search_local, "paper": lr_search_paper},
+    local       gpt2-tiny on bit-xor: fpt vs full x pretrained vs random; Optuna (TPE) over
+                lr in [1e-5, 1e-2], 4 configurations per arm; seeds 0-2, confirmation 3-5.
+    local-grid  the same arms on one shared log-spaced grid: lr 1e-5, 1e-4, 1e-3, 1e-2.
+    paper       gpt2 on all seven tasks: fpt vs full x pretrained vs random; lr in
+                [1e-6, 1e-2] and batch size in {4, 8, 16}, 12 configurations per arm,
+                seeds 0-2, confirmation 3-5, ASHA off (the searcher sees full-length runs
+                only). Frozen arms train the task's budget (study.PAPER_STEPS); full arms to
+                convergence (patience in steps) within twice it.
+    paper-grid  the paper's arms on a shared grid: lr 1e-6, 3e-6, ..., 3e-3, 1e-2 (9 rates),
+                batch size 8.""",
+    {
+        "local": lr_search_local,
+        "local-grid": lr_grid_local,
+        "paper": lr_search_paper,
+        "paper-grid": lr_grid_paper,
+    },
 )
 
-STUDIES = {"scale": SCALE, "finetune": FINETUNE, "lr-search": LR_SEARCH}
+LADDER_TASKS = ["bit-xor", "bit-memory", "listops", "cifar10"]
+LADDER_GPU = "h100-80gb"
+REVISION_STEPS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 143000)  # fmt: skip
+
+
+def families_local() -> SweepConfig:
+    return SweepConfig(
+        name="families-local",
+        base={"task": "bit-xor", "finetune": "fpt", "batch_size": 16, "max_steps": 300,
+              "eval_every": 100, "test_batches": 4, "val_batches": 4},
+        grid={"model": ["pythia-tiny", "llama-tiny"],
+              "init": ["random", "no-body", "one-attn"], "lr": [1e-3, 3e-3]},
+        seeds=(0, 1),
+        max_concurrent=2,
+    )  # fmt: skip
+
+
+def families_pythia_ladder() -> SweepConfig:
+    return SweepConfig(
+        name="families-pythia-ladder",
+        base={"finetune": "fpt", "batch_size": 8, "eval_every": 1000, "precision": "bf16"},
+        grid={"task": LADDER_TASKS, "model": list(PYTHIA_LADDER),
+              "init": ["pretrained", "random", "no-body"]},
+        seeds=(0, 1, 2),
+        overrides=paper_overrides(),
+        gpus_per_trial="auto",
+        gpu=LADDER_GPU,
+        max_failures=3,
+    )  # fmt: skip
+
+
+def families_pythia_revisions() -> SweepConfig:
+    return SweepConfig(
+        name="families-pythia-revisions",
+        base={"model": "EleutherAI/pythia-410m", "init": "pretrained", "finetune": "fpt",
+              "batch_size": 8, "eval_every": 1000, "precision": "bf16"},
+        grid={"task": [t for t in LADDER_TASKS if t in PAPER_STEPS],
+              "revision": pythia_revisions(REVISION_STEPS)},
+        seeds=(0, 1, 2),
+        overrides=paper_overrides(),
+        gpus_per_trial="auto",
+        gpu=LADDER_GPU,
+        max_failures=3,
+    )  # fmt: skip
+
+
+FAMILIES = Study(
+    """Backbone families: Pythia (GPT-NeoX) and Llama-style bodies beside GPT-2, the pretraining-
+amount axis (hub revisions) and the ablation arms (docs/backbones.md).
+
+Launch:
+    scale-fpt sweep families                     # local preset: CPU, offline, a few minutes
+    scale-fpt sweep families --preset pythia-ladder --plan       # placements and GPU-hours
+    ray submit cluster/gpu.yaml sweeps/families.py -- --preset pythia-ladder \\
+        --results /mnt/shared/scale_fpt/results --storage /mnt/shared/scale_fpt/ray
+
+Presets:
+    local             pythia-tiny and llama-tiny (random init) vs the no-body and one-attn
+                      ablations, frozen (fpt), bit-xor, 2 seeds x 2 learning rates (packed).
+    pythia-ladder     Pythia 70m, 160m, 410m, 1b, 1.4b, 2.8b, 6.9b, 12b, pretrained vs random
+                      vs no-body, frozen, bit-xor, bit-memory, ListOps and CIFAR-10 at the
+                      paper's budgets, 3 seeds, bf16, planned on H100 80GB (--gpu to change).
+    pythia-revisions  Pythia 410m at 19 of its 154 pretraining checkpoints (step0, 1, 2, 4, ...,
+                      512, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 143000), frozen, the
+                      same tasks, 3 seeds: transfer against pretraining amount.
+Narrow with --tasks/--models/--inits/--revisions/--seeds/--steps (see --help).""",
+    {
+        "local": families_local,
+        "pythia-ladder": families_pythia_ladder,
+        "pythia-revisions": families_pythia_revisions,
+    },
+)
+
+STUDIES = {"scale": SCALE, "finetune": FINETUNE, "lr-search": LR_SEARCH, "families": FAMILIES}
 """``scale-fpt sweep STUDY``: the studies by name (``sweeps/<name>.py`` with ``_`` for ``-``)."""

@@ -1,0 +1,12 @@
+"""The `families` study as a runnable script, for `ray submit` and `ray job submit` (which need
+a file); the same as `scale-fpt sweep families`. Its presets live in scale_fpt/presets.py;
+`python sweeps/families.py --help` lists them and every flag."""
+
+import sys
+
+from scale_fpt.presets import STUDIES
+from scale_fpt.study import study_main
+
+if __name__ == "__main__":
+    study = STUDIES["families"]
+    sys.exit(study_main(study.description, study.presets))
