@@ -156,12 +156,14 @@ def test_scale_fpt_sweep_refuses_an_unknown_target_and_a_preset_for_a_file(capsy
     from scale_fpt import cli
 
     assert cli.main(["sweep", "scaling"]) == 2
-    assert "'scaling': neither a study (scale, finetune, lr-search) nor a YAML" in (
+    assert "'scaling': neither a study (scale, finetune, lr-search, families) nor a YAML" in (
         capsys.readouterr().err
     )
     sweep_file = tmp_path / "s.yaml"
     sweep_file.write_text("name: s\nbase: {task: bit-xor}\n")
     assert cli.main(["sweep", str(sweep_file), "--preset", "paper", "--plan"]) == 2
     assert "--preset paper: " in capsys.readouterr().err
+    assert cli.main(["sweep", "scale", "--preset", "pythia-ladder", "--plan"]) == 2
+    assert "--preset pythia-ladder: scale has the presets local, paper" in capsys.readouterr().err
     assert cli.main(["sweep", str(sweep_file), "--plan"]) == 0
     assert capsys.readouterr().out.startswith("s: 1 arms x 1 trial(s)")
