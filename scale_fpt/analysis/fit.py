@@ -57,13 +57,14 @@ class Objective:
         self.law, self.Z, self.log_y, self.delta = law, Z, log_y, delta
 
     def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
-        r = self.law.log_predict(theta, self.Z) - self.log_y
+        log_y, J = self.law.evaluate(theta, self.Z)
+        r = log_y - self.log_y
         if not np.all(np.isfinite(r)):
             return np.inf, np.zeros_like(theta)
         n = len(r)
         value = huber(self.delta, r).sum() / (n * self.delta)
         slope = np.clip(r, -self.delta, self.delta) / (n * self.delta)
-        return float(value), slope @ self.law.jacobian(theta, self.Z)
+        return float(value), slope @ J
 
     def batch(self, thetas: np.ndarray) -> np.ndarray:
         """Loss of every row of ``thetas`` (G, p) at once (non-finite -> inf)."""

@@ -91,44 +91,43 @@ class Law:
     def log_predict(self, theta: np.ndarray, Z: np.ndarray) -> np.ndarray:
         """log y for ``theta`` (..., p) at transformed inputs ``Z`` ((..., n, d), batches
         broadcast): (..., n)."""
-        t = [np.asarray(theta, dtype=float)[..., i, None] for i in range(len(self.params))]
-        z = [Z[..., j] for j in range(Z.shape[-1])]
-        if self.name == "power":
-            return t[0] - t[1] * z[0]
-        if self.name == "power_floor":
-            terms = np.broadcast_arrays(t[0] - t[1] * z[0], t[2])
-            return log_sum_exp(np.stack(terms))
-        if self.name == "chinchilla":
-            terms = np.broadcast_arrays(t[0] - t[1] * z[0], t[2] - t[3] * z[1], t[4])
-            return log_sum_exp(np.stack(terms))
-        la, k, x0, lb = t
-        return np.log(np.exp(lb) + np.exp(la) * expit(k * (z[0] - x0)))
+        return self.evaluate(theta, Z, jacobian=False)[0]
 
     def jacobian(self, theta: np.ndarray, Z: np.ndarray) -> np.ndarray:
         """d log y / d theta: (..., n, p), batched as ``log_predict``."""
+        return self.evaluate(theta, Z, jacobian=True)[1]
+
+    def evaluate(self, theta: np.ndarray, Z: np.ndarray, jacobian: bool = True):
+        """(log y, its Jacobian or None) in one pass: a fit needs both at every step."""
         t = [np.asarray(theta, dtype=float)[..., i, None] for i in range(len(self.params))]
         z = [Z[..., j] for j in range(Z.shape[-1])]
         if self.name == "power":
-            ones = np.ones(np.broadcast_shapes(t[0].shape, z[0].shape))
-            return np.stack([ones, -z[0] * ones], axis=-1)
+            log_y = t[0] - t[1] * z[0]
+            if not jacobian:
+                return log_y, None
+            return log_y, np.stack([np.ones_like(log_y), -z[0] * np.ones_like(log_y)], axis=-1)
         if self.name in ("power_floor", "chinchilla"):
+            # (amplitude, exponent, x column) of each power term; the floor is the last term.
             pairs = [(0, 1, 0)] if self.name == "power_floor" else [(0, 1, 0), (2, 3, 1)]
-            terms = np.stack(np.broadcast_arrays(*[t[a] - t[s] * z[c] for a, s, c in pairs], t[-1]))
-            weights = np.exp(terms - log_sum_exp(terms))  # softmax over the terms
+            terms = np.stack(np.broadcast_arrays(*[t[a] - t[e] * z[c] for a, e, c in pairs], t[-1]))
+            log_y = log_sum_exp(terms)
+            if not jacobian:
+                return log_y, None
+            weights = np.exp(terms - log_y)  # each term's share of y
             columns = []
             for (_, _, c), w in zip(pairs, weights, strict=False):
                 columns += [w, -w * z[c]]
             columns.append(weights[-1])
-            return np.stack(columns, axis=-1)
+            return log_y, np.stack(columns, axis=-1)
         la, k, x0, lb = t
         s = expit(k * (z[0] - x0))
         amp, floor = np.exp(la), np.exp(lb)
         y = floor + amp * s
+        if not jacobian:
+            return np.log(y), None
         slope = amp * s * (1 - s)
-        return np.stack(
-            [amp * s / y, slope * (z[0] - x0) / y, -slope * k / y, floor / y * np.ones_like(s)],
-            axis=-1,
-        )
+        columns = [amp * s / y, slope * (z[0] - x0) / y, -slope * k / y, floor / y]
+        return np.log(y), np.stack(np.broadcast_arrays(*columns), axis=-1)
 
     # ------------------------------------------------------------------ starting points
     def start_grid(self, Z: np.ndarray, y: np.ndarray) -> np.ndarray:
