@@ -76,7 +76,7 @@ def test_coverage_of_95_percent_intervals():
     covered, widths = 0, []
     for draw in range(40):
         rows = seeded_rows(rng, lambda n: 30.0 * n**-0.25, sizes=SIZES[:5], sigma=0.1)
-        fit = fit_scaling_law(rows, "error", "N", "power", groups="seed", n_boot=100, seed=draw)
+        fit = fit_scaling_law(rows, "error", "N", "power", groups="seed", n_boot=60, seed=draw)
         lo, hi = fit.intervals["alpha"]
         covered += lo <= 0.25 <= hi
         widths.append(hi - lo)
