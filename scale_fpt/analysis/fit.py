@@ -38,10 +38,10 @@ from scale_fpt.analysis.laws import LAWS, MAX_EXPONENT, Law
 
 DEFAULT_DELTA = 1e-3
 """Huber threshold on log residuals (Hoffmann et al. 2022; Besiroglu et al. 2024)."""
-GRADIENT_TOLERANCE = 1e-4
-"""Largest projected gradient (objective in units of |log residual|) accepted when L-BFGS-B
-stops on its line search instead of its own criteria: near a Huber optimum the curvature
-jumps, and the line search can give up at the optimum."""
+LINE_SEARCH_STOP = 2
+"""L-BFGS-B's status when its line search finds no decrease: near a Huber optimum the
+curvature jumps (residuals crossing delta) and the search can stop there; it counts as
+converged. Status 1 (iteration limit) and non-finite losses do not."""
 MAX_FAILED_SHARE = 0.1
 """Share of bootstrap refits allowed to fail before the intervals are refused."""
 
@@ -73,20 +73,9 @@ class Objective:
         return np.where(np.isfinite(value), value, np.inf)
 
 
-def projected_gradient(theta, gradient, bounds) -> float:
-    """Largest gradient component that a step inside the box could still follow."""
-    g = np.array(gradient, dtype=float)
-    for i, (low, high) in enumerate(bounds):
-        if low is not None and theta[i] <= low + 1e-12 and g[i] > 0:
-            g[i] = 0.0
-        if high is not None and theta[i] >= high - 1e-12 and g[i] < 0:
-            g[i] = 0.0
-    return float(np.max(np.abs(g))) if len(g) else 0.0
-
-
 def refine(objective: Objective, theta0: np.ndarray):
     """L-BFGS-B from ``theta0``: (theta, loss, converged)."""
-    bounds = objective.law.bounds()
+    bounds = objective.law.bounds(float(objective.log_y.min()))
     result = minimize(
         objective,
         theta0,
@@ -95,11 +84,8 @@ def refine(objective: Objective, theta0: np.ndarray):
         bounds=bounds,
         options={"maxiter": 2000, "ftol": 1e-13, "gtol": 1e-9},
     )
-    theta = result.x
-    ok = bool(np.isfinite(result.fun)) and (
-        result.success or projected_gradient(theta, result.jac, bounds) < GRADIENT_TOLERANCE
-    )
-    return theta, float(result.fun), ok
+    ok = bool(np.isfinite(result.fun)) and (result.success or result.status == LINE_SEARCH_STOP)
+    return result.x, float(result.fun), ok
 
 
 def multistart(objective: Objective, grid: np.ndarray, starts: int):
@@ -388,7 +374,8 @@ def estimate(df, y, xs, law, groups, n_boot, level, huber_delta, strata, starts,
     q = [(1 - level) / 2, (1 + level) / 2]
     bounds = np.quantile(boot, q, axis=0) if len(boot) else np.full((2, len(theta)), np.nan)
     residuals = log_y - law.log_predict(theta, Z)
-    exponents = [i for i, (lo, hi) in enumerate(law.bounds()) if hi == MAX_EXPONENT]
+    box = law.bounds(float(log_y.min()))
+    limited = [i for i, (lo, hi) in enumerate(box) if hi == MAX_EXPONENT or i == law.floor]
     goodness = {
         "n": len(df),
         "n_params": len(theta),
@@ -401,7 +388,10 @@ def estimate(df, y, xs, law, groups, n_boot, level, huber_delta, strata, starts,
         "strata": len(layout),
         "units": int(units.max() + 1),
         "at_bound": [
-            law.params[i] for i in exponents if theta[i] <= 1e-9 or theta[i] >= MAX_EXPONENT - 1e-9
+            law.params[i]
+            for i in limited
+            if theta[i] <= box[i][0] + 1e-9
+            or (box[i][1] is not None and theta[i] >= box[i][1] - 1e-9)
         ],
     }
     return ScalingFit(

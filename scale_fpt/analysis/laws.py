@@ -32,6 +32,8 @@ TERM_SHARES = (0.03, 0.1, 0.3, 1.0, 3.0)
 FLOOR_SHARES = (0.01, 0.3, 0.6, 0.9)
 """Starting floor E as a share of the smallest y."""
 MAX_EXPONENT = 10.0
+FLOOR_RANGE = 10.0
+"""How far (in log y) below the smallest observation the floor E may go."""
 
 
 def log_sum_exp(terms: np.ndarray) -> np.ndarray:
@@ -74,15 +76,22 @@ class Law:
             "sigmoid": (0, 3),
         }[self.name]
 
-    def bounds(self) -> list[tuple[float | None, float | None]]:
-        """L-BFGS-B box: exponents in [0, MAX_EXPONENT] (the laws decay), the rest free."""
-        exponent = (0.0, MAX_EXPONENT)
+    def bounds(self, min_log_y: float = 0.0) -> list[tuple[float | None, float | None]]:
+        """L-BFGS-B box: exponents in [0, MAX_EXPONENT] (the laws decay); a floor E at least
+        ``FLOOR_RANGE`` (e^-10) times the smallest y (``min_log_y``): below that the floor
+        is 0 for any data, and an unbounded log E only lets the optimiser wander."""
+        exponent, floor = (0.0, MAX_EXPONENT), (min_log_y - FLOOR_RANGE, None)
         return {
             "power": [(None, None), exponent],
-            "power_floor": [(None, None), exponent, (-50.0, None)],
-            "chinchilla": [(None, None), exponent, (None, None), exponent, (-50.0, None)],
+            "power_floor": [(None, None), exponent, floor],
+            "chinchilla": [(None, None), exponent, (None, None), exponent, floor],
             "sigmoid": [(-30.0, 5.0), (None, None), (None, None), (-30.0, 5.0)],
         }[self.name]
+
+    @property
+    def floor(self) -> int | None:
+        """Position of the floor E in ``theta`` (None: the law has none)."""
+        return {"power_floor": 2, "chinchilla": 4}.get(self.name)
 
     # ------------------------------------------------------------------ prediction
     def transform(self, X: np.ndarray) -> np.ndarray:
