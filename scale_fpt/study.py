@@ -287,7 +287,7 @@ def placement_table(sweep) -> str:
 
     from scale_fpt import planner
     from scale_fpt.cluster import GPUOffer
-    from scale_fpt.sweep import sweep_gpus
+    from scale_fpt.sweep.placement import sweep_gpus
 
     if sweep.gpu or sweep.gpu_memory_gb or sweep.gpus_per_trial == "0":
         offer = sweep_gpus(sweep)

@@ -773,13 +773,13 @@ def test_bad_storage_exits_2_before_ray_starts_and_writes_nothing(
     """A grid sweep (which uses no Optuna storage, and still checks a given URL) with a bad
     --storage or --optuna-storage: one line naming the flag and the cause, exit code 2, Ray
     never started, no results skeleton. The same through `scale-fpt sweep FILE.yaml`."""
-    from scale_fpt import sweep as sweep_module
     from scale_fpt.study import study_main
+    from scale_fpt.sweep import driver as sweep_driver
 
     def ray_must_not_start(*args, **kwargs):
         raise AssertionError("Ray was started")
 
-    monkeypatch.setattr(sweep_module, "connect_ray", ray_must_not_start)
+    monkeypatch.setattr(sweep_driver, "connect_ray", ray_must_not_start)
     flags, cause = BAD_STORAGE[case]
     if "{ro}" in flags[1]:
         disk = request.getfixturevalue("small_disk")

@@ -1,0 +1,180 @@
+"""The paper's tables, computed from whatever a results directory holds.
+
+Every table is first a long DataFrame, one row per cell (an *arm*: the trials of one setting
+that differ only in ``seed``), with the cell's statistics, the trials behind it, its compute
+and the published number beside it. ``wide`` turns one into the paper's shape (rows x tasks)
+of display strings. Conventions, shared by every table:
+
+- **Trials used**: status ``completed`` or ``diverged`` with a finite metric. Failed, stopped,
+  still running, and diverged-before-the-first-evaluation trials are counted, never averaged.
+- **Selection on validation, test reported**: a trial's number is ``test_accuracy``, the
+  test accuracy at ``selected_step`` (its evaluation with the best validation accuracy),
+  in percent; ``val_accuracy`` or ``final_test_accuracy`` (the last evaluation; for a
+  diverged trial the last before divergence, as the paper's †) on request. Nothing is
+  chosen on test: best steps, best learning rates and steps to a threshold read validation.
+- **Spread**: mean, sample std (n-1) and the 95% Student-t interval half-width over seeds.
+- **One learning rate per arm** (``fixed_lr``): where an arm was run at several learning
+  rates (an LR search), the paper tables keep only the paper's rate (1e-3; 1e-4 homology)
+  and drop the arm if that rate was not run; ``lr_fair`` compares arms at their best rates.
+- **Like-for-like** (``compare``): a study cell is compared with the published one (with a
+  difference) only when the task's preprocessing (``tasks.preprocessing.deviations``:
+  sequence length, split, truncation, augmentation, input dropout), the budget (at least
+  the paper's steps to convergence, Table 4), the model, the weights, the learning rate and,
+  for LSTMs, width and depth are the paper's (init and trained groups match by construction
+  of the row); otherwise the published number is shown as reference only, with every
+  reason. Batch size is reported, not judged.
+"""
+
+from scale_fpt.report.tables.budgets import (
+    budget_table,
+    preprocessing_table,
+)
+from scale_fpt.report.tables.cells import (
+    ARM_KEYS,
+    DEFAULT_METRIC,
+    FINETUNE_ORDER,
+    INIT_ORDER,
+    METRICS,
+    SEARCH_ARM_KEYS,
+    SEARCHED,
+    SELECTION,
+    SETTING_KEYS,
+    USED_STATUSES,
+    annotate,
+    backbone_kind,
+    cell_summary,
+    cells,
+    compare,
+    disambiguate,
+    empty_table,
+    finetune_label,
+    finish,
+    first_int,
+    fixed_lr,
+    init_label,
+    model_label,
+    paper_steps,
+    prepare,
+    preprocessing_deviations,
+    rank,
+    size_order,
+    trial_config,
+)
+from scale_fpt.report.tables.differences import (
+    PAIR_KEYS,
+    difference_text,
+    init_difference,
+    steps_bound,
+)
+from scale_fpt.report.tables.display import (
+    cell_text,
+    compute_text,
+    count,
+    human,
+    published_text,
+    reference_notes,
+    steps_number,
+    steps_text,
+    table6_wide,
+    wide,
+)
+from scale_fpt.report.tables.lr import (
+    LR_SELECTION,
+    group_index,
+    lr_fair,
+    lr_points,
+    lr_text,
+)
+from scale_fpt.report.tables.paper import (
+    frozen_transformers,
+    init_rank,
+    pretrained_transformers,
+    ranks,
+    selected,
+    settings_table,
+    table1_full,
+    table2_init,
+    table3_lstm,
+    table6_size,
+    table8_finetune,
+)
+from scale_fpt.report.tables.steps import (
+    DEFAULT_THRESHOLDS,
+    speedup,
+    speedups,
+    steps_summary,
+    steps_to_threshold,
+    table4_steps,
+    thresholds_for,
+)
+
+__all__ = [
+    "ARM_KEYS",
+    "DEFAULT_METRIC",
+    "DEFAULT_THRESHOLDS",
+    "FINETUNE_ORDER",
+    "INIT_ORDER",
+    "LR_SELECTION",
+    "METRICS",
+    "PAIR_KEYS",
+    "SEARCHED",
+    "SEARCH_ARM_KEYS",
+    "SELECTION",
+    "SETTING_KEYS",
+    "USED_STATUSES",
+    "annotate",
+    "backbone_kind",
+    "budget_table",
+    "cell_summary",
+    "cell_text",
+    "cells",
+    "compare",
+    "compute_text",
+    "count",
+    "difference_text",
+    "disambiguate",
+    "empty_table",
+    "finetune_label",
+    "finish",
+    "first_int",
+    "fixed_lr",
+    "frozen_transformers",
+    "group_index",
+    "human",
+    "init_difference",
+    "init_label",
+    "init_rank",
+    "lr_fair",
+    "lr_points",
+    "lr_text",
+    "model_label",
+    "paper_steps",
+    "prepare",
+    "preprocessing_deviations",
+    "preprocessing_table",
+    "pretrained_transformers",
+    "published_text",
+    "rank",
+    "ranks",
+    "reference_notes",
+    "selected",
+    "settings_table",
+    "size_order",
+    "speedup",
+    "speedups",
+    "steps_bound",
+    "steps_number",
+    "steps_summary",
+    "steps_text",
+    "steps_to_threshold",
+    "table1_full",
+    "table2_init",
+    "table3_lstm",
+    "table4_steps",
+    "table6_size",
+    "table6_wide",
+    "table8_finetune",
+    "thresholds_for",
+    "trial_config",
+    "wide",
+]

@@ -1,0 +1,155 @@
+"""Table 4: steps to a threshold accuracy (read on validation), and speed-ups."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from scale_fpt.report import published
+from scale_fpt.report.published import TASK_COLUMNS
+from scale_fpt.report.tables.cells import (
+    ARM_KEYS,
+    DEFAULT_METRIC,
+    annotate,
+    cells,
+    finish,
+    size_order,
+)
+from scale_fpt.report.tables.paper import frozen_transformers, init_rank, selected
+
+DEFAULT_THRESHOLDS = {
+    task: round(0.9 * value / 100, 4)
+    for task, value in zip(TASK_COLUMNS, published.ACCURACY["T2"]["language (FPT)"], strict=True)
+}
+"""Steps-to-threshold default per task: 90% of the paper's FPT accuracy (Table 2)."""
+
+
+def thresholds_for(tasks, thresholds=None) -> dict[str, float]:
+    """Per-task accuracy threshold (a fraction): a number for every task, a {task: value}
+    dict (others keep the default), or None for ``DEFAULT_THRESHOLDS``."""
+    if isinstance(thresholds, int | float):
+        return dict.fromkeys(tasks, float(thresholds))
+    given = thresholds or {}
+    return {t: float(given.get(t, DEFAULT_THRESHOLDS.get(t, 0.9))) for t in tasks}
+
+
+def steps_to_threshold(curve: pd.DataFrame, threshold: float) -> tuple[float, float]:
+    """(first evaluated step with val_accuracy >= threshold or NaN, last evaluated step)."""
+    curve = curve.sort_values("step")
+    accuracy = curve["val_accuracy"] if "val_accuracy" in curve else pd.Series(dtype=float)
+    hit = curve.loc[accuracy >= threshold, "step"]
+    last = float(curve["step"].max()) if len(curve) else math.nan
+    return (float(hit.iloc[0]) if len(hit) else math.nan), last
+
+
+def steps_summary(group: pd.DataFrame) -> dict:
+    """T4 cell: seeds that reached the threshold, and a lower bound on the mean steps where
+    some did not (each unreached seed counted at its last evaluated step)."""
+    used = group[group["used"]]
+    reached = used["steps"].notna()
+    out = {
+        "n": len(used),
+        "n_reached": int(reached.sum()),
+        "all_reached": bool(len(used)) and bool(reached.all()),
+        "lower_bound": float(used["steps"].where(reached, used["last_step"]).mean())
+        if len(used)
+        else math.nan,
+    }
+    if len(used):
+        out["note"] = ""
+    if not out["all_reached"]:
+        out.update(dict.fromkeys(("mean", "std", "ci95", "ci_low", "ci_high"), math.nan))
+    return out
+
+
+def table4_steps(trials: pd.DataFrame, curves: pd.DataFrame, thresholds=None) -> pd.DataFrame:
+    """Table 4: gradient steps until the validation accuracy first reaches a threshold, per init of
+    frozen (fpt) transformers, and the speed-up of each init over random (same model, lr,
+    batch size). Computed from the learning curves (first evaluated step at or above the
+    threshold); a seed that never reaches it is never given a number: its cell reads
+    ``>bound`` (mean steps with unreached seeds counted at their last evaluated step)."""
+    df, dropped = selected(trials, DEFAULT_METRIC, frozen_transformers)
+    df = df.copy()
+    limits = thresholds_for(sorted(set(df["task"])), thresholds)
+    by_trial = dict(iter(curves.groupby(["sweep", "trial_id"]))) if len(curves) else {}
+    found = [
+        steps_to_threshold(by_trial[key], limits[task]) if key in by_trial else (math.nan, math.nan)
+        for key, task in zip(zip(df["sweep"], df["trial_id"], strict=True), df["task"], strict=True)
+    ]
+    df["steps"] = [s for s, _ in found]
+    df["last_step"] = [last for _, last in found]
+    no_curve = df["used"] & df["last_step"].isna()
+    df.loc[no_curve, "used"] = False
+    df.loc[no_curve, "reason"] = "no learning curve"
+    df["value"] = df["steps"]
+    paper = {"pretrained": "FPT", "random": "random"}
+    out = cells(
+        df,
+        "T4",
+        df["model_label"] + " · " + df["init_label"],
+        df["init_label"].map(paper),
+        size_order(df) * 10 + init_rank(df),
+        extra=steps_summary,
+    )
+    if len(out):
+        out["threshold"] = out["task"].map(limits)
+        out = finish(pd.concat([out, speedups(out)], ignore_index=True))
+    return annotate(
+        out,
+        "Table 4: gradient steps to reach the threshold accuracy",
+        "transformers with finetune fpt, every init; threshold (validation accuracy) "
+        + ", ".join(f"{t} {v:.3g}" for t, v in limits.items()),
+        df,
+        dropped,
+    )
+
+
+def speedups(steps: pd.DataFrame) -> pd.DataFrame:
+    """Rows ``speed-up · <row>``: mean steps of random / mean steps of the row's init, within
+    the same task, model, trained groups, lr, batch size and length."""
+    keys = [k for k in ARM_KEYS if k not in ("init", "weights")]
+    records = []
+    for _, group in steps.groupby(keys, dropna=False, sort=False):
+        base = group[group["init_label"] == "random"]
+        if base.empty:
+            continue
+        base = base.iloc[0]
+        for cell in group[group["init_label"] != "random"].to_dict("records"):
+            value, text = speedup(base, cell)
+            paper_row = "speed-up" if cell["init_label"] == "pretrained" else None
+            found = published.lookup("T4", paper_row, cell["task"]) if paper_row else None
+            record = {k: cell[k] for k in (*ARM_KEYS, "kind", "model_label", "init_label")}
+            record.update(
+                table="T4",
+                row=f"speed-up · {cell['row']}",
+                order=cell["order"] + 0.5,
+                finetune=cell["finetune"],
+                threshold=cell["threshold"],
+                speedup=value,
+                speedup_text=text,
+                paper_row=paper_row,
+                published=found["value"] if found else math.nan,
+                published_diverged=False,
+                like_for_like=False,
+                comparison="reference only: the paper counts steps to convergence, not to a "
+                "threshold"
+                if found
+                else "",
+            )
+            records.append(record)
+    return pd.DataFrame(records)
+
+
+def speedup(base: pd.Series, cell: dict) -> tuple[float, str]:
+    """(steps(random) / steps(init), display): a lower bound '>' when random did not reach
+    the threshold in every seed; none when the init itself did not."""
+    if not cell["n"] or not base["n"]:
+        return math.nan, "— no usable trials"
+    if not cell["all_reached"]:
+        return math.nan, f"— {cell['init_label']} not reached"
+    if base["all_reached"]:
+        value = base["mean"] / cell["mean"]
+        return value, f"{value:.3g}x"
+    value = base["lower_bound"] / cell["mean"]
+    return value, f">{value:.3g}x (random not reached)"

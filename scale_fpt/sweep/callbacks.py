@@ -1,0 +1,176 @@
+"""The driver's side of a sweep: the Tune callback that writes each reported evaluation to
+Parquet as it arrives, and the handling of writes that fail."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from scale_fpt.results import ResultsError, ResultsWriter
+from scale_fpt.sweep.config import SweepConfig
+from scale_fpt.sweep.trainable import config_only_row, tune_members
+
+WRITE_FAILURES: list[ResultsError] = []
+"""Results writes that failed in this driver (a full disk, a directory gone read-only). Tune
+turns an exception in a callback into a TuneError holding only traceback text; the sweep
+re-raises the ResultsError itself from here, so the user gets its one-line message."""
+
+
+def results_callback_class():
+    from ray import tune
+
+    class ResultsCallback(tune.Callback):
+        """Writes each reported evaluation to Parquet on the driver, as it arrives. A failed
+        write stops the sweep (``run_sweep`` raises its ResultsError; ``--resume`` continues
+        once the directory takes writes again): rows that cannot be recorded are not run."""
+
+        def __init__(self, results_dir: str, sweep: str):
+            self.results_dir, self.sweep = results_dir, sweep
+            self.last_rows: dict[str, dict] = {}
+            self.search_configs: dict[str, dict[str, int]] = {}
+            self._writer: ResultsWriter | None = None
+
+        def __getstate__(self):  # Tune pickles callbacks into its experiment state
+            return {
+                "results_dir": self.results_dir,
+                "sweep": self.sweep,
+                "last_rows": {},
+                "search_configs": {},
+            }
+
+        def __setstate__(self, state):
+            self.__dict__.update(state, _writer=None)
+
+        @property
+        def writer(self) -> ResultsWriter:
+            if self._writer is None:
+                self._writer = ResultsWriter(self.results_dir, self.sweep)
+            return self._writer
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            with recording_write_failures():
+                self.write_result(trial, result)
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            with recording_write_failures():
+                self.write_complete(trial)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            with recording_write_failures():
+                self.write_error(trial)
+
+        def tagged(self, trial, rows: list[dict]) -> list[dict]:
+            """Rows with the search configuration each belongs to (None for grid trials)."""
+            from scale_fpt.search import SEARCH_CONFIG, member_search_configs
+
+            if trial.trial_id not in self.search_configs:
+                self.search_configs[trial.trial_id] = member_search_configs(
+                    self.sweep, trial.config
+                )
+            numbers = self.search_configs[trial.trial_id]
+            return [{**row, SEARCH_CONFIG: numbers.get(row["trial_id"])} for row in rows]
+
+        def write_result(self, trial, result):
+            # A Tune trial reports lists of rows: one trial's, or a packed cohort's.
+            for row in result.get("curve_rows", []):
+                self.writer.write_curve(row["trial_id"], [row])
+            rows = self.tagged(trial, result.get("trial_rows", []))
+            for row in rows:
+                self.writer.write_trial(row)
+            if rows:
+                self.last_rows[trial.trial_id] = rows
+
+        def reported_rows(self, trial) -> list[dict]:
+            return self.last_rows.get(trial.trial_id) or self.tagged(
+                trial, trial.last_result.get("trial_rows", [])
+            )
+
+        def write_complete(self, trial):
+            checkpoint = trial.checkpoint.path if trial.checkpoint else None
+            for row in self.reported_rows(trial):
+                # "running" at the end: stopped by the scheduler before its last step.
+                if row["status"] == "running":
+                    row = {**row, "status": "stopped", "stop_reason": "scheduler"}
+                self.writer.write_trial({**row, "checkpoint": checkpoint})
+
+        def write_error(self, trial):
+            from scale_fpt.search import without_search_configs
+
+            error = trial_error_text(trial)
+            rows = self.reported_rows(trial)
+            if not rows:  # never reported: every member fails with the trial's error
+                _, members = tune_members(without_search_configs(trial.config))
+                failed = [config_only_row(self.sweep, m, "failed", error) for m in members]
+                rows = self.tagged(trial, failed)
+            for row in rows:
+                if row["status"] in ("running", "failed"):
+                    failed = {"status": "failed", "stop_reason": "failed", "error": error}
+                    self.writer.write_trial({**row, **failed})
+
+    return ResultsCallback
+
+
+class recording_write_failures:
+    """Context manager: a ResultsError raised inside is kept in WRITE_FAILURES (and raised)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        if isinstance(error, ResultsError):
+            WRITE_FAILURES.append(error)
+        return False
+
+
+def fit_reporting_write_failures(tuner):
+    """``tuner.fit()``; a sweep stopped by a failed results write raises that ResultsError."""
+    from ray.tune.error import TuneError
+
+    WRITE_FAILURES.clear()
+    try:
+        return tuner.fit()
+    except TuneError:
+        if WRITE_FAILURES:
+            raise WRITE_FAILURES[0] from None
+        raise
+
+
+def trial_error_text(trial) -> str:
+    path = getattr(trial, "error_file", None)
+    if path and os.path.exists(path):
+        return Path(path).read_text()[-4000:]
+    return str(getattr(trial, "error_msg", None) or "trial failed")
+
+
+def sweep_callbacks(sweep: SweepConfig) -> list:
+    """The driver's callbacks: our own rows, plus Tune's result.json (its ResultGrid reads it,
+    and ``recovery`` re-derives lost rows from it); Tune's TensorBoard and CSV loggers would
+    only warn about the nested row lists."""
+    from ray.tune.logger import JsonLoggerCallback
+
+    results_dir = str(Path(sweep.results_dir).absolute())
+    return [results_callback_class()(results_dir, sweep.name), JsonLoggerCallback()]
+
+
+def write_where_told(tuner, sweep: SweepConfig, callbacks: list) -> None:
+    """Give a restored Tuner this command's callbacks. ``Tuner.restore`` brings back the
+    callbacks pickled in the experiment state, whose results directory is the one of the run
+    that made it (another one when the state was copied or moved); ``Tuner.restore`` takes
+    no callbacks, so they are replaced in its run config. A search is refused instead: its
+    restored Optuna searcher keeps the study in the other directory's default database."""
+    run_config = tuner._local_tuner.get_run_config()
+    stored = {
+        str(Path(c.results_dir).absolute())
+        for c in run_config.callbacks
+        if hasattr(c, "results_dir")
+    }
+    here = callbacks[0].results_dir
+    if sweep.search and not sweep.optuna_storage and stored - {here}:
+        raise ResultsError(
+            [
+                f"--resume: the Ray Tune state in {sweep.ray_storage} belongs to the search "
+                f"with results in {', '.join(sorted(stored))}, whose Optuna study is there; "
+                f"resume it with --results {', '.join(sorted(stored))}"
+            ]
+        )
+    run_config.callbacks = callbacks

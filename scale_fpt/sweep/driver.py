@@ -1,0 +1,202 @@
+"""Running a sweep: connect to (or start) Ray, plan the arms, one Tune experiment for a grid
+or one per searched arm, resume an interrupted one."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from scale_fpt.cluster import GPUOffer
+from scale_fpt.config import TrialConfig
+from scale_fpt.loop import evaluation_steps
+from scale_fpt.recovery import restore_missing_rows
+from scale_fpt.results import ResultsWriter
+from scale_fpt.storage import check_sweep_storage
+from scale_fpt.sweep.callbacks import (
+    fit_reporting_write_failures,
+    sweep_callbacks,
+    write_where_told,
+)
+from scale_fpt.sweep.config import SweepConfig, arm_label
+from scale_fpt.sweep.placement import (
+    Devices,
+    cluster_devices,
+    cohort_resources,
+    grid_cohorts,
+    planned_arms,
+    search_pack,
+    sweep_gpus,
+    trial_resources,
+)
+from scale_fpt.sweep.resume import saved_unfinished, unfinished_trials
+from scale_fpt.sweep.trainable import tune_members, tune_search_members, tune_trial
+from scale_fpt.trial import (
+    git_sha,
+)
+
+
+def search_algorithm(sweep: SweepConfig, seed_arms: list[dict], study_name: str, devices: Devices):
+    """The searcher of one arm: its configurations trained for every seed of ``seed_arms``
+    and scored on the seed mean (``search.SeedMeanSearcher``)."""
+    from scale_fpt.search import SeedMeanSearcher
+
+    return SeedMeanSearcher(
+        sweep=sweep.name,
+        seed_arms=seed_arms,
+        search=sweep.search,
+        study_name=study_name,
+        storage_url=sweep.optuna_storage or f"sqlite:///{sweep.sweep_dir / 'optuna.db'}",
+        n_configs=sweep.search_trials,
+        pack=search_pack(sweep, seed_arms, devices),
+        parallel=sweep.max_concurrent or devices.slots,
+        metric=sweep.metric,
+    )
+
+
+def connect_ray(runtime_env: dict | None = None, **init_kwargs) -> None:
+    """Attach to the running Ray cluster (``ray submit``, RAY_ADDRESS) or start a local one.
+
+    Workers that Ray assigns no GPU see none (``CUDA_VISIBLE_DEVICES=""``). Workers get the
+    driver's git SHA (nodes may lack .git) and SCALE_FPT_HOME (where the
+    driver built local backbones; shared storage on a cluster)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    env = {
+        "SCALE_FPT_GIT_SHA": git_sha(),
+        # A worker assigned no GPU gets CUDA_VISIBLE_DEVICES="" from Ray before the trial
+        # imports torch, so CPU trials never create a CUDA context (torch's Adam would).
+        "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1",
+        **(runtime_env or {}).get("env_vars", {}),
+    }
+    # Tune snapshots its state at every checkpoint of a short trial; that is intended here.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    init_kwargs.setdefault("log_to_driver", os.environ.get("SCALE_FPT_WORKER_LOGS") == "1")
+    ray.init(runtime_env={**(runtime_env or {}), "env_vars": env}, **init_kwargs)
+
+
+@dataclass
+class SweepOutcome:
+    experiments: list[str]
+    """Ray Tune experiment names (one per arm for searches)."""
+    trials: int
+    """Tune trials run or restored."""
+    unfinished: int
+    """Trials neither finished nor errored (the sweep was interrupted: resume it)."""
+
+    @property
+    def finished(self) -> bool:
+        return self.unfinished == 0
+
+
+def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
+    """Run (or resume) the sweep. An interrupted run (Ctrl-C) returns with ``unfinished``
+    trials instead of raising: its rows so far are on disk, ``resume=True`` continues it."""
+    sweep.validate()
+    check_sweep_storage(sweep)
+    ResultsWriter(sweep.results_dir, sweep.name)  # fail now if results cannot be written
+    from scale_fpt.models.backbones import scale_fpt_home
+
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
+    connect_ray(runtime_env={"env_vars": {"SCALE_FPT_HOME": str(scale_fpt_home())}})
+    offer = sweep_gpus(sweep)
+    arms = planned_arms(sweep.arms(), sweep, offer)
+    import ray
+
+    devices = cluster_devices(sweep, ray.cluster_resources(), offer)
+    if sweep.search:  # one Optuna study per arm, each of its configurations for every seed
+        from scale_fpt.search import seed_groups
+
+        plans = [
+            (f"{sweep.name}-{slug(arm_label({**group[0], 'seed': 'seeds'}))}", group)
+            for group in seed_groups(arms)
+        ]
+    else:
+        plans = [(sweep.name, arms)]
+    trials = unfinished = 0
+    for index, (experiment, arms) in enumerate(plans):
+        grid = run_experiment(sweep, experiment, arms, offer, devices, resume)
+        trials += len(grid)
+        if saved_unfinished(os.path.join(sweep.ray_storage, experiment)):
+            unfinished = unfinished_trials(sweep, [name for name, _ in plans[index:]])
+            break  # interrupted: later arms wait for --resume
+    return SweepOutcome([name for name, _ in plans], trials, unfinished)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
+
+
+def run_experiment(
+    sweep: SweepConfig,
+    experiment: str,
+    arms: list[dict],
+    offer: GPUOffer,
+    devices: Devices,
+    resume: bool,
+):
+    from ray import tune
+
+    path = os.path.join(sweep.ray_storage, experiment)
+
+    def resources(config: dict) -> tune.PlacementGroupFactory:
+        _, members = tune_members(without_search_configs(config))
+        if len(members) > 1:
+            return cohort_resources(members, sweep, offer)
+        return trial_resources(members[0], sweep, offer)
+
+    from scale_fpt.search import without_search_configs
+
+    trainable = tune.with_resources(tune_search_members if sweep.search else tune_trial, resources)
+    callbacks = sweep_callbacks(sweep)
+    if resume and tune.Tuner.can_restore(path):
+        tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True)
+        write_where_told(tuner, sweep, callbacks)
+        restore_missing_rows(callbacks[0], path)
+        return fit_reporting_write_failures(tuner)
+
+    if sweep.search:
+        param_space = {"sweep": sweep.name}
+        search_alg = search_algorithm(sweep, arms, experiment, devices)
+        num_samples = -1  # the searcher says when it is done (Searcher.FINISHED)
+    else:
+        search_alg, num_samples = None, 1
+        # One grid axis over whole member lists: exactly arms(), overrides included, in
+        # the cohorts ``pack`` asks for (one arm per Tune trial when they do not pack).
+        groups = grid_cohorts(sweep, arms, devices)
+        param_space = {"sweep": sweep.name, "members": tune.grid_search(groups)}
+    scheduler = None
+    if sweep.asha:
+        trains = [TrialConfig.from_flat(a).train for a in arms]
+        max_evals = max(
+            len(evaluation_steps(t.max_steps, t.eval_every, t.log_evals)) for t in trains
+        )
+        scheduler = tune.schedulers.ASHAScheduler(
+            time_attr="training_iteration",
+            max_t=max(max_evals, sweep.asha_grace_evals),
+            grace_period=sweep.asha_grace_evals,
+        )
+    tuner = tune.Tuner(
+        trainable,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            search_alg=search_alg,
+            scheduler=scheduler,
+            num_samples=num_samples,
+            metric=sweep.metric,
+            mode="max",
+            max_concurrent_trials=sweep.max_concurrent or None,
+            reuse_actors=sweep.reuse_actors,
+        ),
+        run_config=tune.RunConfig(
+            name=experiment,
+            storage_path=sweep.ray_storage,
+            callbacks=callbacks,
+            failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            verbose=0,
+        ),
+    )
+    return fit_reporting_write_failures(tuner)

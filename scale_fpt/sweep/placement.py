@@ -1,0 +1,168 @@
+"""Where a sweep's trials run: the GPUs it is planned for, each trial's (or packed cohort's)
+Ray resources, and the cohorts ``--pack`` makes of a grid or a search."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scale_fpt import planner, scaling
+from scale_fpt.cluster import GPUOffer, config_file_offer, gpu_offer
+from scale_fpt.config import ConfigError, TrialConfig
+from scale_fpt.packing import cohorts
+from scale_fpt.sweep.config import SweepConfig, arm_label
+
+
+def sweep_gpus(sweep: SweepConfig) -> GPUOffer:
+    """What GPUs the sweep's trials are planned for: a declared ``gpu`` / ``gpu_memory_gb``
+    is taken as said (with the widest node of ``cluster_config``, if one is found); else what
+    the connected cluster has or can launch (``cluster.gpu_offer``); ``gpus_per_trial`` 0
+    plans none."""
+    if planner.parse_gpus_per_trial(sweep.gpus_per_trial)[0] == "cpu":
+        return GPUOffer(None, 0, "--gpus-per-trial 0")
+    if not (sweep.gpu or sweep.gpu_memory_gb):
+        return gpu_offer(sweep.cluster_config)
+    if sweep.gpu_memory_gb:
+        gpu = planner.gpu_with_memory(sweep.gpu_memory_gb, sweep.gpu)
+    else:
+        gpu = planner.gpu_named(sweep.gpu)
+    found = config_file_offer(sweep.cluster_config)
+    return GPUOffer(gpu, found.max_gpus_per_node if found else 0, "declared")
+
+
+def trial_plan(flat: dict, sweep: SweepConfig, offer: GPUOffer) -> planner.TrialPlan:
+    """The planner's decision for one trial of the sweep (``planner.plan_trial``). A config
+    that cannot be built plans CPU: the trial fails at once and is recorded as failed."""
+    try:
+        config = TrialConfig.from_flat(flat)
+        return planner.plan_trial(
+            config, sweep.gpus_per_trial, offer.gpu, offer.max_gpus_per_node or 8
+        )
+    except ConfigError:
+        return planner.CPU_PLAN
+
+
+def planned_arms(arms: list[dict], sweep: SweepConfig, offer: GPUOffer) -> list[dict]:
+    """The arms, each trial that the planner spreads over several GPUs set to run that way
+    (its ZeRO stage and ``workers``: ``planner.with_plan``); others stay as declared, so
+    their trial ids do not depend on the cluster. ConfigError naming every trial that fits
+    no GPU of the offer."""
+    out, problems = [], []
+    for arm in arms:
+        plan = trial_plan(arm, sweep, offer)
+        if not plan.fits:
+            problems.append(
+                f"{arm_label(arm)}: does not fit: {plan.describe()}; use a larger --gpu, a "
+                "smaller batch or fewer trained groups"
+            )
+        out.append(planner.with_plan(arm, plan) if plan.gpus > 1 else arm)
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def plan_bundles(plan: planner.TrialPlan, cpus: int, workers: int = 1) -> list[dict]:
+    """Ray placement-group bundles of a planned trial: one bundle on CPU or on (a share of)
+    one GPU; one bundle per GPU for a data-parallel trial (packed on one node, the
+    multi-GPU node type; the trial's process runs in the first); one CPU bundle per worker
+    for a trial of ``workers`` processes on CPUs."""
+    if not plan.gpus:
+        return [{"CPU": cpus} for _ in range(workers)]
+    if plan.gpus == 1:
+        return [{"CPU": cpus, "GPU": plan.gpu_share}]
+    return [{"CPU": cpus, "GPU": 1} for _ in range(plan.gpus)]
+
+
+def trial_resources(flat: dict, sweep: SweepConfig, offer: GPUOffer):
+    """Ray resources of one trial, as the planner sizes it (``trial_plan``)."""
+    from ray import tune
+
+    plan = trial_plan(flat, sweep, offer)
+    bundles = plan_bundles(plan, sweep.cpus_per_trial, trial_workers(flat))
+    strategy = "STRICT_PACK" if len(bundles) > 1 else "PACK"
+    return tune.PlacementGroupFactory(bundles, strategy=strategy)
+
+
+def trial_workers(flat: dict) -> int:
+    """Processes of the trial ``flat`` (its ``workers``; 1 for a config that does not
+    validate, which fails as one process)."""
+    try:
+        return TrialConfig.from_flat(flat).train.workers
+    except ConfigError:
+        return 1
+
+
+@dataclass(frozen=True)
+class Devices:
+    """Where a sweep's cohorts run side by side (read from the Ray cluster)."""
+
+    gpus: int
+    """GPUs in the cluster (0: CPUs only)."""
+    slots: int
+    """Cohorts that run at once: one per GPU, else one per ``cpus_per_trial`` CPUs (at most
+    ``max_concurrent``)."""
+    slot_bytes: int
+    """Memory of one slot: the offered GPU's, else the cluster's memory per slot."""
+
+
+def cluster_devices(sweep: SweepConfig, resources: dict, offer: GPUOffer) -> Devices:
+    """The slots of a cluster with Ray ``resources`` (``ray.cluster_resources()``) whose
+    GPUs are ``offer.gpu`` (its memory from the planner's table or ``gpu_memory_gb``)."""
+    gpus = int(resources.get("GPU", 0)) if offer.gpu is not None else 0
+    if gpus:
+        slots, slot_bytes = gpus, offer.gpu.memory_bytes
+    else:
+        slots = max(1, int(resources.get("CPU", 1)) // sweep.cpus_per_trial)
+        slot_bytes = int(resources.get("memory", 0)) // slots
+    if sweep.max_concurrent:
+        slots = min(slots, sweep.max_concurrent)
+    return Devices(gpus, slots, slot_bytes)
+
+
+def auto_pack(member: dict, n_members: int, devices: Devices) -> int:
+    """``--pack auto``'s cohort size for ``n_members`` trials compatible with ``member``:
+    spread over the slots, as many per cohort as fit in a slot's memory."""
+    from scale_fpt.packing import cohort_memory_parts
+
+    fits = scaling.members_that_fit(*cohort_memory_parts(member), devices.slot_bytes)
+    return scaling.auto_cohort_size(n_members, devices.slots, fits)
+
+
+def grid_cohorts(sweep: SweepConfig, arms: list[dict], devices: Devices) -> list[list[dict]]:
+    """The grid's arms grouped into the cohorts ``sweep.pack`` asks for."""
+    if sweep.pack != "auto":
+        return cohorts(arms, sweep.pack)
+    if sweep.asha:
+        return [[arm] for arm in arms]
+    return cohorts(arms, lambda group: auto_pack(group[0], len(group), devices))
+
+
+def search_pack(sweep: SweepConfig, seed_arms: list[dict], devices: Devices) -> int:
+    """Members per cohort of a search (``sweep.pack``, or ``auto``'s choice for every seed
+    of every configuration the run asks for)."""
+    from scale_fpt.packing import pack_problem
+
+    if sweep.pack != "auto":
+        return sweep.pack
+    if pack_problem(seed_arms[0]):
+        return 1
+    return auto_pack(seed_arms[0], len(seed_arms) * sweep.search_trials, devices)
+
+
+def cohort_resources(members: list[dict], sweep: SweepConfig, offer: GPUOffer):
+    """Ray resources of a packed cohort: the CPUs of a lone trial (a cohort's products are
+    K times taller, not more numerous; one cohort per core is the fastest placement on a
+    CPU, benchmarks/packing.py), or a GPU share sized by its memory (one GPU at most)."""
+    from ray import tune
+
+    kind = planner.parse_gpus_per_trial(sweep.gpus_per_trial)[0]
+    if offer.gpu is None:
+        return tune.PlacementGroupFactory([{"CPU": sweep.cpus_per_trial}])
+    if kind == "share":
+        plan = planner.gpu_share(float(sweep.gpus_per_trial), offer.gpu)
+    else:
+        from scale_fpt.packing import cohort_memory_bytes
+
+        device = cohort_memory_bytes(members) + planner.CUDA_CONTEXT_BYTES
+        share = planner.trials_per_gpu(device, offer.gpu.memory_bytes)
+        plan = planner.TrialPlan(1, 1 / share, share, 0, 1, None, offer.gpu)
+    return tune.PlacementGroupFactory(plan_bundles(plan, sweep.cpus_per_trial))
