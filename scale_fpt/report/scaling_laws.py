@@ -56,13 +56,22 @@ def scaling_points(trials: pd.DataFrame, metric: str, best_lr: bool = False) -> 
         df = df[df["trial_id"].isin(ids)]
     else:
         df, _ = tables.fixed_lr(df)
-    df = df.assign(
-        error=1 - df["value"] / 100,
-        arm=df["init_label"] + " · " + df["finetune_label"],
-    )
     if "train_examples" not in df:
         df["train_examples"] = 0
-    return df[df["train_examples"].fillna(0) == 0] if not best_lr else df
+    df = df[df["train_examples"].fillna(0) == 0]
+    return df.assign(error=1 - df["value"] / 100, arm=arm_labels(df, best_lr))
+
+
+def arm_labels(df: pd.DataFrame, best_lr: bool = False) -> pd.Series:
+    """init · trained groups, plus every setting that varies within a task (so trials of
+    different budgets or rates are never pooled into one law). At the best rate, the rate
+    may vary with size by design."""
+    label = df["init_label"] + " · " + df["finetune_label"]
+    settings = ["batch_size", "max_steps", "weights"] + ([] if best_lr else ["lr"])
+    for key in settings:
+        varies = df.groupby(["task", "init_label", "finetune_label"])[key].transform("nunique") > 1
+        label = label.where(~varies, label + f" · {key}=" + df[key].astype(str))
+    return label
 
 
 def fit_arm(group: pd.DataFrame, axis: str, n_boot: int):
