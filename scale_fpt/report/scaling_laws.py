@@ -127,9 +127,9 @@ def law_table(points: pd.DataFrame, fits: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def exponent_table(fits: dict, pairs: list[tuple[str, str]], meaning) -> pd.DataFrame:
-    """alpha(a) - alpha(b) with its interval for each (task, axis) where both arms fitted;
-    ``meaning(lo, hi)`` reads the interval."""
+def exponent_table(fits: dict, pairs: list[tuple[str, str]], readings) -> pd.DataFrame:
+    """alpha(a) - alpha(b) with its interval for each (task, axis) where both arms fitted,
+    read with ``readings`` (``reading``)."""
     rows = []
     tasks = sorted({task for task, _, _ in fits})
     for task in tasks:
@@ -149,28 +149,29 @@ def exponent_table(fits: dict, pairs: list[tuple[str, str]], meaning) -> pd.Data
                             diff["estimate"], (diff["lo"], diff["hi"])
                         ),
                         "share of draws > 0": f"{diff['share_above_zero']:.2f}",
-                        "reading": meaning(diff["lo"], diff["hi"]),
+                        "reading": reading(diff["lo"], diff["hi"], readings),
                     }
                 )
     return pd.DataFrame(rows)
 
 
-def gap_meaning(lo: float, hi: float) -> str:
-    """alpha(pretrained) - alpha(random): a larger exponent means error falls faster."""
-    if lo > 0:
-        return "pretrained error falls faster with size: the gap grows"
-    if hi < 0:
-        return "random error falls faster with size: the gap shrinks"
-    return "interval includes 0: no detectable change of the gap with size"
+GAP_READINGS = (
+    "pretrained error falls faster with size: the gap grows",
+    "random error falls faster with size: the gap shrinks",
+    "interval includes 0: no detectable change of the gap with size",
+)
+"""Readings of alpha(pretrained) - alpha(random): above 0, below 0, either."""
+TUNING_READINGS = (
+    "frozen error falls faster with size",
+    "full fine-tuning error falls faster with size",
+    "interval includes 0: same rate",
+)
+"""Readings of alpha(frozen) - alpha(full)."""
 
 
-def tuning_meaning(lo: float, hi: float) -> str:
-    """alpha(frozen) - alpha(full)."""
-    if lo > 0:
-        return "frozen error falls faster with size"
-    if hi < 0:
-        return "full fine-tuning error falls faster with size"
-    return "interval includes 0: same rate"
+def reading(lo: float, hi: float, readings: tuple[str, str, str]) -> str:
+    """What an exponent difference's interval says (a larger alpha: error falls faster)."""
+    return readings[0] if lo > 0 else readings[1] if hi < 0 else readings[2]
 
 
 def arm_pairs(points: pd.DataFrame, column: str, first: str, second: str) -> list[tuple[str, str]]:

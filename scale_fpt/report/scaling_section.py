@@ -54,7 +54,7 @@ def section(doc, out: Path, trials: pd.DataFrame, metric: str, save_figure) -> N
     gaps = laws.arm_pairs(points, "init", "pretrained", "random")
     doc.heading(3, "Does the pretrained - random gap grow or shrink with scale?")
     doc.para("alpha(pretrained) - alpha(random): positive = the pretrained error falls faster.")
-    frame(doc, out, "scaling_gap", "", laws.exponent_table(fits, gaps, laws.gap_meaning))
+    frame(doc, out, "scaling_gap", "", laws.exponent_table(fits, gaps, laws.GAP_READINGS))
     for task in task_order(points["task"].unique()):
         fig, data = figs.gap_figure(points, fits, task, gaps)
         if len(data):
@@ -73,7 +73,7 @@ def section(doc, out: Path, trials: pd.DataFrame, metric: str, save_figure) -> N
         out,
         "scaling_frozen_full",
         "alpha(frozen) - alpha(full).",
-        laws.exponent_table(fits, tuning, laws.tuning_meaning),
+        laws.exponent_table(fits, tuning, laws.TUNING_READINGS),
     )
     doc.heading(3, "Held-out prediction of the largest size")
     doc.para(

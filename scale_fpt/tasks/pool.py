@@ -15,30 +15,12 @@ import copy
 import math
 
 import torch
-import torch.nn.functional as F
 
 from scale_fpt.tasks import epoch_indices
-from scale_fpt.tasks.base import Batch, Task
+from scale_fpt.tasks.base import Batch, Task, stack_batches
 
 POOL_BATCH = 64
 """Examples per underlying batch drawn while building the pool."""
-
-
-def concat_batches(batches: list[Batch]) -> Batch:
-    """Batches joined along the example axis, right-padded to the longest sequence."""
-    T = max(b.x.shape[1] for b in batches)
-    xs = [F.pad(b.x, [0, 0] * (b.x.dim() - 2) + [0, T - b.x.shape[1]]) for b in batches]
-    lengths = None
-    if any(b.lengths is not None for b in batches):
-        lengths = torch.cat(
-            [
-                b.lengths
-                if b.lengths is not None
-                else torch.full((len(b),), b.x.shape[1], device=b.x.device)
-                for b in batches
-            ]
-        )
-    return Batch(torch.cat(xs), torch.cat([b.y for b in batches]), lengths)
 
 
 class FixedPool(Task):
@@ -65,7 +47,7 @@ class FixedPool(Task):
                 source.train_batch(k, POOL_BATCH)
                 for k in range(math.ceil(self.examples / POOL_BATCH))
             ]
-            whole = concat_batches(batches)
+            whole = stack_batches(batches, join=torch.cat)
             rows = slice(0, self.examples)
             lengths = None if whole.lengths is None else whole.lengths[rows]
             self._pools[self.seed] = Batch(whole.x[rows], whole.y[rows], lengths)
