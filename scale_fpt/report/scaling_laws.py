@@ -90,9 +90,12 @@ def fit_arm(group: pd.DataFrame, axis: str, n_boot: int):
 
 
 def fit_all(points: pd.DataFrame, n_boot: int | None = None) -> dict:
-    """{(task, arm, axis): (fit or None, reason or None)} for every arm and axis."""
+    """{(task, arm, axis): (fit or None, reason or None)} for every arm run at two or more
+    model sizes (an arm of one size has no scaling to fit or to explain), on every axis."""
     out = {}
     for (task, arm), group in points.groupby(["task", "arm"], sort=True):
+        if group["total_params"].nunique() < 2:
+            continue
         for axis in AXES:
             out[(task, arm, axis)] = fit_arm(group, axis, n_boot or REPORT_BOOT)
     return out
