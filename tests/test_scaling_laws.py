@@ -181,3 +181,10 @@ def test_effective_data_transferred_recovers_a_planted_head_start():
     assert (
         table["fraction"].diff().dropna() < 0
     ).all()  # the head start matters less with more data
+
+
+def test_workers_give_the_same_intervals():
+    rows = seeded_rows(np.random.default_rng(8), lambda n: 30.0 * n**-0.25, sigma=0.1)
+    one = fit_scaling_law(rows, "error", "N", "power", groups="seed", n_boot=8)
+    two = fit_scaling_law(rows, "error", "N", "power", groups="seed", n_boot=8, workers=2)
+    np.testing.assert_array_equal(one.draws, two.draws)
