@@ -133,10 +133,41 @@ def keep_mask(keys: torch.Tensor, chunk: int, p: float, dtype: torch.dtype) -> t
     """A (len(keys) * chunk,) dropout mask of ``dtype`` on ``keys``' device, one chunk per
     key: ``scale`` where the draw's top 32 bits are at least round(p * 2^32), else 0, with
     ``scale = 1 / (1 - p_quantised)``: exactly the fused CPU kernel's mask for those keys."""
+    rows = torch.arange(len(keys), device=keys.device)
+    return keep_mask_rows(keys, rows, 1, chunk, p, dtype)
+
+
+def keep_mask_rows(
+    keys: torch.Tensor,
+    rows: torch.Tensor,
+    rows_per_key: int,
+    width: int,
+    p: float,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The mask (``keep_mask``'s values) of some rows of a logical (len(keys) *
+    ``rows_per_key``, ``width``) tensor split into one chunk of rows per key: (len(rows) *
+    ``width``,), row i of it being logical row ``rows[i]``. Element (r, c) of the logical
+    tensor is draw ``(r mod rows_per_key) * width + c`` of key ``r div rows_per_key``: a
+    computation over some rows (a model's read-out rows) draws exactly what the whole
+    tensor draws there, and one chunk's draws are that key's stream from its start."""
     threshold = round(p * 2**32)
     scale = 2**32 / (2**32 - threshold)
-    keep = Draws(keys, keys.device).high32(chunk).view(-1) >= threshold  # (C * chunk,)
+    counters = (rows % rows_per_key).unsqueeze(1) * width + torch.arange(width, device=rows.device)
+    # ~(c ^ -1) is c: bitwise ops keep torch.compile's inductor from folding counters made of
+    # aranges into an index expression, whose constants (width * GOLDEN) overflow int64.
+    counters = counters.bitwise_xor_(-1).bitwise_not_()
+    row_keys = keys.index_select(0, rows // rows_per_key).unsqueeze(1)  # (R, 1)
+    keep = _shift_right(splitmix64(row_keys, counters), 32).view(-1) >= threshold
     return keep.to(torch.float32).mul_(scale).to(dtype)  # scale rounded to float32 as there
 
 
-__all__ = ["Draws", "keep_mask", "mix64", "mix64_tensor", "splitmix64", "stream_key"]
+__all__ = [
+    "Draws",
+    "keep_mask",
+    "keep_mask_rows",
+    "mix64",
+    "mix64_tensor",
+    "splitmix64",
+    "stream_key",
+]

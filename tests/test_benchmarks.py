@@ -39,3 +39,24 @@ def test_end_to_end_benchmark_times_a_packed_grid_to_its_last_row():
     assert rows["device of the trials"] == "cpu"
     assert "pack 2, dropout=0;" in done.stdout
     assert "applies to issue 11's grid" in done.stdout and "no verdict" in done.stdout
+
+
+def test_attention_benchmark_runs_its_arms_in_tritons_interpreter():
+    """The plumbing of benchmarks/attention.py on a CPU (``--interpret``: the Triton kernel in
+    Triton's interpreter, tiny shapes): three arms timed, the kernel's output equal to the
+    materialised attention's. Its figures are GPU figures (docs/attention.md)."""
+    pytest.importorskip("triton")
+    command = [sys.executable, "benchmarks/attention.py", "--interpret"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {
+        cells[0]: cells[1:]
+        for line in done.stdout.splitlines()
+        if line.startswith("| ")
+        and len(cells := [c.strip() for c in line.strip("|").split("|")]) == 5
+    }
+    assert list(rows) == ["path", "triton (keyed)", "materialised (keyed)", "sdpa (unkeyed)"]
+    assert float(rows["triton (keyed)"][3]) < 1e-5
+    assert rows["materialised (keyed)"][1] == "1x"
+    assert "T 32, head size 16, float32, dropout 0.1, 2 member keys, device cpu" in done.stdout

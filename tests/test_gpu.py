@@ -1,8 +1,9 @@
 """GPU paths, on a CUDA GPU (`pytest -m gpu`); every test is skipped where CUDA is absent.
 
 A bf16 trial learns bit-xor; fp16 trains with DeepSpeed's loss scaling; a packed cohort
-compiled with torch.compile equals the unpacked trials; draws, batches and dropout masks
-equal the CPU ones; a cohort's training step never synchronises with the host; the custom attention equals SDPA on
+compiled with torch.compile equals the unpacked trials at dropout 0.1; draws, batches and
+dropout masks equal the CPU ones; the Triton attention kernel draws the CPU's masks and
+computes the CPU's attention, fp32 and bf16; a cohort's training step never synchronises with the host; the custom attention equals SDPA on
 CUDA; four trials share one GPU through fractional Ray resources; a trial spans two GPUs at
 ZeRO-3 (two GPUs and TrainConfig's ``workers`` needed).
 """
@@ -62,6 +63,9 @@ def test_fp16_trains_with_loss_scaling():
 
 
 def test_packed_compiled_cohort_equals_the_unpacked_trials(tiny_gpt2_dir):
+    """At dropout 0.1: the cohort's last block computes only the read-out rows, the engine's
+    GPT-2 all rows, and both draw the same masks for the rows read out (masks keyed on each
+    element's place among all tokens; both attentions run the Triton kernel)."""
     base = {**XOR, "model": tiny_gpt2_dir, "init": "pretrained", "dropout": 0.1}
     base.update(batch_size=4, max_steps=10, eval_every=5)
     members = [{"lr": 1e-3, "seed": 0}, {"lr": 3e-3, "seed": 1, "finetune": "input+output+ln"}]
@@ -101,6 +105,56 @@ def test_custom_attention_equals_sdpa_on_cuda():
     sdpa_grads = torch.autograd.grad(expected.sum(), (q, k, v))
     for mine, theirs in zip(grads, sdpa_grads, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "tolerance"),
+    [
+        (torch.float32, {"rtol": 0, "atol": 1e-5}),
+        # bf16 inputs, fp32 accumulation, probabilities rounded to bf16 for the products with
+        # v (flash attention's scheme), against the fp32 CPU attention of the same inputs
+        (torch.bfloat16, {"rtol": 2e-2, "atol": 3e-2}),
+    ],
+)
+def test_flash_attention_equals_the_cpu_attention(dtype, tolerance):
+    """The compiled Triton kernel draws the CPU's keyed masks (uint64 SplitMix64 on the GPU)
+    and computes the CPU's materialised attention, forward and backward, for all queries
+    and for read-out queries, across block edges (T = 200, blocks of 64)."""
+    from scale_fpt.models import ops
+    from scale_fpt.models.flash_attention import flash_attention
+
+    generator = torch.Generator().manual_seed(0)
+    N, H, T, hd = 4, 3, 200, 64
+    cpu = [torch.randn(N, H, T, hd, generator=generator).to(dtype) for _ in range(3)]
+    weights = torch.randn(N, H, T, hd, generator=generator)
+    positions = torch.tensor([[198, 199], [60, 64], [0, 0], [127, 199]])
+    index = positions[:, None, :, None].expand(-1, H, -1, hd)
+    seeds = [21, 22]
+    for chosen in (None, positions):
+        q_cpu = cpu[0] if chosen is None else cpu[0].gather(2, index)
+        exact = [t.float().requires_grad_() for t in (q_cpu, *cpu[1:])]
+        sites = ops.DropoutSites(ops.step_keys(seeds, 7))
+        expected = ops.causal_attention(*exact, 0.125, 0.1, chosen, sites)
+        w = weights if chosen is None else weights.gather(2, index)
+        expected_grads = torch.autograd.grad((expected * w).sum(), exact)
+        inputs = [t.cuda().requires_grad_() for t in (q_cpu, *cpu[1:])]
+        keys = ops.DropoutSites(ops.step_keys(seeds, 7).cuda()).next()
+        out = flash_attention(*inputs, 0.125, None if chosen is None else chosen.cuda(), keys, 0.1)
+        grads = torch.autograd.grad((out.float() * w.cuda()).sum(), inputs)
+        torch.testing.assert_close(out.float().cpu(), expected, **tolerance)
+        for mine, theirs in zip(grads, expected_grads, strict=True):
+            torch.testing.assert_close(mine.float().cpu(), theirs, **tolerance)
+
+
+def test_keyed_attention_on_cuda_takes_the_triton_kernel():
+    from scale_fpt.models import ops
+
+    q = torch.zeros(1, 1, 4, 8, device="cuda")
+    assert ops.FLASH
+    assert ops.attention_path(q, 0.1, keyed=True, chosen_queries=False) == "flash"
+    assert ops.attention_path(q, 0.0, keyed=False, chosen_queries=True) == "flash"
+    assert ops.attention_path(q, 0.1, keyed=False, chosen_queries=False) == "sdpa"
+    assert ops.attention_path(q, 0.0, keyed=False, chosen_queries=False) == "sdpa"
 
 
 def test_draws_batches_and_dropout_masks_are_the_cpu_ones():

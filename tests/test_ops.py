@@ -50,6 +50,46 @@ def test_torch_op_dropout_mask_is_the_fused_kernels_mask():
     assert ops.keyed_keep(ones, 0.1, [5]).unique().tolist() == [0.0, pytest.approx(scale)]
     bf16 = ops.keyed_keep(ones.bfloat16(), 0.1, [5])
     assert torch.equal(bf16 > 0, ops.keyed_keep(ones, 0.1, [5]) > 0)
+    # some rows of a logical (6, 50_001) tensor, two rows per seed, in member order
+    rows = ops.Rows(torch.tensor([0, 1, 3, 4, 5, 5]), 6)
+    fused = ops.fused_kernels().dropout_add(None, ones[: 6 * 50_001], 0.1, [5, 6, 7], *rows)
+    assert torch.equal(ops.keyed_keep(ones[: 6 * 50_001], 0.1, [5, 6, 7], rows), fused)
+
+
+def test_chosen_rows_draw_the_whole_tensors_mask(cpu_backend):
+    """Dropout over some rows of a tensor (``ops.Rows``) draws what dropout over the whole
+    tensor draws for those rows: the read-out rows of the last block get the masks of a
+    model computing every token."""
+    h, x = torch.randn(2, 2, 8, 32), torch.randn(2, 2, 8, 32)  # (members, B, T, d)
+    with ops.dropout_keys([11, 22], step=4):
+        whole = ops.add_dropout(h, x, 0.3)
+    positions = torch.tensor([[6, 7], [2, 3], [7, 7], [0, 5]])  # (K*B, k)
+    index = (positions + torch.arange(4)[:, None] * 8).view(-1)
+    pick = lambda t: t.reshape(-1, 32)[index]  # noqa: E731
+    with ops.dropout_keys([11, 22], step=4):
+        some = ops.add_dropout(pick(h), pick(x), 0.3, rows=ops.Rows(index, 32))
+    assert torch.equal(some, pick(whole))
+    assert (some == pick(h)).any() and (some != pick(h)).any()  # some elements dropped
+
+
+def test_chosen_queries_draw_the_attention_masks_of_all_queries(cpu_backend):
+    q, k, v = (torch.randn(4, 2, 12, 8) for _ in "qkv")
+    sites = lambda: ops.DropoutSites(ops.step_keys([3, 4], 9))  # noqa: E731
+    every = ops.causal_attention(q, k, v, 0.3, 0.2, sites=sites())
+    positions = torch.tensor([[10, 11], [3, 4], [0, 0], [7, 11]])
+    index = positions[:, None, :, None].expand(-1, 2, -1, 8)
+    some = ops.causal_attention(q.gather(2, index), k, v, 0.3, 0.2, positions, sites())
+    torch.testing.assert_close(some, every.gather(2, index), rtol=0, atol=1e-6)
+    undropped = ops.causal_attention(q.gather(2, index), k, v, 0.3, 0.0, positions)
+    assert not torch.allclose(some, undropped)
+
+
+def test_attention_path_on_a_cpu():
+    q = torch.zeros(1, 1, 4, 8)
+    assert ops.attention_path(q, 0.0, keyed=False, chosen_queries=False) == "sdpa"
+    assert ops.attention_path(q, 0.1, keyed=True, chosen_queries=False) == "materialised"
+    assert ops.attention_path(q, 0.1, keyed=False, chosen_queries=False) == "materialised"
+    assert ops.attention_path(q, 0.0, keyed=False, chosen_queries=True) == "materialised"
 
 
 def test_fused_dropout_mask_rate_independence_seed_and_threads():

@@ -1,5 +1,5 @@
 """Trial packing: a packed member trains exactly as the same trial alone (on DeepSpeed at
-dropout 0, and as a K = 1 cohort at the paper's dropout 0.1: keyed masks), diverges alone,
+dropout 0 and 0.1, and as a K = 1 cohort at the paper's dropout 0.1: keyed masks), diverges alone,
 resumes exactly, is grouped only with compatible trials, and a packed cohort run by Ray
 Tune writes every member's rows once."""
 
@@ -122,6 +122,18 @@ def test_packed_members_match_their_solo_runs_at_dropout(base):
     no_dropout, _ = run_alone(config({**at_dropout, "dropout": 0.0}, MEMBERS[0]))
     losses = [e.train_loss for e in cohort.members[0].state.history]
     assert losses != pytest.approx([e.train_loss for e in no_dropout.history], rel=RTOL)
+
+
+def test_packed_members_match_their_engine_runs_at_dropout(base):
+    """At dropout 0.1 a cohort's last block computes only the read-out rows, a DeepSpeed
+    engine's GPT-2 every row; masks keyed on each element's place among all tokens make
+    them draw the same masks for the rows read out, so the curves agree (the CPU twin of
+    the compiled-cohort GPU test)."""
+    at_dropout = {**base, "dropout": 0.1, "max_steps": 5, "eval_every": 1}
+    cohort = run_cohort(at_dropout, MEMBERS[:2])
+    for member in cohort.members:
+        engine, _ = run_alone(member.config, "engine")
+        assert_same_curve(member.state, engine)
 
 
 def test_a_diverging_member_ends_alone(base, solo):

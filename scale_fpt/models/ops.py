@@ -19,7 +19,9 @@ slower than its own composition. Here:
   bit; GELU is ``x sigmoid(u)`` in in-place passes.
 - on a GPU: torch's own kernels (``F.gelu``, SDPA; ``F.dropout`` when nothing keys the
   mask), and the torch-op keyed mask when something does, so a trial draws the same masks
-  on a GPU as on a CPU.
+  on a GPU as on a CPU; attention with keyed dropout or read-out queries runs the Triton
+  kernel of ``flash_attention``, which draws those masks inside (``attention_path``
+  chooses; docs/attention.md).
 
 Keyed masks: a step's keys are ``step_keys(member seeds, step)``, a (C,) int64 tensor made
 on the device, and a ``DropoutSites`` over them numbers the dropout calls of one forward
@@ -28,7 +30,9 @@ Python state, so ``torch.compile`` traces it into one graph and CUDA graphs can 
 or runs inside ``with dropout_keys(member_seeds, step)`` (the HF modules of a DeepSpeed
 trial, which take no extra argument). Either way every dropout call is a *site* (numbered in call order within the forward pass: the embedding,
 then per layer the attention probabilities and the two residual branches), and the mask of
-member m at a site is a function of (member m's dropout seed, step, site) alone. The leading
+member m at a site is a function of (member m's dropout seed, step, site) alone, drawn
+element by element over the tensor a model computing every token holds there (``Rows``:
+the last block's read-out rows draw what all rows draw for them). The leading
 dimension of the tensor is split into one equal chunk per member (a packed cohort's (K, ...)
 or (K*B, ...) layout, where a member's chunk is laid out as its tensor when it runs alone),
 so a packed member draws exactly the masks it draws alone: the fused kernel and the torch-op
@@ -46,16 +50,18 @@ import contextlib
 import contextvars
 import functools
 import hashlib
+import importlib.util
 import logging
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from scale_fpt.keyed_random import keep_mask, mix64_tensor
+from scale_fpt.keyed_random import keep_mask, keep_mask_rows, mix64_tensor
 
 GELU_C = 2.0 * math.sqrt(2.0 / math.pi)  # tanh(z) = 2 sigmoid(2z) - 1, z = sqrt(2/pi)(x + a x^3)
 GELU_A = 0.044715
@@ -64,6 +70,11 @@ TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 KERNEL_SOURCE = Path(__file__).parent / "csrc" / "fused_cpu.cpp"
 
 log = logging.getLogger(__name__)
+
+FLASH = os.environ.get("SCALE_FPT_FLASH", "1") != "0" and bool(importlib.util.find_spec("triton"))
+"""Whether the Triton attention kernel may run on a GPU: Triton is installed (a CUDA build of
+torch brings it) and ``SCALE_FPT_FLASH=0`` did not turn it off when this module loaded. (A
+constant: ``torch.compile`` reads it without tracing a call.)"""
 
 
 @functools.cache
@@ -185,20 +196,36 @@ def _global_seed() -> list[int]:
     return [int(torch.empty((), dtype=torch.int64).random_())]
 
 
+class Rows(NamedTuple):
+    """Where a dropout call's rows sit in the tensor its mask is keyed on: the call's tensor,
+    viewed as (len(index), width), is rows ``index`` of a logical (``total``, width) tensor,
+    split into one chunk of rows per member. Each element's draw is keyed on its logical
+    coordinates (``keyed_random.keep_mask_rows``), so a computation over some rows (the
+    last block's read-out rows) draws the masks the full computation draws for them."""
+
+    index: torch.Tensor  # (R,) int64 logical row of each row, in member order
+    total: int  # rows of the logical tensor
+
+
 class _FusedDropoutAdd(torch.autograd.Function):
     """``h + dropout(x)`` (``h`` may be None); the mask is recomputed from the seeds."""
 
     @staticmethod
-    def forward(ctx, h, x, p, seeds):
-        ctx.p, ctx.seeds, ctx.has_h = p, seeds, h is not None
-        kernels = fused_kernels()
-        return kernels.dropout_add(None if h is None else h.contiguous(), x.contiguous(), p, seeds)
+    def forward(ctx, h, x, p, seeds, rows):
+        ctx.p, ctx.seeds, ctx.rows, ctx.has_h = p, seeds, rows, h is not None
+        h = None if h is None else h.contiguous()
+        return fused_kernels().dropout_add(h, x.contiguous(), p, seeds, *_kernel_rows(rows))
 
     @staticmethod
     def backward(ctx, grad):
         grad = grad.contiguous()
-        grad_x = fused_kernels().dropout_add(None, grad, ctx.p, ctx.seeds)
-        return (grad if ctx.has_h else None), grad_x, None, None
+        grad_x = fused_kernels().dropout_add(None, grad, ctx.p, ctx.seeds, *_kernel_rows(ctx.rows))
+        return (grad if ctx.has_h else None), grad_x, None, None, None
+
+
+def _kernel_rows(rows: Rows | None) -> tuple[torch.Tensor | None, int]:
+    """The fused kernel's ``rows, total_rows`` arguments."""
+    return (None, 0) if rows is None else (rows.index.contiguous(), rows.total)
 
 
 class _FusedGelu(torch.autograd.Function):
@@ -215,10 +242,15 @@ class _FusedGelu(torch.autograd.Function):
 
 
 def dropout(
-    x: torch.Tensor, p: float, training: bool = True, sites: DropoutSites | None = None
+    x: torch.Tensor,
+    p: float,
+    training: bool = True,
+    sites: DropoutSites | None = None,
+    rows: Rows | None = None,
 ) -> torch.Tensor:
-    """``F.dropout`` with the fast CPU mask; keyed by ``sites`` or the live ``dropout_keys``."""
-    return _dropout_then_add(None, x, p, training, sites)
+    """``F.dropout`` with the fast CPU mask; keyed by ``sites`` or the live ``dropout_keys``
+    (``rows``: where x's rows sit in the tensor the mask is keyed on; None: x is all of it)."""
+    return _dropout_then_add(None, x, p, training, sites, rows)
 
 
 def add_dropout(
@@ -227,9 +259,10 @@ def add_dropout(
     p: float,
     training: bool = True,
     sites: DropoutSites | None = None,
+    rows: Rows | None = None,
 ) -> torch.Tensor:
     """The residual update ``h + dropout(x)`` in one pass over the rows."""
-    return _dropout_then_add(h, x, p, training, sites)
+    return _dropout_then_add(h, x, p, training, sites, rows)
 
 
 def _dropout_then_add(
@@ -238,6 +271,7 @@ def _dropout_then_add(
     p: float,
     training: bool,
     sites: DropoutSites | None,
+    rows: Rows | None = None,
 ) -> torch.Tensor:
     """``dropout(x)``, plus ``h`` unless it is None: the fused kernel for float32 on a CPU,
     the torch-op keyed mask otherwise; torch's kernel on a GPU when nothing keys the mask."""
@@ -249,19 +283,26 @@ def _dropout_then_add(
         return dropped if h is None else h + dropped
     if (h is None or h.shape == x.shape) and _fused(h, x):
         seeds = _global_seed() if keys is None else keys.tolist()  # CPU keys: no sync
-        return _FusedDropoutAdd.apply(h, x, p, seeds)
-    keep = keyed_keep(x, p, keys).view(x.shape)
+        return _FusedDropoutAdd.apply(h, x, p, seeds, rows)
+    keep = keyed_keep(x, p, keys, rows).view(x.shape)
     return x * keep if h is None else torch.addcmul(h, x, keep)
 
 
 def keyed_keep(
-    x: torch.Tensor, p: float, keys: torch.Tensor | Sequence[int] | None
+    x: torch.Tensor,
+    p: float,
+    keys: torch.Tensor | Sequence[int] | None,
+    rows: Rows | None = None,
 ) -> torch.Tensor:
     """The torch-op mask of ``x`` (flat): one chunk per key, ``keyed_random.keep_mask`` (the
     fused kernel's mask for those keys; None: one key drawn from torch's default
-    generator)."""
+    generator); with ``rows``, the mask of those rows of the logical tensor."""
     keys = torch.as_tensor(_global_seed() if keys is None else keys, dtype=torch.int64)
-    return keep_mask(keys.to(x.device), x.numel() // len(keys), p, x.dtype)
+    keys = keys.to(x.device)
+    if rows is None:
+        return keep_mask(keys, x.numel() // len(keys), p, x.dtype)
+    width = x.numel() // len(rows.index)
+    return keep_mask_rows(keys, rows.index, rows.total // len(keys), width, p, x.dtype)
 
 
 class _SigmoidGelu(torch.autograd.Function):
@@ -291,6 +332,30 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return _SigmoidGelu.apply(x)
 
 
+def attention_path(q: torch.Tensor, dropout_p: float, keyed: bool, chosen_queries: bool) -> str:
+    """Which kernel computes a causal attention: ``"sdpa"`` (torch's fused kernels: all
+    queries and no dropout, or unkeyed dropout on a GPU), ``"flash"`` (the Triton kernel of
+    ``flash_attention``, on a GPU where Triton is installed: keyed dropout or chosen
+    queries, at fused-attention memory) or ``"materialised"`` (the (N, H, Tq, T)
+    probabilities in torch ops: on a CPU, or without Triton)."""
+    dropping = dropout_p > 0.0
+    if not chosen_queries and (not dropping or (q.is_cuda and not keyed)):
+        return "sdpa"
+    if q.is_cuda and FLASH:
+        return "flash"
+    return "materialised"
+
+
+def attention_rows(query_positions: torch.Tensor, n_head: int, T: int) -> Rows:
+    """Where the attention probabilities of queries at ``query_positions`` (N, Tq) sit in the
+    (N, H, T, T) probabilities of all queries: rows (n, h, position) of (N H T, T)."""
+    N = query_positions.shape[0]
+    heads = torch.arange(n_head, device=query_positions.device)
+    batch = torch.arange(N, device=query_positions.device)
+    index = (batch[:, None, None] * n_head + heads[None, :, None]) * T + query_positions[:, None]
+    return Rows(index.reshape(-1), N * n_head * T)
+
+
 def causal_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -304,17 +369,41 @@ def causal_attention(
 
     ``query_positions`` (N, Tq): the positions of the queries among the T keys (a query
     attends to keys at or before its position); None: Tq == T and query i is at position i.
-    Dropout on the attention probabilities as in GPT-2.
+    Dropout on the attention probabilities as in GPT-2, keyed on each probability's place in
+    the (N, H, T, T) probabilities of all queries: chosen queries draw the masks all
+    queries draw for them. ``attention_path`` picks the kernel.
     """
-    T = k.shape[-2]
     # (``_KEYS`` is read only when a mask is drawn: torch.compile cannot trace the read.)
-    unkeyed = dropout_p > 0.0 and q.is_cuda and sites is None and _KEYS.get() is None
-    if query_positions is None and (dropout_p == 0.0 or unkeyed):
-        # torch's fused kernels (flash attention on a CPU too) when no CPU or keyed dropout
-        # is needed
+    keyed = dropout_p > 0.0 and (sites is not None or (q.is_cuda and _KEYS.get() is not None))
+    path = attention_path(q, dropout_p, keyed, query_positions is not None)
+    if path == "sdpa":
         return F.scaled_dot_product_attention(
             q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale
         )
+    if path == "flash":
+        from scale_fpt.models.flash_attention import flash_attention
+
+        keys = None
+        if dropout_p > 0.0:
+            keys = _site_keys(sites)
+            if keys is None:  # unkeyed: one key from torch's generator, drawn on the device
+                keys = torch.randint(0, 2**62, (1,), device=q.device)
+        return flash_attention(q, k, v, scale, query_positions, keys, dropout_p)
+    return materialised_attention(q, k, v, scale, dropout_p, query_positions, sites)
+
+
+def materialised_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    dropout_p: float = 0.0,
+    query_positions: torch.Tensor | None = None,
+    sites: DropoutSites | None = None,
+) -> torch.Tensor:
+    """``causal_attention`` through the (N, H, Tq, T) probabilities in torch ops (the CPU's
+    path; on a GPU, the reference the Triton kernel is measured against)."""
+    H, T = k.shape[1], k.shape[-2]
     keys = torch.arange(T, device=q.device)
     if query_positions is None:
         hidden = keys[None, :] > keys[:, None]  # (T, T): keys after the query
@@ -326,7 +415,8 @@ def causal_attention(
     probs = (scores - scores.detach().amax(-1, keepdim=True)).exp()
     probs = probs / probs.sum(-1, keepdim=True)
     if dropout_p > 0.0:
-        probs = dropout(probs, dropout_p, sites=sites)
+        rows = None if query_positions is None else attention_rows(query_positions, H, T)
+        probs = dropout(probs, dropout_p, sites=sites, rows=rows)
     return torch.matmul(probs, v)
 
 

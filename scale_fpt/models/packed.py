@@ -10,7 +10,9 @@
 A member's rows are one contiguous chunk of every activation (the member axis leads), laid
 out as its tensors are when it runs alone (K = 1): keyed dropout (``step_keys``: the
 members' keys of the step, passed to every dropout call through ``ops.DropoutSites``) then
-draws each member the masks it draws alone. The forward pass holds nothing but tensors and
+draws each member the masks it draws alone. The last block's masks are keyed on the
+read-out rows' places among all T tokens (``ops.Rows``), so they are the masks a model
+computing every token (a DeepSpeed engine's GPT-2) draws for those rows. The forward pass holds nothing but tensors and
 local Python state, so ``torch.compile`` traces it whole.
 """
 
@@ -211,6 +213,7 @@ class PackedFPT(nn.Module):
         hd = d // H
         train = self.training
         a = self._ln(h, p["ln_1_weight"][:, layer], p["ln_1_bias"][:, layer]).reshape(-1, d)
+        residual_rows = None  # where h's rows sit among all B*T rows (keys its dropout masks)
         if positions is None:
             qkv = torch.addmm(b_qkv, a, w_qkv).view(-1, T, 3, H, hd)  # one GEMM, all K
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (Ka*B, H, T, hd)
@@ -219,6 +222,7 @@ class PackedFPT(nn.Module):
             k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)
             rows = positions + torch.arange(0, len(positions) * T, T, device=h.device)[:, None]
             rows = rows.reshape(-1)  # (Ka*B*k,) rows of the read-out tokens
+            residual_rows = ops.Rows(rows, len(positions) * T)
             h = h.reshape(-1, d).index_select(0, rows).view(Ka, -1, d)
             q = torch.addmm(b_qkv[:d], a.index_select(0, rows), w_qkv[:, :d])
             q = q.view(len(positions), -1, H, hd).transpose(1, 2)  # (Ka*B, H, k, hd)
@@ -226,10 +230,10 @@ class PackedFPT(nn.Module):
             q, k, v, self.scales[layer], self.attn_p if train else 0.0, positions, sites
         )
         o = torch.addmm(b_o, o.transpose(1, 2).reshape(-1, d), w_o)
-        h = ops.add_dropout(h, o.view_as(h), self.resid_p, train, sites)
+        h = ops.add_dropout(h, o.view_as(h), self.resid_p, train, sites, residual_rows)
         a = self._ln(h, p["ln_2_weight"][:, layer], p["ln_2_bias"][:, layer]).reshape(-1, d)
         f = torch.addmm(b_p, self.act(torch.addmm(b_fc, a, w_fc)), w_p)
-        return ops.add_dropout(h, f.view_as(h), self.resid_p, train, sites)
+        return ops.add_dropout(h, f.view_as(h), self.resid_p, train, sites, residual_rows)
 
 
 def predicting_positions(

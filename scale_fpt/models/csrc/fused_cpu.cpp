@@ -5,14 +5,18 @@
 //
 //   gelu_forward(x) -> x * sigmoid(u),  u = C x (1 + A x^2)   (= 0.5 x (1 + tanh(u / 2)))
 //   gelu_backward(g, x) -> g * d/dx[x sigmoid(u)]             (sigmoid recomputed from x)
-//   dropout_add(h, x, p, seeds) -> h + x * keep_i / (1 - p)   (h optional)
+//   dropout_add(h, x, p, seeds, rows, total_rows) -> h + x * keep_i / (1 - p)   (h optional)
 //
 // x is split into len(seeds) equal consecutive chunks (one per member of a packed cohort);
 // keep_i of element i = c * chunk + j is drawn from a counter-based generator: SplitMix64's
 // output for state ``seeds[c]`` at step j + 1, kept when its top 32 bits are >=
 // round(p * 2^32). The mask of a chunk is a function of (its seed, j) alone: the same as
 // that member's mask when it runs alone, recomputed by the backward pass instead of stored,
-// and independent of the number of threads.
+// and independent of the number of threads. With ``rows``, x holds some rows of a logical
+// (total_rows, width) tensor: its row r is logical row L = rows[r], whose element c is draw
+// (L mod rows_per_seed) * width + c of seed L div rows_per_seed (rows_per_seed =
+// total_rows / len(seeds)), so computing only some rows draws what the whole tensor draws
+// there (keyed_random.keep_mask_rows).
 //
 // Loops are branch-free so the compiler vectorises them; target_clones builds AVX-512 and
 // AVX2 versions beside the baseline, chosen at load time for the machine it runs on.
@@ -20,6 +24,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -88,10 +93,10 @@ inline uint64_t splitmix64(uint64_t seed, uint64_t i) {
 }
 
 SCALE_FPT_CLONES
-void dropout_add_kernel(const float* h, const float* x, float* out, int64_t begin, int64_t end,
-                        uint64_t seed, uint64_t threshold, float scale) {
-  for (int64_t i = begin; i < end; i++) {
-    uint64_t draw = splitmix64(seed, static_cast<uint64_t>(i)) >> 32;
+void dropout_add_kernel(const float* h, const float* x, float* out, int64_t n,
+                        int64_t first_draw, uint64_t seed, uint64_t threshold, float scale) {
+  for (int64_t i = 0; i < n; i++) {
+    uint64_t draw = splitmix64(seed, static_cast<uint64_t>(first_draw + i)) >> 32;
     float keep = draw >= threshold ? scale : 0.0f;
     out[i] = (h ? h[i] : 0.0f) + x[i] * keep;
   }
@@ -128,7 +133,8 @@ at::Tensor gelu_backward(const at::Tensor& g, const at::Tensor& x) {
 }
 
 at::Tensor dropout_add(const c10::optional<at::Tensor>& h, const at::Tensor& x, double p,
-                       const std::vector<int64_t>& seeds) {
+                       const std::vector<int64_t>& seeds, const c10::optional<at::Tensor>& rows,
+                       int64_t total_rows) {
   check(x, "x");
   const int64_t chunks = static_cast<int64_t>(seeds.size());
   TORCH_CHECK(chunks > 0 && x.numel() % chunks == 0, "x of ", x.numel(),
@@ -146,10 +152,31 @@ at::Tensor dropout_add(const c10::optional<at::Tensor>& h, const at::Tensor& x, 
   auto out = at::empty_like(x);
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
+  if (rows.has_value()) {
+    TORCH_CHECK(rows->device().is_cpu() && rows->scalar_type() == at::kLong && rows->is_contiguous(),
+                "rows must be a contiguous int64 CPU tensor");
+    const int64_t n_rows = rows->numel();
+    TORCH_CHECK(n_rows > 0 && x.numel() % n_rows == 0 && total_rows % chunks == 0,
+                "x does not split into rows, or the logical rows into one chunk per seed");
+    const int64_t width = x.numel() / n_rows;
+    const int64_t rows_per_seed = total_rows / chunks;
+    const int64_t* rp = rows->data_ptr<int64_t>();
+    const int64_t grain = std::max<int64_t>(1, kGrain / width);
+    at::parallel_for(0, n_rows, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; r++) {
+        const int64_t row = rp[r], offset = r * width;
+        dropout_add_kernel(hp ? hp + offset : nullptr, xp + offset, op + offset, width,
+                           (row % rows_per_seed) * width,
+                           static_cast<uint64_t>(seeds[row / rows_per_seed]), threshold, scale);
+      }
+    });
+    return out;
+  }
   for (int64_t c = 0; c < chunks; c++) {
     const int64_t offset = c * chunk;
     at::parallel_for(0, chunk, kGrain, [&](int64_t begin, int64_t end) {
-      dropout_add_kernel(hp ? hp + offset : nullptr, xp + offset, op + offset, begin, end,
+      dropout_add_kernel(hp ? hp + offset + begin : nullptr, xp + offset + begin,
+                         op + offset + begin, end - begin, begin,
                          static_cast<uint64_t>(seeds[c]), threshold, scale);
     });
   }
@@ -162,5 +189,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gelu_forward", &gelu_forward, "x sigmoid(u): GPT-2's tanh-GELU");
   m.def("gelu_backward", &gelu_backward, "gradient of gelu_forward");
   m.def("dropout_add", &dropout_add, "h + dropout(x) with a counter-based mask",
-        pybind11::arg("h"), pybind11::arg("x"), pybind11::arg("p"), pybind11::arg("seeds"));
+        pybind11::arg("h"), pybind11::arg("x"), pybind11::arg("p"), pybind11::arg("seeds"),
+        pybind11::arg("rows") = pybind11::none(), pybind11::arg("total_rows") = 0);
 }

@@ -1,0 +1,180 @@
+"""Fused causal attention with keyed dropout: a flash-style Triton kernel, forward and backward.
+
+The materialised attention (``ops.causal_attention`` on a CPU) holds the (N, H, Tq, T)
+probabilities to drop them with a keyed mask; torch's fused kernels (SDPA) cannot take that
+mask. Here each program walks blocks of keys with an online softmax and never stores the
+probabilities: memory is O(N H T hd), and the dropout mask is drawn inside the kernel from
+the same counter-based generator as ``keyed_random.keep_mask_rows``:
+
+    element (n, h, query position i, key j) of a (N, H, T, T) logical probability tensor
+    split into one chunk of N / C batch rows per key: draw ((n mod N/C) H + h) T + i) T + j
+    of SplitMix64 with state keys[n div N/C], kept when its top 32 bits >= round(p 2^32),
+    scaled by 2^32 / (2^32 - round(p 2^32))
+
+(uint64 arithmetic, which wraps as the int64 torch ops do), so a packed member draws its solo
+masks, and computing only some queries (``positions``: the read-out rows) draws what the full
+computation draws for them. The backward pass recomputes the probabilities from the saved
+log-sum-exp and the mask from the keys (FlashAttention-2's scheme: one kernel for dK and dV
+over query blocks, one for dQ over key blocks, no atomics).
+
+The kernels are ``torch.library`` custom ops, so ``torch.compile`` treats them as opaque
+calls and CUDA graphs replay them (no host reads). On CPU tensors they run only under
+Triton's interpreter (``TRITON_INTERPRET=1`` set when ``flash_kernels`` is imported):
+numpy, slow, for checking them on small shapes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from scale_fpt.models import flash_kernels
+
+BLOCK = 64
+"""Query and key block size on a GPU (tests pass smaller ones to cross block edges)."""
+
+
+def _launch_args(q, k, v, positions, keys, scale, p, block):
+    """The arguments every kernel shares after its tensors, and the dropout switches."""
+    N, H, Tq, hd = q.shape
+    T = k.shape[-2]
+    threshold = round(p * 2**32)
+    keep_scale = 2**32 / (2**32 - threshold)
+    dropout = keys is not None and p > 0.0
+    rows_per_key = N // len(keys) if dropout else N  # no keys: every row reads the stand-in
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
+    scalars = (H, Tq, T, rows_per_key, scale, threshold, keep_scale)
+    meta = {
+        "HEAD_DIM": hd,
+        "BLOCK_D": max(16, triton.next_power_of_2(hd)),
+        "BLOCK_M": block,
+        "BLOCK_N": block,
+        "FULL": positions is None,
+        "DROPOUT": dropout,
+        "PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
+    }
+    return strides, scalars, meta
+
+
+def _pointers(q, positions, keys):
+    """Stand-ins for absent positions and keys (one element: the kernels read no positions
+    then, and load the keys' first element without using it)."""
+    empty = torch.zeros(1, dtype=torch.int64, device=q.device)
+    return (empty if positions is None else positions.contiguous()), (
+        empty if keys is None else keys
+    )
+
+
+def _check(q, k, v, positions, keys):
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("flash attention needs q, k, v with a contiguous last dimension")
+    if keys is not None and q.shape[0] % len(keys):
+        raise ValueError(f"{q.shape[0]} batch rows do not split into {len(keys)} key chunks")
+    if positions is None and q.shape[-2] != k.shape[-2]:
+        raise ValueError("without positions the queries must be all T positions")
+
+
+@torch.library.custom_op("scale_fpt::flash_attention_forward", mutates_args=())
+def flash_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor | None,
+    keys: torch.Tensor | None,
+    scale: float,
+    p: float,
+    block: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (N, H, Tq, hd), log-sum-exp (N, H, Tq) float32) of causal attention with keyed
+    dropout (see the module docstring)."""
+    _check(q, k, v, positions, keys)
+    N, H, Tq, hd = q.shape
+    out = torch.empty(N, H, Tq, hd, dtype=q.dtype, device=q.device)
+    lse = torch.empty(N, H, Tq, dtype=torch.float32, device=q.device)
+    strides, scalars, meta = _launch_args(q, k, v, positions, keys, scale, p, block)
+    pos, key_tensor = _pointers(q, positions, keys)
+    grid = (N * H, triton.cdiv(Tq, block))
+    flash_kernels.forward_kernel[grid](
+        q, k, v, out, lse, pos, key_tensor, *strides, *out.stride()[:3], *scalars, **meta
+    )
+    return out, lse
+
+
+@flash_forward.register_fake
+def _(q, k, v, positions, keys, scale, p, block):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("scale_fpt::flash_attention_backward", mutates_args=())
+def flash_backward(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    positions: torch.Tensor | None,
+    keys: torch.Tensor | None,
+    scale: float,
+    p: float,
+    block: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of ``flash_forward`` for the output gradient ``grad``."""
+    N, H, Tq, hd = q.shape
+    T = k.shape[-2]
+    grad = grad if grad.stride(-1) == 1 else grad.contiguous()
+    delta = (grad.float() * out.float()).sum(-1)  # (N, H, Tq): rowsum(dO * O)
+    dq = torch.empty(N, H, Tq, hd, dtype=torch.float32, device=q.device)
+    dk = torch.empty(N, H, T, hd, dtype=torch.float32, device=q.device)
+    dv = torch.empty_like(dk)
+    strides, scalars, meta = _launch_args(q, k, v, positions, keys, scale, p, block)
+    pos, key_tensor = _pointers(q, positions, keys)
+    tensors = (q, k, v, grad, lse, delta)
+    flash_kernels.key_grads_kernel[(N * H, triton.cdiv(T, block))](
+        *tensors, dk, dv, pos, key_tensor, *strides, *grad.stride()[:3], *scalars, **meta
+    )
+    flash_kernels.query_grads_kernel[(N * H, triton.cdiv(Tq, block))](
+        *tensors, dq, pos, key_tensor, *strides, *grad.stride()[:3], *scalars, **meta
+    )
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+@flash_backward.register_fake
+def _(grad, q, k, v, out, lse, positions, keys, scale, p, block):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, positions, keys, scale, p, block = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, positions, keys)
+    ctx.scale, ctx.p, ctx.block = scale, p, block
+
+
+def _backward(ctx, grad, grad_lse):
+    q, k, v, out, lse, positions, keys = ctx.saved_tensors
+    dq, dk, dv = flash_backward(
+        grad, q, k, v, out, lse, positions, keys, ctx.scale, ctx.p, ctx.block
+    )
+    return dq, dk, dv, None, None, None, None, None
+
+
+flash_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    positions: torch.Tensor | None = None,
+    keys: torch.Tensor | None = None,
+    p: float = 0.0,
+    block: int = BLOCK,
+) -> torch.Tensor:
+    """Causal attention, q (N, H, Tq, hd), k and v (N, H, T, hd) -> (N, H, Tq, hd), with
+    dropout ``p`` on the probabilities keyed on ``keys`` ((C,) int64, one per chunk of N / C
+    batch rows; None: no dropout). ``positions`` (N, Tq) int64: the queries' positions among
+    the keys; None: Tq == T, query i at position i."""
+    out, _ = flash_forward(q, k, v, positions, keys, scale, p, block)
+    return out

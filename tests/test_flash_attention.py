@@ -1,0 +1,165 @@
+"""The Triton attention kernel (scale_fpt.models.flash_attention) in Triton's interpreter on
+the CPU: its in-kernel dropout mask is keyed_random's, bit for bit; forward and backward
+equal the materialised attention (fp32 to 1e-5); chosen queries (the read-out rows) draw
+the masks all queries draw; torch.compile traces it whole. Skipped where Triton is not
+installed. GPU runs of the compiled kernel, bf16 included (Triton 3.6's interpreter
+multiplies bf16 tiles wrongly in ``tl.dot``), are in test_gpu.py.
+
+Triton decides at its own import whether kernels are interpreted, so these tests run in a
+child pytest with ``TRITON_INTERPRET=1`` (``test_kernels_in_tritons_interpreter``); in
+any other process they are skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from scale_fpt.keyed_random import keep_mask_rows
+from scale_fpt.models import ops
+
+BLOCK = 16  # small blocks: 40 positions cross block edges, a head size of 8 pads to 16
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+interpreted = pytest.mark.skipif(
+    not INTERPRETING, reason="runs in the TRITON_INTERPRET=1 child of the next test"
+)
+
+
+@pytest.mark.skipif(INTERPRETING, reason="the child itself")
+def test_kernels_in_tritons_interpreter():
+    child = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
+    assert "\n6 passed, 1 skipped in" in child.stdout  # every check ran
+
+
+@pytest.fixture
+def flash():
+    from scale_fpt.models.flash_attention import flash_attention
+
+    return flash_attention
+
+
+def qkv(N=4, H=2, T=40, hd=8, dtype=torch.float32, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(N, H, T, hd, generator=generator).to(dtype).requires_grad_() for _ in range(3)
+    ]
+
+
+def materialised(q, k, v, p, keys, positions=None):
+    """``ops.causal_attention``'s materialised path with dropout keyed on ``keys``."""
+    sites = ops.DropoutSites(keys)
+    site = sites.site
+    out = ops.causal_attention(q, k, v, 0.3, p, positions, sites)
+    assert sites.site == site + 1
+    return out
+
+
+def site_keys(member_seeds, step=3):
+    """The keys of the first dropout site of a step (what the kernel is given)."""
+    return ops.DropoutSites(ops.step_keys(member_seeds, step)).next()
+
+
+def grads(out, inputs, seed=1):
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
+    return torch.autograd.grad((out.float() * weights).sum(), inputs)
+
+
+@interpreted
+def test_no_dropout_equals_sdpa_forward_and_backward(flash):
+    q, k, v = qkv(N=2)
+    ours = flash(q, k, v, 0.3, block=BLOCK)
+    theirs = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+    for a, b in zip(grads(ours, (q, k, v)), grads(theirs, (q, k, v)), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+@interpreted
+def test_in_kernel_mask_is_keyed_randoms_mask_bit_for_bit(flash):
+    """With v the identity, the output is the dropped probabilities: its zeros among the
+    visible keys are exactly the dropped elements of keep_mask_rows over (N, H, T, T),
+    one chunk of batch rows per member key."""
+    N, H, T = 4, 2, 24
+    q, k, _ = qkv(N=N, H=H, T=T, hd=T)  # head size T (padded to 32 in the kernel)
+    v = torch.eye(T).expand(N, H, T, T).contiguous()
+    keys = site_keys([11, 22])  # two members, two batch rows each
+    for p in (0.1, 0.6):
+        out = flash(q, k, v, 0.3, keys=keys, p=p, block=BLOCK).detach()
+        rows = torch.arange(N * H * T)
+        keep = keep_mask_rows(keys, rows, N * H * T // 2, T, p, torch.float32).view(N, H, T, T)
+        visible = torch.ones(T, T, dtype=torch.bool).tril()
+        assert torch.equal((out != 0)[..., visible], (keep != 0)[..., visible])
+        assert (out[..., ~visible] == 0).all()
+        assert 0.0 < (keep[..., visible] == 0).double().mean() < 1.0
+
+
+@interpreted
+def test_keyed_dropout_equals_the_materialised_attention(flash):
+    q, k, v = qkv(T=17)  # two blocks, the second partial
+    keys = site_keys([5, 6])
+    ours = flash(q, k, v, 0.3, keys=keys, p=0.1, block=BLOCK)
+    theirs = materialised(q, k, v, 0.1, ops.step_keys([5, 6], 3))
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+    for a, b in zip(grads(ours, (q, k, v)), grads(theirs, (q, k, v)), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+@interpreted
+def test_read_out_queries_draw_the_full_computations_masks(flash):
+    """Queries at chosen positions (the last block's read-out rows, padding included) equal
+    those rows of all queries, in the kernel and in the materialised path alike."""
+    q, k, v = qkv()
+    keys = site_keys([5, 6])
+    positions = torch.tensor([[38, 39], [3, 4], [0, 0], [20, 39]])
+    index = positions[:, None, :, None].expand(-1, 2, -1, 8)
+    picked = q.detach().gather(2, index).requires_grad_()
+    full = flash(q, k, v, 0.3, keys=keys, p=0.1, block=BLOCK)
+    some = flash(picked, k, v, 0.3, positions, keys, p=0.1, block=BLOCK)
+    torch.testing.assert_close(some, full.gather(2, index), rtol=0, atol=1e-6)
+    theirs = materialised(picked, k, v, 0.1, ops.step_keys([5, 6], 3), positions)
+    torch.testing.assert_close(some, theirs, rtol=0, atol=1e-5)
+    for a, b in zip(grads(some, (picked, k, v)), grads(theirs, (picked, k, v)), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+@interpreted
+def test_compiles_whole_as_an_opaque_op(flash, monkeypatch):
+    """``torch.compile`` traces ``ops.causal_attention`` on the kernel's path into one graph
+    (the kernels are custom ops with fake implementations), forward and backward."""
+    monkeypatch.setattr(ops, "attention_path", lambda *args: "flash")
+    q, k, v = qkv(N=2, H=1, T=16, hd=16)
+    keys = ops.step_keys([1, 2], 3)
+
+    def attention(q, k, v, keys):
+        return ops.causal_attention(q, k, v, 0.3, 0.1, None, ops.DropoutSites(keys))
+
+    compiled = torch.compile(attention, backend="aot_eager", fullgraph=True)(q, k, v, keys)
+    eager = attention(q, k, v, keys)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    for a, b in zip(grads(compiled, (q, k, v)), grads(eager, (q, k, v)), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    forward = torch.ops.scale_fpt.flash_attention_forward.default
+    args = (q.detach(), k.detach(), v.detach(), None, keys, 0.3, 0.1, 16)
+    torch.library.opcheck(forward, args, test_utils=("test_schema", "test_faketensor"))
+
+
+@interpreted
+def test_bad_input_is_refused(flash):
+    q, k, v = qkv(N=3)
+    with pytest.raises(ValueError, match="do not split into 2 key chunks"):
+        flash(q, k, v, 0.3, keys=site_keys([1, 2]), p=0.1, block=BLOCK)
+    with pytest.raises(ValueError, match="contiguous last dimension"):
+        flash(q.transpose(-1, -2), k, v, 0.3, block=BLOCK)
