@@ -355,9 +355,8 @@ def estimate(df, y, xs, law, groups, n_boot, level, huber_delta, strata, starts,
             "(L-BFGS-B); the data may not follow this form"
         )
     theta, loss = best
-    units = (
-        pd.factorize(df[groups])[0] if groups else np.arange(len(df))
-    )  # codes, not labels: any dtype
+    # integer codes of the groups (any dtype of labels); each row its own unit without groups
+    units = pd.factorize(df[groups])[0] if groups else np.arange(len(df))
     layout = resample_plan(X, units, strata)
     rng = np.random.default_rng(seed)
     resamples = [draw_resample(layout, log_y, rng) for _ in range(n_boot)]
