@@ -90,8 +90,7 @@ def pretrain_ladder(models) -> None:
 
     for model in models:
         if model in LADDER_PRESETS:
-            path = ensure_backbone(model, "language", steps=LADDER_PRETRAIN_STEPS)
-            print(f"[scale-fpt] local language backbone for {model}: {path}")
+            ensure_backbone(model, "language", steps=LADDER_PRETRAIN_STEPS)
 
 
 def main(argv=None) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import NullFormatter
 
 from scale_fpt.report.figures import panels
 from scale_fpt.report.published import TASK_TITLES
@@ -71,6 +72,9 @@ def law_figure(points: pd.DataFrame, fits: dict, checks: dict, task: str, title:
                 drawn.append(check.rows.assign(task=task, arm=arm, axis=axis, kind="held-out"))
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide within a decade
+        if len(rows):  # the data's range: a band far outside it would flatten the points
+            ax.set_ylim(rows["error"].min() / 2, rows["error"].max() * 2)
         ax.set_xlabel(AXIS_UNITS[axis])
         ax.set_ylabel("test error (1 - accuracy, log)")
         ax.set_title(f"{TASK_TITLES.get(task, task)}: {title}", fontsize=9)
@@ -113,8 +117,13 @@ def gap_figure(points: pd.DataFrame, fits: dict, task: str, pairs: list[tuple[st
         drawn.append(
             frame.assign(task=task, pair=label, gap=r_point - p_point, lo=lo, hi=hi, kind="fit")
         )
+    if drawn:  # the measured gaps' range: the band can widen far beyond it
+        seeds = pd.concat([d for d in drawn if d["kind"].iloc[0] == "seeds"])
+        margin = float((seeds["gap"].abs() + 2 * seeds["se"]).max())
+        ax.set_ylim(min(0.0, seeds["gap"].min()) - margin, seeds["gap"].max() + margin)
     ax.axhline(0, color="k", lw=0.6)
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(AXIS_UNITS["total_params"])
     ax.set_ylabel("error gap: random - pretrained")
     ax.set_title(

@@ -261,5 +261,7 @@ def curve_frame(fit, xs: np.ndarray) -> pd.DataFrame:
 
 
 def grid(values) -> np.ndarray:
+    """x values to draw a law at: the data's range and half as far again beyond the largest
+    (the direction a scaling law is read in); below the smallest x a band only widens."""
     low, high = float(np.min(values)), float(np.max(values))
-    return np.geomspace(low / 1.5, high * 1.5, 60)
+    return np.geomspace(low, high * 1.5, 60)
