@@ -186,7 +186,8 @@ class ScalingFit:
     """Coverage of the intervals (0.95)."""
     goodness: dict
     """n, n_params, loss (mean Huber / delta), rmse_log, r2_log, mape, n_boot, n_failed,
-    strata, units, at_bound (parameters on a bound of the search box)."""
+    strata, units, x_range ({column: (min, max)}), at_bound (parameters on a bound of the
+    search box)."""
     theta: np.ndarray = field(repr=False)
     """The point estimate in the law's coordinates (``laws`` module docstring)."""
     draws: np.ndarray = field(repr=False)
@@ -385,6 +386,7 @@ def estimate(df, y, xs, law, groups, n_boot, level, huber_delta, strata, starts,
         "n_boot": n_boot,
         "n_failed": failed,
         "strata": len(layout),
+        "x_range": {c: (float(X[:, i].min()), float(X[:, i].max())) for i, c in enumerate(xs)},
         "units": int(units.max() + 1),
         "at_bound": [
             law.params[i]

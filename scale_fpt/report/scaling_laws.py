@@ -155,21 +155,49 @@ def exponent_table(fits: dict, pairs: list[tuple[str, str]], readings) -> pd.Dat
                         "reading": reading(diff["lo"], diff["hi"], readings),
                     }
                 )
+                if readings is GAP_READINGS:
+                    change, lo, hi = gap_change(fa, fb)
+                    rows[-1]["gap change, smallest to largest size"] = interval_text(
+                        change, (lo, hi)
+                    )
+                    rows[-1]["gap reading"] = reading(lo, hi, GAP_CHANGE_READINGS)
     return pd.DataFrame(rows)
 
 
 GAP_READINGS = (
-    "pretrained error falls faster with size: the gap grows",
-    "random error falls faster with size: the gap shrinks",
-    "interval includes 0: no detectable change of the gap with size",
+    "pretrained error falls faster towards its floor (larger alpha)",
+    "random error falls faster towards its floor (larger alpha)",
+    "interval includes 0: the same rate",
 )
-"""Readings of alpha(pretrained) - alpha(random): above 0, below 0, either."""
+"""Readings of alpha(pretrained) - alpha(random): above 0, below 0, either. Whether the
+gap itself grows also depends on the floors: ``gap_change`` measures it."""
 TUNING_READINGS = (
     "frozen error falls faster with size",
     "full fine-tuning error falls faster with size",
     "interval includes 0: same rate",
 )
 """Readings of alpha(frozen) - alpha(full)."""
+GAP_CHANGE_READINGS = (
+    "the gap grows with size",
+    "the gap shrinks with size",
+    "interval includes 0: no detectable change of the gap",
+)
+"""Readings of the fitted gap's change from the smallest to the largest size."""
+
+
+def gap_change(a, b, level: float = 0.95) -> tuple[float, float, float]:
+    """Change of the fitted gap (b - a, e.g. random - pretrained error) from the smallest to
+    the largest x both fits share, with the percentile interval of paired bootstrap draws."""
+    (column,) = a.x
+    low = max(a.goodness["x_range"][column][0], b.goodness["x_range"][column][0])
+    high = min(a.goodness["x_range"][column][1], b.goodness["x_range"][column][1])
+    frame = pd.DataFrame({column: [low, high]})
+    (pa_, boot_a), (pb_, boot_b) = a.curves(frame), b.curves(frame)
+    n = min(len(boot_a), len(boot_b))
+    gap = boot_b[:n] - boot_a[:n]
+    change = gap[:, 1] - gap[:, 0]
+    lo, hi = np.quantile(change, [(1 - level) / 2, (1 + level) / 2])
+    return float((pb_[1] - pa_[1]) - (pb_[0] - pa_[0])), float(lo), float(hi)
 
 
 def reading(lo: float, hi: float, readings: tuple[str, str, str]) -> str:

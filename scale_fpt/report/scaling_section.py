@@ -53,7 +53,12 @@ def section(doc, out: Path, trials: pd.DataFrame, metric: str, save_figure) -> N
         )
     gaps = laws.arm_pairs(points, "init", "pretrained", "random")
     doc.heading(3, "Does the pretrained - random gap grow or shrink with scale?")
-    doc.para("alpha(pretrained) - alpha(random): positive = the pretrained error falls faster.")
+    doc.para(
+        "alpha(pretrained) - alpha(random): positive = the pretrained error falls faster "
+        "towards its floor. The gap itself (random - pretrained error) also depends on the "
+        "floors: its fitted change from the smallest to the largest size, with a paired "
+        "bootstrap interval, says whether it grows."
+    )
     frame(doc, out, "scaling_gap", "", laws.exponent_table(fits, gaps, laws.GAP_READINGS))
     for task in task_order(points["task"].unique()):
         fig, data = figs.gap_figure(points, fits, task, gaps)
