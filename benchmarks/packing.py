@@ -46,6 +46,30 @@ import torch  # noqa: E402
 
 TARGET_TINY_SPEEDUP = 5.0
 TARGET_MFU = 0.8
+TARGET_PLANNED = {"trial-steps/s": 5000.0, "vs K=1 cohort": 100.0}
+"""Issue 20, gpt2 on bit-xor and bit-memory with K from the memory plan (``--k plan``): the
+packed cohort's trial-steps/s, and its ratio to one trial per GPU (the K = 1 cohort, what a
+packable trial alone runs)."""
+PLANNED_TASKS = ("bit-xor", "bit-memory")
+
+
+def planned_k(model: str, task: str, batch: int, dropout: float, procs: int) -> int:
+    """K of ``--k plan``: the members that fit beside one frozen body in this device's
+    memory (a GPU's, or the host's RAM on a CPU) shared by ``procs`` processes, by the
+    planner's count (``packing.cohort_memory_parts``, ``scaling.members_that_fit``): what
+    ``--pack auto`` would put in one cohort."""
+    import psutil
+
+    from scale_fpt import planner, scaling
+    from scale_fpt.packing import cohort_memory_parts
+
+    member = member_configs(model, task, 1, batch, dropout)[0].to_flat()
+    if h.CUDA:
+        device = torch.cuda.get_device_properties(0).total_memory
+    else:
+        device = psutil.virtual_memory().total
+    parts = cohort_memory_parts(member, h.CUDA and planner.gpu_fuses_attention())
+    return max(1, scaling.members_that_fit(*parts, device // procs))
 
 
 def member_configs(
@@ -120,7 +144,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="gpt2-tiny,gpt2")
     parser.add_argument("--tasks", default="bit-xor,cifar10")
-    parser.add_argument("--k", default="1,4,16")
+    parser.add_argument(
+        "--k", default="1,4,16", help="cohort sizes; 'plan': the memory plan's K on this device"
+    )
+    parser.add_argument("--max-k", type=int, default=0, help="cap on --k plan (0: none)")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--dropout", type=float, default=0.1, help="backbone dropout (paper 0.1)")
     parser.add_argument("--steps", type=int, default=30, help="timed steps")
@@ -159,6 +186,7 @@ def main(argv=None) -> int:
     print()
     rows = []
     figures = []  # (model, task, K, speed-up, packed FLOP/s) for the targets
+    planned = []  # (task, K, trial-steps/s, vs K=1 cohort) of gpt2 at the plan's K
     for model in args.models.split(","):
         steps = args.steps if model == "gpt2-tiny" else args.big_steps
         for task in args.tasks.split(","):
@@ -169,14 +197,19 @@ def main(argv=None) -> int:
             k1_rate = sum(1 / m for m in k1)
             one = member_configs(model, task, 1, args.batch_size, args.dropout)[0]
             flops = h.flops_per_step(one)
-            for k in (int(v) for v in args.k.split(",")):
+            for k_text in args.k.split(","):
+                if k_text == "plan":
+                    k = planned_k(model, task, args.batch_size, args.dropout, procs)
+                    k = min(k, args.max_k) if args.max_k else k
+                else:
+                    k = int(k_text)
                 medians = k1 if k == 1 else side_by_side(True, model, task, k, *common)
                 rate = sum(k / m for m in medians)
                 rows.append(
                     {
                         "model": model,
                         "task": task,
-                        "K": k,
+                        "K": f"{k} (plan)" if k_text == "plan" else k,
                         "packed ms/step": f"{statistics.median(medians) * 1e3:.1f}",
                         "packed trial-steps/s": f"{rate:.3g}",
                         "packed MFU": rate * flops,  # FLOP/s, divided by the peak below
@@ -187,6 +220,8 @@ def main(argv=None) -> int:
                     }
                 )
                 figures.append((model, task, k, rate / solo_rate, rate * flops))
+                if k_text == "plan" and model == "gpt2" and task in PLANNED_TASKS:
+                    planned.append((task, k, rate, rate / k1_rate))
                 print(f"  done {model} {task} K={k}: {rate / solo_rate:.2f}x", file=sys.stderr)
     rounds_end, _ = h.matmul_rounds(args.peak_seconds)
     peaks = h.Peaks(statistics.median(rounds_start + rounds_end), how + ", before and after")
@@ -202,6 +237,10 @@ def main(argv=None) -> int:
             h.print_target("gpt2-tiny bit-xor K=16 speed-up", speedup, TARGET_TINY_SPEEDUP, ".2f")
         if k == 16 and model == "gpt2":
             h.print_target(f"gpt2 {task} K=16 packed MFU", flop_rate / peak, TARGET_MFU, ".1%")
+    for task, k, rate, ratio in planned:
+        what = f"gpt2 {task} K={k} (memory plan)"
+        h.print_target(f"{what} trial-steps/s", rate, TARGET_PLANNED["trial-steps/s"], ".0f")
+        h.print_target(f"{what} vs one K=1 cohort", ratio, TARGET_PLANNED["vs K=1 cohort"], ".1f")
     return 0
 
 

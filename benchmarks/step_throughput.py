@@ -39,6 +39,15 @@ from scale_fpt.config import COMPILE_MODES  # noqa: E402
 
 TARGET_MFU = 0.8
 TARGET_DATA_SHARE = 0.05
+TARGET_STEPS_PER_S = {("gpt2", "bit-xor", "fpt", 4): 300.0}
+"""Issue 20: steps/s of one unpacked trial (the K = 1 cohort, ``packed`` path, what a
+packable trial alone runs), keyed (model, task, finetune, batch)."""
+TARGET_PATH_MFU = {
+    ("gpt2-medium", "cifar10-lra", "fpt", 16): 0.5,
+    ("gpt2-medium", "cifar10-lra", "full", 16): 0.4,
+}
+"""Issue 20: MFU of every path of a row keyed (model, task, finetune, batch), bf16 on the
+lent H100 (published dense peak as the denominator)."""
 
 
 def run_trial_path(config, task, steps: int, warmup: int) -> tuple[float, int]:
@@ -125,6 +134,7 @@ def main(argv=None) -> int:
     rows = []
     data_shares = {}  # (model, task) -> largest share of a step spent making its batch
     frozen_mfu = []  # (path, MFU) of frozen gpt2 on 64 tokens, for the target
+    targets = []  # (what, value, target) of issue 20's rows
     for model in args.models.split(","):
         for task_name in args.tasks.split(","):
             batch = (
@@ -165,6 +175,12 @@ def main(argv=None) -> int:
                         data_shares[key] = max(data_shares.get(key, 0), data_seconds / seconds)
                     if model == "gpt2" and task.spec.n_tokens == 64 and finetune == "fpt":
                         frozen_mfu.append((path, mfu))
+                    key = (model, task_name, finetune, batch)
+                    label = f"{model} {task_name} {finetune} batch {batch}, {path} path"
+                    if key in TARGET_STEPS_PER_S and path == "packed":
+                        targets.append((f"{label}: steps/s", 1 / seconds, TARGET_STEPS_PER_S[key]))
+                    if key in TARGET_PATH_MFU:
+                        targets.append((f"{label}: MFU", mfu, TARGET_PATH_MFU[key]))
                     of_matmul = {"of matmul": f"{flops / seconds / peaks.measured:.1%}"}
                     rows.append(
                         {
@@ -175,6 +191,7 @@ def main(argv=None) -> int:
                             "path": path,
                             "batch": batch,
                             "ms/step": f"{seconds * 1e3:.1f}",
+                            "steps/s": f"{1 / seconds:.3g}",
                             "tokens/s": h.si(tokens / seconds),
                             "FLOP/step": h.si(flops),
                             "FLOP/s": h.si(flops / seconds),
@@ -208,6 +225,8 @@ def main(argv=None) -> int:
     print("attention full; checked against torch's FlopCounterMode in tests/test_flops.py).")
     for path, mfu in frozen_mfu:
         h.print_target(f"frozen gpt2, 64 tokens, {path} path: MFU", mfu, TARGET_MFU, ".1%")
+    for what, value, target in targets:
+        h.print_target(what, value, target, ".1%" if "MFU" in what else ".1f")
     for (model, task_name), share in data_shares.items():
         what = f"{model} {task_name}: share of the step making data"
         h.print_target(what, share, TARGET_DATA_SHARE, ".1%", at_most=True)

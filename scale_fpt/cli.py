@@ -16,7 +16,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from scale_fpt.config import CONCERNS, FIELD_TYPES, ConfigError, TrialConfig, flag
+from scale_fpt.config import CONCERNS, FIELD_TYPES, ConfigError, TrialConfig, flag, shape_init
 
 EXIT_BAD_INPUT = 2
 ALIASES = {"max_steps": ["--steps"]}
@@ -57,7 +57,7 @@ def add_trial_flags(parser: argparse.ArgumentParser) -> None:
                 dest=f.name,
                 default=None,
                 metavar=type(default).__name__.upper(),
-                help=f"{doc} (default: {default!r})",
+                help=f"{doc} (default: {default!r})".replace("%", "%%"),  # argparse formats %
             )
 
 
@@ -130,6 +130,12 @@ def build_parser() -> Parser:
     )
     report.add_argument(
         "--no-attention", action="store_true", help="skip the attention maps of checkpoints"
+    )
+    report.add_argument(
+        "--pool",
+        action="store_true",
+        help="pool the trials of every sweep into shared cells (default: a sweep's trials are "
+        "never pooled with another's; pooled seeds may repeat and share random streams)",
     )
     return parser
 
@@ -316,13 +322,13 @@ def plan(config: TrialConfig, placement) -> int:
     import torch
 
     from scale_fpt import planner
-    from scale_fpt.models import build_model
+    from scale_fpt.models import build_model, empty_groups, family_name
     from scale_fpt.tasks import task_spec
     from scale_fpt.tasks.preprocessing import preprocessing
     from scale_fpt.trial import step_flops
 
     spec = task_spec(config.task)
-    architecture = config.replace(init="random")
+    architecture = config.replace(init=shape_init(config.model.init))
     with torch.device("meta"):
         built = build_model(architecture, spec)
     train = config.train
@@ -331,6 +337,7 @@ def plan(config: TrialConfig, placement) -> int:
         planner.model_shape(config), train.precision, train.batch_size, train.zero_stage
     )
     memory, activations = one.weights + one.gradients + one.optimizer, one.activations
+    attention = one.attention
     print(f"{'group':<10}{'trainable':>16}{'frozen':>16}{'total':>16}")
     for group, count in built.counts.items():
         frozen = count["total"] - count["trainable"]
@@ -338,6 +345,10 @@ def plan(config: TrialConfig, placement) -> int:
     total, trainable = built.total_params, built.trainable_params
     print(f"{'all':<10}{trainable:>16,}{total - trainable:>16,}{total:>16,}")
     print(f"trained groups: {'+'.join(built.trained_groups)} ({100 * trainable / total:.3f}%)")
+    empty = empty_groups(built, config.model.init)
+    print(f"family: {family_name(built, config.model.init)}")
+    for group, why in empty.items():
+        print(f"empty group {group}: {why}")
     print(f"sequence: {spec.n_tokens} tokens; batch {train.batch_size}")
     if "pos" in built.counts and built.d_model:
         rows = built.counts["pos"]["total"] // built.d_model
@@ -347,7 +358,8 @@ def plan(config: TrialConfig, placement) -> int:
     )
     print(
         f"memory of one process: weights+grads+optimizer {memory / 2**20:,.1f} MiB, "
-        f"activations ~{activations / 2**20:,.1f} MiB"
+        f"activations ~{activations / 2**20:,.1f} MiB, attention with dropout "
+        f"~{attention / 2**20:,.1f} MiB"
     )
     print(f"on {placement.gpu.name} ({placement.gpu.memory_mib:,} MiB): {placement.describe()}")
     if placement.memory:
@@ -355,7 +367,8 @@ def plan(config: TrialConfig, placement) -> int:
         print(
             f"  per GPU: weights {m.weights / 2**20:,.1f} MiB, gradients {m.gradients / 2**20:,.1f}"
             f" MiB, optimizer {m.optimizer / 2**20:,.1f} MiB, activations "
-            f"{m.activations / 2**20:,.1f} MiB; with CUDA context and allocator slack "
+            f"{m.activations / 2**20:,.1f} MiB, attention {m.attention / 2**20:,.1f} MiB; "
+            "with CUDA context and allocator slack "
             f"{m.device / 2**20:,.1f} MiB"
         )
     print(
@@ -369,12 +382,15 @@ def plan(config: TrialConfig, placement) -> int:
         print(f"{mark} {a.name}: {a.here} | paper: {a.paper} | reference code: {a.reference}")
     summary = {
         "groups": built.counts,
+        "family": family_name(built, config.model.init),
+        "empty_groups": empty,
         "trainable_params": trainable,
         "total_params": total,
         "n_tokens": spec.n_tokens,
         "train_flops_per_step": train_flops,
         "state_bytes": memory,
         "activation_bytes": activations,
+        "attention_bytes": attention,
         "preprocessing": [dataclasses.asdict(a) for a in aspects],
         "gpu": placement.gpu.name,
         "gpus": placement.gpus,

@@ -16,8 +16,14 @@ import math
 from dataclasses import dataclass, field, fields
 
 TASKS = ("bit-memory", "bit-xor", "listops", "mnist", "cifar10", "cifar10-lra", "homology")
-INITS = ("pretrained", "random", "stats")
+ABLATIONS = ("no-body", "one-attn")
+"""Arms that replace the body: ``no-body`` (input layer -> output layer), ``one-attn`` (one
+trained attention layer); ``models.ablations``."""
+INITS = ("pretrained", "random", "stats", *ABLATIONS)
 GROUPS = ("input", "output", "ln", "pos", "ff", "attn")
+ADAPTER_GROUPS = ("lora",)
+"""Groups that add parameters instead of naming existing ones (LoRA through PEFT on every
+attention projection; ``lora_rank``, ``lora_alpha``)."""
 FINETUNE_PRESETS = {"fpt": ("input", "output", "ln", "pos"), "full": GROUPS}
 PRECISIONS = ("fp32", "bf16", "fp16")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -25,6 +31,12 @@ ACCELERATORS = ("auto", "cpu", "cuda")
 COMPILE_MODES = ("off", "default", "reduce-overhead")
 MNIST_TOKENS = (49, 64)
 HOMOLOGY_LONG = ("drop", "truncate")
+
+
+def shape_init(init: str) -> str:
+    """The init that builds a model of ``init``'s shapes without reading weights: ``random``,
+    or the ablation arm itself (its body is not the named model's)."""
+    return init if init in ABLATIONS else "random"
 
 
 class ConfigError(ValueError):
@@ -57,18 +69,18 @@ def parse_finetune(spec: str) -> tuple[str, ...]:
         part = part.strip()
         if part in FINETUNE_PRESETS:
             names.update(FINETUNE_PRESETS[part])
-        elif part in GROUPS:
+        elif part in GROUPS or part in ADAPTER_GROUPS:
             names.add(part)
         else:
             unknown.append(part)
     if unknown or not names:
-        valid = ", ".join((*GROUPS, *FINETUNE_PRESETS))
+        valid = ", ".join((*GROUPS, *ADAPTER_GROUPS, *FINETUNE_PRESETS))
         raise ConfigError(
             [
                 f"--finetune: unknown group(s) {unknown or [spec]!r} in {spec!r}; join with '+' from {valid}"
             ]
         )
-    return tuple(g for g in GROUPS if g in names)
+    return tuple(g for g in (*GROUPS, *ADAPTER_GROUPS) if g in names)
 
 
 @dataclass(frozen=True)
@@ -95,6 +107,9 @@ class TaskConfig:
     rotation_degrees: float = 20.0
     """CIFAR-10 augmentation: rotations drawn uniformly within ±this many degrees (the
     reference code's RandomRotation(20); the paper says "small rotations")."""
+    normalize: bool = True
+    """Image tasks: normalise pixels per channel as the reference code does (CIFAR-10's
+    channel means/stds, CIFAR-10 LRA to [-1, 1], MNIST unchanged); false: pixels in [0, 1]."""
     mnist_tokens: int = 49
     """MNIST: 49 = the 28x28 image as stored, in 4x4 patches (the reference code); 64 = the
     image zero-padded to 32x32 first (the paper's table counts 64 tokens)."""
@@ -150,11 +165,14 @@ class ModelConfig:
 
     model: str = "gpt2-tiny"
     """A preset (``models.backbones.PRESETS``: gpt2, gpt2-medium, gpt2-large, gpt2-xl,
-    gpt2-tiny, ...), any Hugging Face causal-LM id, a local ``save_pretrained`` directory,
-    or ``lstm``."""
+    gpt2-tiny, ..., EleutherAI/pythia-70m ... EleutherAI/pythia-12b, pythia-tiny,
+    llama-tiny), any Hugging Face causal-LM id (families: docs/backbones.md), a local
+    ``save_pretrained`` directory, or ``lstm``."""
     init: str = "pretrained"
     """``pretrained`` (the weights), ``random`` (the architecture's default init, built from
-    the config alone), ``stats`` (random tensors with each pretrained tensor's mean/std)."""
+    the config alone), ``stats`` (random tensors with each pretrained tensor's mean/std), or an
+    ablation arm: ``no-body`` (the transformer removed: input layer -> output layer) or
+    ``one-attn`` (the body replaced by one trained causal attention layer)."""
     weights: str = ""
     """Where ``pretrained``/``stats`` read weights: a hub id or ``save_pretrained``
     directory. Empty: the model itself. For a CPU preset: the backbone that
@@ -168,6 +186,19 @@ class ModelConfig:
     """``lstm`` only: hidden width of the 3-layer LSTM (the paper's 768)."""
     lstm_layers: int = 3
     """``lstm`` only: number of LSTM layers (the paper's 3)."""
+    lstm_layer_norm: bool = True
+    """``lstm`` only: layer-normalised LSTM layers, as the reference code's baseline (its
+    norms are the ``ln`` group, trained in the frozen ``fpt`` arm); false: a plain
+    ``nn.LSTM``."""
+    revision: str = ""
+    """Hub revision of the weights (a branch, tag or commit: Pythia's pretraining checkpoints
+    are branches ``step0`` ... ``step143000``); empty: the default branch. A pretraining-amount
+    axis in a sweep's grid."""
+    lora_rank: int = 8
+    """``--finetune ...+lora``: rank r of the LoRA update B A added to every attention
+    projection (PEFT)."""
+    lora_alpha: float = 16.0
+    """``--finetune ...+lora``: LoRA's scale numerator (the update is scaled by alpha / r)."""
 
     def problems(self) -> list[str]:
         out = [choice_problem("init", self.init, INITS)]
@@ -177,6 +208,8 @@ class ModelConfig:
             out.append(f"--dropout: must be in [0, 1), got {self.dropout}")
         if self.lstm_width < 1 or self.lstm_layers < 1:
             out.append("--lstm-width/--lstm-layers: must be >= 1")
+        if self.lora_rank < 1 or self.lora_alpha <= 0:
+            out.append("--lora-rank/--lora-alpha: must be >= 1 and > 0")
         if self.model == "lstm" and self.init != "random":
             out.append("--init: the lstm baseline has no pretrained weights; use --init random")
         return [p for p in out if p]
@@ -187,8 +220,9 @@ class TrainConfig:
     """How one trial trains: what is trained, optimiser, length, evaluation, numerics."""
 
     finetune: str = "fpt"
-    """Trained parameter groups joined with '+' (input, output, ln, pos, ff, attn) or a
-    preset: ``fpt`` = input+output+ln+pos, ``full`` = everything."""
+    """Trained parameter groups joined with '+' (input, output, ln, pos, ff, attn; ``lora``
+    adds LoRA beside the attention projections) or a preset: ``fpt`` = input+output+ln+pos,
+    ``full`` = everything."""
     lr: float = 1e-3
     """Adam learning rate (paper: 1e-3; 1e-4 for homology)."""
     batch_size: int = 16
@@ -202,8 +236,10 @@ class TrainConfig:
     """Also evaluate at log-spaced steps (100, 150, 200, 300, 500, 700, 1000, 1500, ...;
     ``loop.evaluation_steps``), so steps-to-threshold resolves early differences."""
     patience: int = 0
-    """Stop after this many evaluations without a better validation accuracy (0 = off:
-    train the whole budget). The trials row records why a trial ended (``stop_reason``)."""
+    """Stop once this many steps have passed since the evaluation with the best validation
+    accuracy (checked at each evaluation; 0 = off: train the whole budget). Counted in
+    steps, not evaluations, so the log-spaced schedule's sparse late evaluations do not
+    stop a slow starter early. The trials row records why a trial ended (``stop_reason``)."""
     eval_batch_size: int = 32
     """Examples per evaluation batch."""
     seed: int = 0
@@ -340,6 +376,13 @@ class TrialConfig:
             out.append(
                 "--activation-checkpointing: recomputes transformer blocks; the lstm baseline "
                 "has none (drop the flag or pick a GPT-2 model)"
+            )
+        if "lora" in self.train.finetune.split("+") and (
+            self.model.model == "lstm" or self.model.init in ABLATIONS
+        ):
+            out.append(
+                f"--finetune lora: adapts a transformer body's attention; --model "
+                f"{self.model.model} --init {self.model.init} has none"
             )
         return out
 

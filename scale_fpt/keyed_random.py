@@ -129,6 +129,19 @@ class Draws:
         return torch.argsort(self.bits(n), dim=-1, stable=True)
 
 
+DRAW_BLOCK = 2**24
+"""Elements of a dropout mask drawn at once. A draw holds several int64 temporaries per
+element (counters, SplitMix64's rounds and shifts: ``DRAW_BYTES_PER_ELEMENT``), ~25x a
+bf16 mask: the attention probabilities of a long sequence (B*H*T^2 elements, 168M for
+gpt2-large at T = 1024 and batch 8) drawn whole would need ~9 GB for the draw alone. Larger
+masks are drawn in blocks of this many elements (~0.9 GB of temporaries at most); under
+``torch.compile`` the draw is one fused kernel that materialises none of them."""
+DRAW_BYTES_PER_ELEMENT = 56
+"""Bytes per element a block's draw holds at its peak, the mask included: 50.5 measured on
+the CPU for a bf16 mask (``tests/test_gpu_path.py``), rounded up; the planner counts
+``DRAW_BLOCK`` of them (``scaling.attention_bytes``)."""
+
+
 def keep_mask(keys: torch.Tensor, chunk: int, p: float, dtype: torch.dtype) -> torch.Tensor:
     """A (len(keys) * chunk,) dropout mask of ``dtype`` on ``keys``' device, one chunk per
     key: ``scale`` where the draw's top 32 bits are at least round(p * 2^32), else 0, with
@@ -150,16 +163,45 @@ def keep_mask_rows(
     ``width``,), row i of it being logical row ``rows[i]``. Element (r, c) of the logical
     tensor is draw ``(r mod rows_per_key) * width + c`` of key ``r div rows_per_key``: a
     computation over some rows (a model's read-out rows) draws exactly what the whole
-    tensor draws there, and one chunk's draws are that key's stream from its start."""
+    tensor draws there, and one chunk's draws are that key's stream from its start. More
+    than ``DRAW_BLOCK`` elements are drawn in blocks of rows and columns (the same numbers)."""
     threshold = round(p * 2**32)
     scale = 2**32 / (2**32 - threshold)
-    counters = (rows % rows_per_key).unsqueeze(1) * width + torch.arange(width, device=rows.device)
+    n_rows = rows.shape[0]
+    if torch.compiler.is_compiling() or n_rows * width <= DRAW_BLOCK:
+        keep = _keep_block(keys, rows, rows_per_key, width, 0, width, threshold, scale)
+        return keep.view(-1).to(dtype)  # scale rounded to float32 as there
+    out = torch.empty(n_rows, width, dtype=dtype, device=rows.device)
+    row_step, column_step = max(1, DRAW_BLOCK // width), min(width, DRAW_BLOCK)
+    for first_row in range(0, n_rows, row_step):
+        block = slice(first_row, first_row + row_step)
+        for first in range(0, width, column_step):
+            stop = min(width, first + column_step)
+            out[block, first:stop] = _keep_block(
+                keys, rows[block], rows_per_key, width, first, stop, threshold, scale
+            )
+    return out.view(-1)
+
+
+def _keep_block(
+    keys: torch.Tensor,
+    rows: torch.Tensor,
+    rows_per_key: int,
+    width: int,
+    first: int,
+    stop: int,
+    threshold: int,
+    scale: float,
+) -> torch.Tensor:
+    """(len(rows), stop - first) float32: columns ``first:stop`` of ``keep_mask_rows``."""
+    columns = torch.arange(first, stop, device=rows.device)
+    counters = (rows % rows_per_key).unsqueeze(1) * width + columns
     # ~(c ^ -1) is c: bitwise ops keep torch.compile's inductor from folding counters made of
     # aranges into an index expression, whose constants (width * GOLDEN) overflow int64.
     counters = counters.bitwise_xor_(-1).bitwise_not_()
     row_keys = keys.index_select(0, rows // rows_per_key).unsqueeze(1)  # (R, 1)
-    keep = _shift_right(splitmix64(row_keys, counters), 32).view(-1) >= threshold
-    return keep.to(torch.float32).mul_(scale).to(dtype)  # scale rounded to float32 as there
+    keep = _shift_right(splitmix64(row_keys, counters), 32) >= threshold
+    return keep.to(torch.float32).mul_(scale)
 
 
 __all__ = [

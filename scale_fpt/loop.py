@@ -10,12 +10,14 @@
         for each position < max_steps:  step.train_step(position)  (reads nothing on the host)
         at each of evaluation_steps(max_steps, eval_every, log_evals):
             one host read: every member's train-loss/accuracy sums and diverged_at
-            members whose loss went non-finite end ``diverged`` (their curve keeps every
-                finite evaluation; steps_done = the steps before the non-finite one)
+            members whose training loss went non-finite end ``diverged`` (their curve
+                keeps every finite evaluation; steps_done = the steps before the
+                non-finite one)
             evaluate the others on ``val`` and ``test`` -> one Evaluation each (a
-                non-finite evaluation ends the member ``diverged`` instead)
-            members end at the budget (``max_steps``) or after ``patience`` evaluations
-                without a better validation accuracy; ended members leave the step
+                non-finite validation loss ends the member ``diverged`` instead; test is
+                recorded, never read for a decision)
+            members end at the budget (``max_steps``) or ``patience`` steps after their
+                best validation accuracy; ended members leave the step
             on_eval(position, evaluated members)  (rows, Tune reports, checkpoints)
 
 The step protocol (``Step`` below): the loop never looks inside a step, and a step never
@@ -24,8 +26,8 @@ decides when to evaluate, stop or checkpoint.
 Checkpoints (one format for both step kinds): a directory with the step's own files
 (``step.save``: trained tensors and optimiser state, never the frozen body, what resuming
 needs), ``weights-<trial_id>.pt`` per member (``{"module": trained tensors named as in the
-trial's own ``build_model`` module}``: what the report rebuilds a trial from, whichever step
-trained it) and ``progress.pt`` (written last): format version, the members' trial ids, the
+trial's own ``build_model`` module}`` at the member's selected evaluation: what the report
+rebuilds a trial from, whichever step trained it) and ``progress.pt`` (written last): format version, the members' trial ids, the
 loop position, every member's TrialState and torch's global RNG state. Resuming at an evaluation gives
 exactly the curve of an uninterrupted run (data and dropout masks are functions of
 (seed, step), not of process state).
@@ -141,10 +143,12 @@ class TrialState:
     def best_test_accuracy(self) -> float:
         return max((e.test_accuracy for e in self.history), default=float("nan"))
 
-    def evaluations_since_best(self) -> int:
-        """Evaluations after the one with the best validation accuracy."""
+    def steps_since_best(self) -> int:
+        """Steps trained since the evaluation with the best validation accuracy (patience
+        counts steps, not evaluations: on the log-spaced schedule evaluations thin out, so a
+        count of evaluations would give a slow starter flat from step 100 only until 300)."""
         best = self.selected()
-        return 0 if best is None else len(self.history) - 1 - self.history.index(best)
+        return 0 if best is None else self.history[-1].step - best.step
 
     def steps_to_threshold(self, threshold: float) -> int | None:
         """The first evaluated step whose validation accuracy reaches ``threshold``."""
@@ -201,8 +205,10 @@ def fit(
             progress(position)
         if position not in schedule:
             continue
+        # The host reads the device here (and below). On a GPU the steps were only queued:
+        # reading their sums waits for them, so the clock is read after it, not before.
+        sums = step.metrics.take().tolist()
         train_seconds = time.perf_counter() - train_start
-        sums = step.metrics.take().tolist()  # the host reads the device here, and below
         diverged_at = step.metrics.diverged_at.tolist()
         for i in running:
             states[i].train_seconds += train_seconds
@@ -223,9 +229,11 @@ def fit(
         ):
             state = states[i]
             state.step = position
-            if not (math.isfinite(val_loss) and math.isfinite(test_loss)):
+            if not math.isfinite(val_loss):
                 # The last update left the model with non-finite outputs: this evaluation
-                # means nothing, so the curve (and final_*) end at the one before.
+                # means nothing, so the curve (and final_*) end at the one before. Test is
+                # measured, never read for a decision: a non-finite test loss alone ends
+                # nothing (and is recorded as it is).
                 state.end("diverged")
                 continue
             state.history.append(
@@ -244,7 +252,7 @@ def fit(
             evaluated.append(i)
             if position == train.max_steps:
                 state.end("budget")
-            elif train.patience and state.evaluations_since_best() >= train.patience:
+            elif train.patience and state.steps_since_best() >= train.patience:
                 state.end("patience")
         running = [i for i in running if states[i].running]
         if running and running != alive:
@@ -260,13 +268,21 @@ def fit(
 
 
 def save_checkpoint(
-    directory: str, step: Step, states: list[TrialState], trial_ids: list[str], position: int
+    directory: str,
+    step: Step,
+    states: list[TrialState],
+    trial_ids: list[str],
+    position: int,
+    selected: dict[int, dict[str, torch.Tensor]] | None = None,
 ) -> None:
-    """The step's tensors, then ``progress.pt`` (see the module docstring)."""
+    """The step's tensors, then ``progress.pt`` (see the module docstring). Each member's
+    ``weights-<trial_id>.pt`` holds ``selected[member]`` where given (its trained tensors at
+    its selected evaluation, which the report rebuilds it from), else the current ones."""
     os.makedirs(directory, exist_ok=True)
     step.save(directory)
     for member, trial_id in enumerate(trial_ids):
-        weights = {"module": step.member_weights(member)}  # collective under ZeRO-3
+        current = step.member_weights(member)  # collective under ZeRO-3: every rank, always
+        weights = {"module": (selected or {}).get(member, current)}
         if step.rank == 0:
             torch.save(weights, os.path.join(directory, weights_file(trial_id)))
     if step.rank != 0:

@@ -2,8 +2,8 @@
 over one shared frozen backbone in one process), how to group a grid into cohorts, what a
 cohort needs in memory, and which step kind a trial takes (``step_kind``).
 
-A frozen GPT-2 (FPT: ``input+output+ln+pos`` trained, attention and feed-forward frozen) is
-the same for every trial of a grid that differs only in learning rate, seed (pretrained
+A frozen body of the gpt2, gpt-neox or llama family (FPT: ``input+output+ln+pos`` trained,
+attention and feed-forward frozen) is the same for every trial of a grid that differs only in learning rate, seed (pretrained
 weights), the trained subset of input/output/ln/pos, clipping, threshold or patience.
 Running those trials one per process repeats the frozen weights K times in memory and runs
 K small matrix products where one K-times-taller product would do.
@@ -15,7 +15,7 @@ Which step a trial takes:
   no per-step host sync);
 - ``engine`` (``EngineStep``, one DeepSpeed engine): trials that train the body
   (``ff``/``attn``/``full``), ZeRO (``zero_stage`` > 0), fp16 loss scaling, the LSTM and
-  non-GPT-2 backbones.
+  backbones outside the packed families (OPT, unknown architectures), the ablation arms.
 
 The packed path is plain torch, not a DeepSpeed engine: the trained tensors are a few MB,
 so ZeRO has nothing to shard, and DeepSpeed's clipping is global over the engine's
@@ -28,8 +28,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from scale_fpt.config import ConfigError, TrialConfig, parse_finetune
+from scale_fpt.config import ABLATIONS, ConfigError, TrialConfig, parse_finetune
 from scale_fpt.models.backbones import load_architecture
+from scale_fpt.models.families import family_of
+
+PACKED_FAMILIES = ("gpt2", "gpt-neox", "llama")
+"""Families with a packed model (``models.packed``, ``models.packed_families``); OPT's dropout
+is not keyed, so its trials run alone."""
 
 PACKABLE_GROUPS = ("input", "output", "ln", "pos")
 """Groups a packed member may train; ``ff`` and ``attn`` belong to the shared frozen body."""
@@ -52,6 +57,8 @@ def pack_problem(flat: dict) -> str | None:
         return "; ".join(e.problems)
     if config.model.model == "lstm":
         return "the lstm baseline has no transformer body to share"
+    if config.model.init in ABLATIONS:
+        return f"--init {config.model.init}: an ablation arm has no frozen body to share"
     if config.train.workers > 1:
         return f"--workers {config.train.workers}: a trial over several processes runs alone"
     if config.train.zero_offload or config.train.activation_checkpointing:
@@ -67,8 +74,12 @@ def pack_problem(flat: dict) -> str | None:
         arch = load_architecture(config.model)
     except ConfigError as e:
         return "; ".join(e.problems)
-    if getattr(arch, "model_type", None) != "gpt2":
-        return f"--model {config.model.model}: packing supports GPT-2 architectures only"
+    family = family_of(arch)
+    if family is None or family.name not in PACKED_FAMILIES:
+        return (
+            f"--model {config.model.model}: packing supports the gpt2, gpt-neox and llama "
+            f"families (this is {family.name if family else arch.model_type})"
+        )
     return None
 
 
@@ -146,29 +157,48 @@ def cohort_memory_bytes(members: list[dict]) -> int:
     return body + len(members) * per_member
 
 
-def cohort_memory_parts(member: dict) -> tuple[int, int]:
+def cohort_memory_parts(member: dict, fused_attention: bool = False) -> tuple[int, int]:
     """(bytes of the frozen body, bytes per member) of a cohort of ``member``'s kind: the
     body once, in the training precision; per member its trained tensors (fp32 weights,
-    gradients and two Adam moments; ``wpe`` only for the task's positions) and its
-    activations."""
+    gradients and two Adam moments; ``wpe`` only for the task's positions), its
+    activations and, unless the device runs ``fused_attention`` (a GPU with the Triton
+    kernel), its materialised attention (``scaling.attention_bytes``; each member counts a
+    whole mask draw's temporaries, an upper bound: a cohort draws its members' masks
+    together)."""
     from scale_fpt import scaling
+    from scale_fpt.models.families import block_shape
     from scale_fpt.tasks import task_spec
+    from scale_fpt.trial import counting_model
 
     first = TrialConfig.from_flat(member)
-    arch = load_architecture(first.model)
-    size = scaling.GPT2Size(arch.n_layer, arch.n_embd, arch.n_head, arch.n_positions)
     spec = task_spec(first.task)
-    groups = scaling.gpt2_group_params(size)
-    heads = scaling.head_params(
-        size.n_embd,
-        spec.token_width,
-        spec.vocab_size,
-        spec.n_predicting_tokens * spec.outputs_per_token * spec.n_classes,
-    )
+    built = counting_model(first, spec)
+    counts = built.counts
     weight_bytes = 4 if first.train.precision == "fp32" else 2
-    body = (groups["attn"] + groups["ff"]) * weight_bytes
-    trained = groups["ln"] + spec.n_tokens * size.n_embd + heads["input"] + heads["output"]
+    frozen = ("attn", "ff", "backbone")
+    body = sum(counts[g]["total"] for g in frozen if g in counts) * weight_bytes
+    # Every tensor a member may train (fp32 weights, gradients, two Adam moments): wpe only
+    # for the task's positions.
+    trainable = ("input", "output", "ln")
+    trained = sum(counts[g]["total"] for g in trainable if g in counts)
+    if "pos" in counts:
+        trained += spec.n_tokens * built.d_model
+    arch = load_architecture(first.model)
     activations = scaling.activation_bytes(
-        size.n_layer, size.n_embd, spec.n_tokens, first.train.batch_size, first.train.precision
+        built.n_layer,
+        built.d_model,
+        spec.n_tokens,
+        first.train.batch_size,
+        first.train.precision,
+        block_shape(arch),
     )
-    return body, trained * 16 + activations
+    attention = scaling.attention_bytes(
+        built.n_layer,
+        getattr(arch, "num_attention_heads", 0),
+        spec.n_tokens,
+        first.train.batch_size,
+        first.train.precision,
+        first.model.dropout,
+        fused=fused_attention,
+    )
+    return body, trained * 16 + activations + attention

@@ -13,8 +13,11 @@ Memory of one training process on one GPU (bytes):
 - optimiser: Adam's two fp32 moments per trained parameter, the fp32 master copy that the
   bf16/fp16 optimisers keep, and the fp32 temporary of Adam's step (``sqrt(v)``);
 - activations: what the backward pass keeps, per block ~34 values per token and width unit
-  (Korthikanti et al. 2022; no attention-score term: CUDA runs SDPA's fused kernels), only
-  when a trained parameter lies below the output head;
+  (Korthikanti et al. 2022), only when a trained parameter lies below the output head;
+- attention: with dropout on and no fused kernel (``gpu_fuses_attention``), the (B, H, T,
+  T) scores, probabilities and keyed masks of the materialised attention path, per block
+  kept for backward, plus the mask draw's temporaries (``scaling.attention_bytes``);
+  SDPA's and the Triton kernel's fused attention hold none;
 - on top: the CUDA context (never in ``torch.cuda.max_memory_allocated``) and the caching
   allocator's slack (fragmentation, cuBLAS workspaces).
 
@@ -28,8 +31,16 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
-from scale_fpt.config import ConfigError, ModelConfig, TaskConfig, TrainConfig, TrialConfig
-from scale_fpt.scaling import activation_bytes, device_peak
+from scale_fpt.config import (
+    ConfigError,
+    ModelConfig,
+    TaskConfig,
+    TrainConfig,
+    TrialConfig,
+    shape_init,
+)
+from scale_fpt.models.families import block_shape, family_of
+from scale_fpt.scaling import BlockShape, activation_bytes, attention_bytes, device_peak
 
 MIB = 2**20
 CUDA_CONTEXT_BYTES = 640 * MIB
@@ -39,7 +50,11 @@ ALLOCATOR_SLACK = 0.15
 """Fraction on top of the allocated bytes: fragmentation of the caching allocator and
 library workspaces."""
 ZERO_BUCKET_ELEMENTS = 50_000_000
-"""Elements of ZeRO-2/3's gradient reduce bucket (``reduce_bucket_size``) at most."""
+"""Elements of ZeRO's gradient buckets (``reduce_bucket_size``, ``allgather_bucket_size``),
+set in every ZeRO engine's config (``steps.engine.zero_optimization``; DeepSpeed's default
+is 5e8). DeepSpeed 0.19.8 allocates the reduce bucket whole at stages 1 and 2 (fp32 where
+it accumulates gradients in fp32, as it does for bf16), two of them at stage 3
+(``overlap_comm``'s double buffer)."""
 MAX_TRIALS_PER_GPU = 4
 """Trials that share one GPU at most (beyond that they compete for its compute)."""
 
@@ -124,6 +139,13 @@ class ModelShape:
     """A trained parameter lies below the output head, so backward runs through the body."""
     train_flops_per_example: int = 0
     """Training FLOPs of one example (``trial.step_flops``), for time estimates."""
+    block: BlockShape | None = None
+    """The family's block (``families.block_shape``: gated MLP, RMSNorm) whose saved
+    activations ``scaling.activation_bytes`` counts; None: a GPT-2 block of ``d_model``."""
+    n_head: int = 0
+    """Attention heads per block (0: no attention, e.g. the LSTM)."""
+    dropout: float = 0.0
+    """The trial's dropout rate: above 0, attention is materialised (``scaling.attention_bytes``)."""
 
 
 @dataclass(frozen=True)
@@ -134,11 +156,13 @@ class TrialMemory:
     gradients: int
     optimizer: int
     activations: int
+    attention: int = 0
+    """The materialised attention of a step with dropout (``scaling.attention_bytes``)."""
 
     @property
     def allocated(self) -> int:
         """What ``torch.cuda.max_memory_allocated`` of a training step should show."""
-        return self.weights + self.gradients + self.optimizer + self.activations
+        return self.weights + self.gradients + self.optimizer + self.activations + self.attention
 
     @property
     def device(self) -> int:
@@ -150,11 +174,28 @@ def precision_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
+def gpu_fuses_attention() -> bool:
+    """Whether a GPU trial's keyed-dropout attention runs fused (``models.ops.FLASH``: Triton
+    is installed, as with every CUDA build of torch, and ``SCALE_FPT_FLASH`` is not 0), so
+    the planner counts no (B, H, T, T) tensors."""
+    from scale_fpt.models import ops
+
+    return ops.FLASH
+
+
 def trial_memory(
-    shape: ModelShape, precision: str, batch_size: int, zero_stage: int = 0, workers: int = 1
+    shape: ModelShape,
+    precision: str,
+    batch_size: int,
+    zero_stage: int = 0,
+    workers: int = 1,
+    fused_attention: bool | None = None,
 ) -> TrialMemory:
     """Memory of one of ``workers`` data-parallel processes (each with ``batch_size /
-    workers`` examples) at ``zero_stage``."""
+    workers`` examples) at ``zero_stage`` on a GPU; ``fused_attention`` None: whether GPUs
+    run the fused attention kernel here (``gpu_fuses_attention``)."""
+    if fused_attention is None:
+        fused_attention = gpu_fuses_attention()
     width = precision_bytes(precision)
     mixed = precision != "fp32"
     trained = shape.trained_params
@@ -165,8 +206,9 @@ def trial_memory(
     fp32_grads = trained * 4 if mixed else 0
     module_grads = trained * width if mixed else trained * 4
     if zero_stage >= 2:
-        bucket = min(trained, ZERO_BUCKET_ELEMENTS) * width
-        module_grads = math.ceil(module_grads / workers) + bucket
+        module_grads = math.ceil(module_grads / workers)
+    if zero_stage >= 1:
+        module_grads += ZERO_BUCKET_ELEMENTS * 4 * (2 if zero_stage >= 3 else 1)
     # Adam's moments, the fp32 master copy (mixed precision) and the step's temporary:
     # torch's foreach Adam materialises sqrt(v), one fp32 tensor of the trained parameters.
     optimizer = trained * (8 + (4 if mixed else 0) + 4)
@@ -175,8 +217,20 @@ def trial_memory(
         fp32_grads = math.ceil(fp32_grads / workers)
     micro_batch = math.ceil(batch_size / workers)
     layers = shape.n_layer if shape.backbone_backward else 1  # no backward: one block live
-    activations = activation_bytes(layers, shape.d_model, shape.n_tokens, micro_batch, precision)
-    return TrialMemory(weights, module_grads + fp32_grads, optimizer, activations)
+    activations = activation_bytes(
+        layers, shape.d_model, shape.n_tokens, micro_batch, precision, shape.block
+    )
+    attention = attention_bytes(
+        shape.n_layer,
+        shape.n_head,
+        shape.n_tokens,
+        micro_batch,
+        precision,
+        shape.dropout,
+        shape.backbone_backward,
+        fused_attention,
+    )
+    return TrialMemory(weights, module_grads + fp32_grads, optimizer, activations, attention)
 
 
 # --------------------------------------------------------------------------- plans
@@ -310,10 +364,14 @@ def shape_of(task: TaskConfig, model: ModelConfig, finetune: str) -> ModelShape:
     from scale_fpt.trial import step_flops
 
     spec = task_spec(task)
-    architecture = TrialConfig(task, replace(model, init="random"), TrainConfig(finetune=finetune))
+    architecture = TrialConfig(
+        task, replace(model, init=shape_init(model.init)), TrainConfig(finetune=finetune)
+    )
     with torch.device("meta"):
         built = build_model(architecture, spec)
-    blocks = getattr(built.module.backbone, "h", None)
+    config = getattr(built.module.backbone, "config", None)
+    family = family_of(config)
+    blocks = family.blocks(built.module.backbone) if family is not None else None
     block = sum(p.numel() for p in blocks[0].parameters()) if blocks is not None else 0
     return ModelShape(
         total_params=built.total_params,
@@ -324,6 +382,9 @@ def shape_of(task: TaskConfig, model: ModelConfig, finetune: str) -> ModelShape:
         block_params=block,
         backbone_backward=any(g != "output" for g in built.trained_groups),
         train_flops_per_example=step_flops(built, spec, 1)[0],
+        block=block_shape(config) if family is not None else None,
+        n_head=getattr(config, "num_attention_heads", 0),
+        dropout=model.dropout,
     )
 
 

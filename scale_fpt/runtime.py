@@ -4,9 +4,11 @@ process group. Process-wide settings that every step kind shares."""
 from __future__ import annotations
 
 import ctypes
+import datetime
 import logging
 import os
 import socket
+import sys
 
 import torch
 
@@ -16,7 +18,41 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def resolve_device(train: TrainConfig) -> str:
+WORLD_TIMEOUT = datetime.timedelta(minutes=5)
+"""How long a rank of a multi-process trial waits in a collective for a peer (torch's and
+DeepSpeed's default is 30 minutes): a rank that died is noticed within this, and the trial
+is retried, instead of every live rank blocking. Longer than any step, evaluation or
+checkpoint shard write of a trial."""
+
+
+def ray_gpu_ids() -> list[str]:
+    """The GPUs Ray assigned to this process (empty outside a Ray worker, or none given)."""
+    ray = sys.modules.get("ray")  # a process Ray started has imported it; never import it here
+    if ray is None or not ray.is_initialized():
+        return []
+    return [str(i) for i in ray.get_gpu_ids()]
+
+
+def unusable_gpu_problem(assigned: list[str]) -> str | None:
+    """Why a trial given GPUs ``assigned`` by Ray cannot use them (None: CUDA works, or the
+    GPUs are a fake cluster's: ``RAY_FAKE_CLUSTER=1``, Ray's autoscaler test mode, declares
+    GPUs that no node has)."""
+    if not assigned or torch.cuda.is_available() or os.environ.get("RAY_FAKE_CLUSTER") == "1":
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return (
+        f"Ray assigned GPU(s) {', '.join(assigned)} to this trial but CUDA is unusable here "
+        f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}, "
+        f"CUDA_VISIBLE_DEVICES={visible!r}); refusing to train on the CPU instead"
+    )
+
+
+def resolve_device(train: TrainConfig, assigned_gpus: list[str] | None = None) -> str:
+    """The trial's device; ``assigned_gpus`` (default: Ray's for this process) that CUDA
+    cannot use fail the trial (RuntimeError) instead of sending it to the CPU."""
+    assigned = ray_gpu_ids() if assigned_gpus is None else assigned_gpus
+    if train.accelerator != "cpu" and (problem := unusable_gpu_problem(assigned)):
+        raise RuntimeError(problem)
     if train.accelerator == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if train.accelerator == "cuda" and not torch.cuda.is_available():
@@ -45,25 +81,51 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def backend(device: str) -> str:
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def use_accelerator(device: str) -> None:
+    """Make DeepSpeed's accelerator the trial's device. DeepSpeed picks one per process (from
+    ``DS_ACCELERATOR`` or by probing) and keeps it, so a process that runs a CPU trial and
+    then a GPU trial (a reused Ray actor, a test session) must set it per trial; and setting
+    ``DS_ACCELERATOR`` instead would leak into every process this one starts."""
+    from deepspeed.accelerator import get_accelerator, set_accelerator
+
+    if get_accelerator().device_name() == device:
+        return
+    if device == "cuda":
+        from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator as Accelerator
+    else:
+        from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator as Accelerator
+    set_accelerator(Accelerator())
+
+
 def init_distributed(device: str) -> None:
-    """A world of one for this process, on a free port (trials on one node never collide),
-    unless a process group exists already (a launcher's, or this process's earlier trial:
-    a reused Ray actor keeps its process group for the next trial)."""
-    if device == "cpu":
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    """A world of one for this process on a free port (trials on one node never collide),
+    unless this process's group of one exists already (a reused Ray actor keeps it for the
+    next trial). A group on the other device's backend, or the environment a multi-process
+    world left behind (RANK, WORLD_SIZE of a reused actor's earlier trial), never carry
+    over: a world of one rendezvouses with nobody, so its variables are set, not defaulted."""
     import deepspeed
     import torch.distributed as dist
 
+    use_accelerator(device)
     deepspeed.utils.logger.setLevel(logging.WARNING)  # one line per checkpoint otherwise
     if dist.is_initialized():
-        return
-    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
-    for key, value in defaults.items():
-        os.environ.setdefault(key, value)
-    os.environ["MASTER_PORT"] = str(free_port())
-    deepspeed.init_distributed(
-        dist_backend="nccl" if device == "cuda" else "gloo", verbose=False, dist_init_required=True
+        if dist.get_world_size() == 1 and dist.get_backend() == backend(device):
+            return
+        import deepspeed.comm
+
+        deepspeed.comm.destroy_process_group()
+    os.environ.update(
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
     )
+    deepspeed.init_distributed(dist_backend=backend(device), verbose=False, dist_init_required=True)
 
 
 def flush_denormals(enabled: bool = True) -> None:
@@ -97,6 +159,9 @@ def rng_state() -> dict:
 
 
 def restore_rng(saved: dict) -> None:
+    """Restore ``rng_state``; CUDA states for the devices visible now (a trial saved on a
+    node with more visible GPUs resumes on one with fewer: the rest have no device)."""
     torch.set_rng_state(saved["torch_rng"])
     if saved["cuda_rng"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(saved["cuda_rng"])
+        for index, state in enumerate(saved["cuda_rng"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(state, index)

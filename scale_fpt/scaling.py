@@ -44,6 +44,73 @@ GPT2_SIZES = {
 HUB_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
 
+@dataclass(frozen=True)
+class FamilySize:
+    """A GPT-NeoX or Llama-style architecture, enough to build its config offline."""
+
+    family: str
+    """``gpt-neox`` or ``llama`` (``models.families``)."""
+    n_layer: int
+    d_model: int
+    n_head: int
+    vocab_size: int
+    inner: int = 0
+    """MLP width (0: 4 d)."""
+    n_kv_head: int = 0
+    """Key/value heads (0: one per query head)."""
+    published_params: int = 0
+    """The parameter count its publisher gives (Pythia: Biderman et al. 2023, Table 1,
+    embeddings in and out included); 0 for CPU presets."""
+
+    @property
+    def mlp_width(self) -> int:
+        return self.inner or 4 * self.d_model
+
+
+PYTHIA_SIZES = {
+    f"EleutherAI/pythia-{name}": FamilySize("gpt-neox", *shape, published_params=published)
+    for name, shape, published in (
+        ("14m", (6, 128, 4, 50304), 14_067_712),
+        ("31m", (6, 256, 8, 50304), 30_494_720),
+        ("70m", (6, 512, 8, 50304), 70_426_624),
+        ("160m", (12, 768, 12, 50304), 162_322_944),
+        ("410m", (24, 1024, 16, 50304), 405_334_016),
+        ("1b", (16, 2048, 8, 50304), 1_011_781_632),
+        ("1.4b", (24, 2048, 16, 50304), 1_414_647_808),
+        ("2.8b", (32, 2560, 32, 50304), 2_775_208_960),
+        ("6.9b", (32, 4096, 32, 50432), 6_857_302_016),
+        ("12b", (36, 5120, 40, 50688), 11_846_072_320),
+    )
+}
+"""Pythia (EleutherAI; GPT-NeoX blocks, rotary on a quarter of each head, parallel residual,
+2048 positions, untied embeddings in and out). Built offline from this table, so planning
+and random-init trials need no download; ``pretrained`` reads the hub (or its cache)."""
+PYTHIA_LADDER = tuple(f"EleutherAI/pythia-{n}" for n in ("70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b", "12b"))  # fmt: skip
+FAMILY_CPU_PRESETS = {
+    "pythia-tiny": FamilySize("gpt-neox", 2, 128, 4, 256),
+    "llama-tiny": FamilySize("llama", 2, 128, 4, 256, inner=256, n_kv_head=2),
+}
+"""Random-init CPU presets of the other families (no pretrained weights: tests, laptops)."""
+PYTHIA_CHECKPOINTS = (0, *(2**i for i in range(10)), *range(1000, 143001, 1000))
+"""Pythia's 154 published pretraining checkpoints (hub revisions ``step<N>``): step 0, the
+log-spaced steps 1-512, then every 1000 steps to 143000 (the final weights)."""
+
+
+def pythia_revisions(steps=PYTHIA_CHECKPOINTS) -> list[str]:
+    """Hub revision names of Pythia checkpoints (``step143000``)."""
+    return [f"step{s}" for s in steps]
+
+
+def neox_group_params(size: FamilySize) -> dict[str, int]:
+    """GPT-NeoX backbone parameters per group (no embeddings; rotary: no ``pos``)."""
+    d, n, inner = size.d_model, size.n_layer, size.mlp_width
+    return {
+        "ln": n * 2 * (2 * d) + 2 * d,
+        "ff": n * (d * inner + inner + inner * d + d),
+        "attn": n * (d * 3 * d + 3 * d + d * d + d),
+    }
+
+
 def gpt2_group_params(size: GPT2Size) -> dict[str, int]:
     """Backbone parameters per fine-tuning group (the word embedding ``wte`` is never used)."""
     d, n, inner = size.n_embd, size.n_layer, size.n_inner
@@ -64,6 +131,18 @@ def head_params(d_model: int, token_width: int, vocab_size: int, n_outputs: int)
 def lstm_params(width: int, n_layers: int) -> int:
     """nn.LSTM(width, width, n_layers): 4 gates x (input + hidden weights + 2 biases) per layer."""
     return n_layers * 4 * (2 * width * width + 2 * width)
+
+
+def lstm_norm_params(width: int, n_layers: int) -> int:
+    """A layer-normalised LSTM (``models.fpt.LayerNormLSTMLayer``) per layer: gain and bias
+    of the input and recurrent pre-activation norms (4 x width each) and of the cell norm."""
+    return n_layers * 2 * (4 * width + 4 * width + width)
+
+
+def ln_lstm_weight_params(width: int, n_layers: int) -> int:
+    """The weights of a layer-normalised LSTM besides its norms: two bias-free 4-gate
+    projections per layer."""
+    return n_layers * 2 * width * 4 * width
 
 
 def attention_flops_per_sequence(n_layer: int, d_model: int, n_tokens: int) -> int:
@@ -114,11 +193,94 @@ def eval_step_flops(matmul_params: int, attention_fwd: int, n_tokens: int, batch
     return batch * (n_tokens * 2 * matmul_params + attention_fwd)
 
 
-def activation_bytes(n_layer: int, d_model: int, n_tokens: int, batch: int, precision: str) -> int:
-    """Activations kept for backward, per GPT-2 block ~ 34 values per token-width unit
-    (Korthikanti et al. 2022, without the attention-score term that SDPA does not store)."""
+@dataclass(frozen=True)
+class BlockShape:
+    """What one transformer block's saved activations depend on, for any family."""
+
+    d_model: int
+    inner: int
+    """Width of the MLP's hidden layer (GPT-2: 4 d; Llama: ``intermediate_size``)."""
+    gated: bool = False
+    """Gated MLP (Llama's SiLU(x W_gate) * x W_up): two inner-wide products and their
+    product are kept, not one pre- and one post-activation."""
+    rms_norm: bool = False
+    """RMSNorm as transformers composes it (the input and the normalised input kept, vs
+    LayerNorm's fused kernel keeping its input)."""
+
+    @property
+    def activation_units(self) -> int:
+        """Bytes per token that one block keeps for backward at 16 bits (Korthikanti et al.
+        2022's 34 d for GPT-2, without the attention-score term that SDPA does not store):
+        attention 11 d (the norm's output, Q, K and V as attended (grouped-query keys and
+        values are repeated to every query head first, so GQA keeps what MHA keeps), the
+        projection's input, a dropout mask); MLP 2 d input + 4 inner (activation in and out;
+        gated: 8 inner, gate and up in, the activation out and the product) + d mask; two
+        norms 4 d (RMSNorm composed: 8 d). Checked against the bytes autograd keeps on tiny
+        models of each family (tests/test_families.py)."""
+        d = self.d_model
+        mlp = 2 * d + (8 if self.gated else 4) * self.inner + d
+        norms = (8 if self.rms_norm else 4) * d
+        return 11 * d + mlp + norms
+
+
+def activation_bytes(
+    n_layer: int,
+    d_model: int,
+    n_tokens: int,
+    batch: int,
+    precision: str,
+    block: BlockShape | None = None,
+) -> int:
+    """Activations kept for backward: ``block.activation_units`` per token and block
+    (default: a GPT-2 block of width ``d_model``, 34 d), in the training precision."""
     width = 4 if precision == "fp32" else 2
-    return n_layer * batch * n_tokens * d_model * 34 * width // 2
+    units = (block or BlockShape(d_model, 4 * d_model)).activation_units
+    return n_layer * batch * n_tokens * units * width // 2
+
+
+ATTENTION_KEPT_WITH_DROPOUT = 3
+"""(B, H, T, T) tensors one block keeps for backward when its attention probabilities take
+keyed dropout (``models.ops.causal_attention``'s materialised path): exp(scores), the
+dropout mask and the dropped probabilities (the softmax division saves its inputs, the
+product with the values saves the dropped probabilities)."""
+ATTENTION_WORKING = 4
+"""(B, H, T, T) tensors beyond those kept, live at once in the block being computed: the
+scores, exp(scores) and probabilities when its mask is drawn in the forward pass; the
+gradients of the dropped probabilities, the probabilities and exp(scores) in backward."""
+
+
+def attention_bytes(
+    n_layer: int,
+    n_head: int,
+    n_tokens: int,
+    batch: int,
+    precision: str,
+    dropout: float,
+    backward: bool = True,
+    fused: bool = False,
+) -> int:
+    """Peak bytes of materialised attention in a training step: 0 with ``fused`` (the
+    Triton kernel ``models.flash_attention``, which a GPU with Triton runs for keyed
+    dropout: O(T) per query row, as SDPA). Otherwise (a CPU, or a GPU without Triton or
+    with ``SCALE_FPT_FLASH=0``) keyed dropout on the attention probabilities materialises
+    them (torch's fused SDPA kernels draw their own masks). The peak is the larger of: the forward pass at the last block (the
+    blocks below keep ``ATTENTION_KEPT_WITH_DROPOUT`` (B, H, T, T) tensors each, the last
+    holds ``ATTENTION_WORKING`` while its mask is drawn in blocks of at most
+    ``keyed_random.DRAW_BLOCK`` elements with ``DRAW_BYTES_PER_ELEMENT`` each) and the start
+    of the backward pass (every block's kept tensors and the working gradients). With
+    ``backward`` False (nothing trained below the output head) nothing is kept. Without
+    dropout SDPA's fused kernels keep O(T) per query row: 0 here."""
+    from scale_fpt.keyed_random import DRAW_BLOCK, DRAW_BYTES_PER_ELEMENT
+
+    if fused or dropout == 0.0 or not n_head:
+        return 0
+    width = 4 if precision == "fp32" else 2
+    elements = batch * n_head * n_tokens * n_tokens  # one (B, H, T, T) tensor
+    kept = ATTENTION_KEPT_WITH_DROPOUT * (n_layer if backward else 0)
+    forward = (max(0, kept - ATTENTION_KEPT_WITH_DROPOUT) + ATTENTION_WORKING) * elements * width
+    forward += min(elements, DRAW_BLOCK) * DRAW_BYTES_PER_ELEMENT
+    backward_start = (kept + ATTENTION_WORKING) * elements * width if backward else 0
+    return max(forward, backward_start)
 
 
 USABLE_DEVICE_MEMORY = 0.9

@@ -10,8 +10,9 @@ every seed and scored on the mean over those seeds.
            configurations, of a pretrained FPT arm share one frozen body; arms that cannot
            pack get one Tune trial per seed, which run side by side)
         -> each Tune trial's final ``trial_rows`` -> per configuration, once all its seeds
-           are in: study.tell(mean of the seeds' ``metric``)   (any seed without a finite
-           value: the configuration is told FAIL, which the sampler leaves out)
+           are in: study.tell(mean of the seeds' ``metric``)   (any seed that did not
+           complete, diverged included, or has no finite value: the configuration is told
+           FAIL, which the sampler leaves out)
 
 A configuration is never trained twice: one equal to an earlier configuration of the study
 (a repeated categorical draw) is told that configuration's value. The searcher's state
@@ -304,6 +305,10 @@ def params_key(params: dict) -> tuple:
 
 
 def row_value(row: dict | None, metric: str) -> float:
-    """A member's final ``metric`` from its trial row (NaN when missing)."""
+    """A member's final ``metric`` from its trial row: NaN when missing or when the member
+    did not complete (a diverged seed fails its configuration, so a rate that diverged in
+    some seeds cannot win on its survivors)."""
     value = (row or {}).get(metric)
-    return math.nan if value is None else float(value)
+    if value is None or (row or {}).get("status") != "completed":
+        return math.nan
+    return float(value)

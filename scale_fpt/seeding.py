@@ -1,18 +1,19 @@
 """Independent random streams of one trial seed.
 
-A trial draws randomness for four separate purposes. Seeding them with ``seed``,
+A trial draws randomness for five separate purposes. Seeding them with ``seed``,
 ``seed + 1``, ``seed + 2`` would make seed 0's heads share seed 1's backbone stream, so
 seeds would not be independent and intervals over seeds would be too narrow. Instead each
-purpose gets its own child of ``numpy.random.SeedSequence(seed)`` (``spawn(4)``): children
+purpose gets its own child of ``numpy.random.SeedSequence(seed)`` (``spawn(5)``): children
 of one seed are independent of each other and of every other seed's children, and the same
-seed always gives the same four integers, so seeded results stay reproducible.
+seed always gives the same integers, so seeded results stay reproducible.
 
 Who uses which stream:
 
 - ``backbone``: random and statistics-only backbone weights (``models.backbones``);
 - ``heads``: the input and output layers (``models.build_model`` and packed cohorts);
 - ``data``: training data order, fresh synthetic batches and augmentation (``tasks``);
-- ``dropout``: the dropout masks while training (the trainer / the packed step).
+- ``dropout``: the dropout masks while training (the trainer / the packed step);
+- ``adapters``: LoRA's matrices (``models.adapters``).
 
 The fixed validation and test sets do not depend on the trial seed (``TaskConfig.val_seed``
 and ``test_seed``), so every trial is scored on the same examples.
@@ -25,8 +26,8 @@ from functools import lru_cache
 
 import numpy as np
 
-STREAMS = ("backbone", "heads", "data", "dropout")
-"""The purposes, in the order of ``SeedSequence(seed).spawn(4)``: appending a purpose keeps
+STREAMS = ("backbone", "heads", "data", "dropout", "adapters")
+"""The purposes, in the order of ``SeedSequence(seed).spawn(5)``: appending a purpose keeps
 the existing ones' values (spawning more children leaves the first ones unchanged)."""
 
 
@@ -42,6 +43,8 @@ class SeedStreams:
     """Training data: example order, fresh synthetic batches, augmentation."""
     dropout: int
     """Dropout masks during training."""
+    adapters: int
+    """Initialisation of adapters added to the body (LoRA's A matrices)."""
 
 
 @lru_cache(maxsize=1024)

@@ -29,10 +29,38 @@ PAPER_GPU = "a10g-24gb"
 """The GPU the paper presets plan for: cluster/gpu.yaml's worker types (``--gpu`` to change)."""
 
 
-def paper_overrides() -> tuple:
-    """Per-task settings of the paper: step budgets, and lr 1e-4 for homology."""
+BODY_TRAINED = ("fpt+ff", "fpt+attn", "full")
+"""Finetune specs of the presets that train the transformer body (and so converge on their
+own schedule, not the frozen random arm's)."""
+CONVERGENCE_BUDGET_FACTOR = 2
+"""Arms that train the body, and the LSTM: a cap of this many times the task's budget ..."""
+CONVERGENCE_PATIENCE_FRACTION = 0.25
+"""... and patience (in steps) of this fraction of the task's budget: they train to
+convergence (no better validation accuracy for that many steps) within the cap, rather than
+to a budget borrowed from the frozen random arm."""
+
+
+def paper_overrides(finetunes=(), lstm: bool = False) -> tuple:
+    """Per-task settings of the paper presets: step budgets (``PAPER_STEPS``), lr 1e-4 for
+    homology, and, for the arms of ``finetunes`` that train the body (``BODY_TRAINED``) and
+    the LSTM (``lstm``), a budget of their own: trained to convergence (patience in steps)
+    within ``CONVERGENCE_BUDGET_FACTOR`` x the task's budget."""
     steps = tuple(({"task": task}, {"max_steps": n}) for task, n in PAPER_STEPS.items())
-    return (*steps, ({"task": "homology"}, {"lr": 1e-4}))
+    own = [({"finetune": f}) for f in finetunes if f in BODY_TRAINED]
+    if lstm:
+        own.append({"model": "lstm"})
+    converged = tuple(
+        (
+            {"task": task, **match},
+            {
+                "max_steps": CONVERGENCE_BUDGET_FACTOR * n,
+                "patience": int(CONVERGENCE_PATIENCE_FRACTION * n),
+            },
+        )
+        for match in own
+        for task, n in PAPER_STEPS.items()
+    )
+    return (*steps, *converged, ({"task": "homology"}, {"lr": 1e-4}))
 
 
 LIST_FLAGS = {
@@ -42,6 +70,7 @@ LIST_FLAGS = {
     "finetunes": "finetune",
     "lrs": "lr",
     "batch_sizes": "batch_size",
+    "revisions": "revision",
 }
 
 
@@ -55,6 +84,12 @@ def parser(description: str, presets: dict) -> argparse.ArgumentParser:
             f"--{name.replace('_', '-')}", default="", help=f"comma list: only these {field} values"
         )
     p.add_argument("--seeds", default="", help="comma list of seeds (default: the preset's)")
+    p.add_argument(
+        "--confirm-seeds",
+        default="",
+        help="comma list of fresh seeds each arm's chosen lr is re-run on after a search or "
+        "lr grid, or 'none' (default: the preset's)",
+    )
     p.add_argument("--steps", type=int, default=0, help="max_steps of every trial")
     p.add_argument(
         "--set",
@@ -179,6 +214,9 @@ def narrow(sweep, args: argparse.Namespace):
     changes = {"grid": grid, "base": base, "results_dir": args.results}
     if args.seeds:
         changes["seeds"] = tuple(split(args.seeds, int))
+    if args.confirm_seeds:
+        none = args.confirm_seeds == "none"
+        changes["confirm_seeds"] = () if none else tuple(split(args.confirm_seeds, int))
     # Last overrides win over the preset's per-task settings.
     forced = {"max_steps": args.steps} if args.steps else {}
     forced.update(parse_assignments(args.set))
@@ -299,13 +337,27 @@ def placement_table(sweep) -> str:
     for arm in arms:
         config = TrialConfig.from_flat(arm)
         plan = planner.plan_trial(config, sweep.gpus_per_trial, offer.gpu, max_gpus)
-        counts[(config.model.model, config.train.finetune, config.task.task, plan.describe())] += 1
+        budget = f"{config.train.max_steps:,} steps" + (
+            f" (patience {config.train.patience:,})" if config.train.patience else ""
+        )
+        batch = "bs searched" if "batch_size" in sweep.search else f"bs {config.train.batch_size}"
+        counts[
+            (
+                config.model.model,
+                config.train.finetune,
+                config.task.task,
+                budget,
+                batch,
+                plan.describe(),
+            )
+        ] += 1
     per_arm = sweep.search_trials if sweep.search else 1  # an Optuna search runs each arm N times
     where = offer.gpu.name if offer.gpu else "CPUs"
     lines = [f"{sweep.name}: {len(arms)} arms x {per_arm} trial(s) on {where}"]
+    lines.append(f"  seeds {', '.join(map(str, sweep.seeds))}" + confirmation_line(sweep))
     lines += [
-        f"  {n:>3} x {model} {finetune} {task}: {where}"
-        for (model, finetune, task, where), n in sorted(counts.items())
+        f"  {n:>3} x {model} {finetune} {task}, {budget}, {batch}: {where}"
+        for (model, finetune, task, budget, batch, where), n in sorted(counts.items())
     ]
     if offer.gpu is not None:
         hours = planner.study_gpu_hours(arms, sweep.gpus_per_trial, offer.gpu, max_gpus)
@@ -325,15 +377,35 @@ def placement_table(sweep) -> str:
     return "\n".join(lines)
 
 
+def confirmation_line(sweep) -> str:
+    """'; then each arm's chosen ... on seeds 3, 4, 5 (sweep X-confirm, N trials)' or ''."""
+    if not sweep.confirm_seeds:
+        return ""
+    from scale_fpt.sweep.confirm import confirmation_sweep
+
+    confirm = confirmation_sweep(sweep)
+    return (
+        f"; then each arm's chosen {' and '.join(sweep.choice_fields())} on fresh seeds "
+        f"{', '.join(map(str, sweep.confirm_seeds))} (sweep {confirm.name}, "
+        f"{len(confirm.arms())} trials)"
+    )
+
+
 def summary_table(sweep) -> str:
     """Test accuracy at each trial's validation-selected step (``test_accuracy``), mean ±
     std over seeds, per task (rows) and arm (columns); nothing in it is chosen on test."""
     from scale_fpt.results import load_results
 
-    trials = load_results(sweep.results_dir, sweep.name).trials
+    results = load_results(sweep.results_dir, sweep.name)
+    trials = results.trials
     if trials.empty:
         return "(no trials)"
-    trials = trials.assign(arm=trials["model"] + " " + trials["init"] + " " + trials["finetune"])
+    # One column per design: a search's or grid's learning rates are never pooled into one mean.
+    lr = trials["lr"].map(lambda v: f" lr {v:.3g}")
+    bs = trials["batch_size"].map(lambda v: f" bs {int(v)}")
+    trials = trials.assign(
+        arm=trials["model"] + " " + trials["init"] + " " + trials["finetune"] + lr + bs
+    )
     stats = trials.groupby(["task", "arm"])["test_accuracy"].agg(["mean", "std", "count"])
     cells = stats.apply(
         lambda r: (
@@ -344,21 +416,26 @@ def summary_table(sweep) -> str:
     table = cells.unstack("arm").fillna("")
     status = trials["status"].value_counts().to_dict()
     return (
-        f"\n{sweep.name}: test accuracy at the step of best validation accuracy, mean ± std "
-        f"over seeds (results in {sweep.sweep_dir}; statuses {status})\n{table.to_string()}\n"
-        f"{findings(trials)}"
+        f"\n{sweep.name}: test accuracy at the step of best validation accuracy within each "
+        f"trial's budget, mean ± std over seeds, one column per (arm, lr, batch size) "
+        f"(results in {sweep.sweep_dir}; statuses {status})\n{table.to_string()}\n"
+        f"{findings(trials, results.curves)}"
         f"tables, figures and attention maps: scale-fpt report {sweep.results_dir}\n"
     )
 
 
-def findings(trials) -> str:
-    """One line per task where both inits ran: pretrained minus random, accuracy and steps to
-    the threshold, with Welch 95% intervals over seeds (``report.tables.init_difference``)."""
+def findings(trials, curves=None) -> str:
+    """One line per setting where both inits ran: pretrained minus random, paired on the
+    seeds they share (``report.tables.init_difference``): test accuracy at the selected step
+    within the budget (not a converged accuracy), and steps to the threshold as censored
+    data (Kaplan-Meier medians, log-rank) at each task's threshold (90% of the paper's FPT
+    accuracy, as Table 4; read from ``curves``)."""
     from scale_fpt.report.tables import difference_text, init_difference
 
     lines = [
-        f"{row['task']} ({row['model']}, {row['finetune_label']}, lr {row['lr']:g}): "
+        f"{row['task']} ({row['model']}, {row['finetune_label']}, lr {row['lr']:g}, "
+        f"{int(row['max_steps']):,}-step budget, threshold {row['accuracy_threshold']:g}): "
         + difference_text(row)
-        for row in init_difference(trials).to_dict("records")
+        for row in init_difference(trials, curves=curves).to_dict("records")
     ]
     return "".join(line + "\n" for line in lines)

@@ -14,6 +14,7 @@ import datetime
 import functools
 import hashlib
 import json
+import os
 import socket
 import traceback
 from collections.abc import Callable
@@ -23,8 +24,15 @@ from importlib import metadata
 import torch
 
 from scale_fpt import scaling
-from scale_fpt.config import ConfigError, TrialConfig
-from scale_fpt.loop import Evaluation, TrialState, fit, restore_checkpoint, save_checkpoint
+from scale_fpt.config import ConfigError, TrialConfig, shape_init
+from scale_fpt.loop import (
+    Evaluation,
+    TrialState,
+    fit,
+    restore_checkpoint,
+    save_checkpoint,
+    weights_file,
+)
 from scale_fpt.models import BuiltModel, build_model
 from scale_fpt.packing import STEP_KINDS, pack_problem, step_kind
 from scale_fpt.provenance import git_sha
@@ -32,7 +40,7 @@ from scale_fpt.results import SCHEMA_VERSION
 from scale_fpt.seeding import seed_streams
 from scale_fpt.steps.cohort import CohortStep
 from scale_fpt.steps.engine import EngineStep
-from scale_fpt.tasks import build_task
+from scale_fpt.tasks import build_task, release_device_draws
 from scale_fpt.tasks.base import Task, TaskSpec
 from scale_fpt.world import SINGLE_PROCESS, World
 
@@ -112,7 +120,7 @@ def device_name(device: str) -> str:
 def counting_model(config: TrialConfig, spec: TaskSpec) -> BuiltModel:
     """The trial's model built on the meta device (no memory, no weights read): its
     parameter counts, trained groups and FLOPs, the same whichever step trains it."""
-    shape_only = config.replace(init="random", weights="")
+    shape_only = config.replace(init=shape_init(config.model.init), weights="")
     with torch.device("meta"):
         return build_model(shape_only, spec)
 
@@ -231,6 +239,10 @@ class TrialRun:
             raise ConfigError(["a cohort holds the same trial twice (identical configs)"])
         self.states = [TrialState() for _ in configs]
         self.position = 0
+        self.selected_weights: dict[int, dict[str, torch.Tensor]] = {}
+        """Per member, its trained tensors at its selected evaluation (best validation
+        accuracy so far): the weights file of each checkpoint, so attention maps and any
+        rebuilt model are those of the step the row reports."""
 
     @property
     def trial_ids(self) -> list[str]:
@@ -252,6 +264,9 @@ class TrialRun:
 
         def report(position: int, evaluated: list[int]) -> None:
             self.position = position
+            for i in evaluated:  # every rank runs this alike (member_weights may gather)
+                if self.states[i].selected().step == position:
+                    self.selected_weights[i] = self.step.member_weights(i)
             if on_eval:
                 curves = [self.records[i].curve_row(self.states[i].history[-1]) for i in evaluated]
                 on_eval(curves, self.trial_rows())
@@ -267,13 +282,21 @@ class TrialRun:
         return self.trial_rows(error=error_text(error))
 
     def save(self, directory: str) -> None:
-        save_checkpoint(directory, self.step, self.states, self.trial_ids, self.position)
+        save_checkpoint(
+            directory, self.step, self.states, self.trial_ids, self.position, self.selected_weights
+        )
 
     def restore(self, directory: str) -> None:
         self.states, self.position = restore_checkpoint(directory, self.step, self.trial_ids)
+        self.selected_weights = {}
+        for i, trial_id in enumerate(self.trial_ids):
+            path = os.path.join(directory, weights_file(trial_id))
+            if self.states[i].history and os.path.exists(path):  # rank 0 wrote them
+                self.selected_weights[i] = torch.load(path, weights_only=False)["module"]
 
     def close(self) -> None:
         self.step.close()
+        release_device_draws()
 
 
 def error_text(error: BaseException, limit: int = 4000) -> str:

@@ -98,11 +98,12 @@ def init_world(device: str, world: World) -> None:
     CPU, NCCL on CUDA), replacing any group the process had (a reused Ray actor's world of
     one). Each rank sees only its own GPU (Ray gives each its device), hence LOCAL_RANK 0.
     A world of one is ``runtime.init_distributed``'s."""
-    if device == "cpu":
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
     import torch.distributed as dist
 
+    from scale_fpt.runtime import WORLD_TIMEOUT, backend, use_accelerator
+
+    use_accelerator(device)
     deepspeed.utils.logger.setLevel(logging.WARNING)  # one line per checkpoint otherwise
     if dist.is_initialized():
         destroy_group()
@@ -114,7 +115,10 @@ def init_world(device: str, world: World) -> None:
         MASTER_PORT=str(world.master_port),
     )
     deepspeed.init_distributed(
-        dist_backend="nccl" if device == "cuda" else "gloo", verbose=False, dist_init_required=True
+        dist_backend=backend(device),
+        verbose=False,
+        dist_init_required=True,
+        timeout=WORLD_TIMEOUT,
     )
 
 

@@ -113,3 +113,23 @@ def no_network(monkeypatch):
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket.socket, "connect_ex", refuse)
     return attempts
+
+
+def write_long_proteins(directory, length: int = 1024, n_train: int = 8) -> str:
+    """TAPE remote-homology JSON files whose every sequence has ``length`` residues: a task of
+    ``length`` tokens in every batch (homology cuts a batch to its longest sequence)."""
+    import json
+    from pathlib import Path
+
+    residues = "ACDEFGHIKLMNPQRSTVWY"
+    sequence = (residues * (length // len(residues) + 1))[:length]
+    for split, n in (("train", n_train), ("valid", 2), ("test_fold_holdout", 2)):
+        records = [{"primary": sequence, "fold_label": i % 3} for i in range(n)]
+        Path(directory, f"remote_homology_{split}.json").write_text(json.dumps(records))
+    return str(directory)
+
+
+@pytest.fixture(scope="session")
+def long_proteins_dir(tmp_path_factory) -> str:
+    """A homology ``--data-dir`` of 1024-residue sequences (``write_long_proteins``)."""
+    return write_long_proteins(tmp_path_factory.mktemp("long-proteins"))

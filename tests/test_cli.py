@@ -203,7 +203,7 @@ def test_every_bad_argument_is_reported_at_once(capsys, tmp_path):
         "-1",
         "--finetune",
         "wings",
-        "input, output, ln, pos, ff, attn, fpt, full",
+        "input, output, ln, pos, ff, attn, lora, fpt, full",
         "--precision",
         "'fp8'",
         "fp32, bf16, fp16",

@@ -13,8 +13,6 @@ from __future__ import annotations
 import os
 import signal
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before anything imports deepspeed
-
 import pandas as pd
 import pytest
 import torch

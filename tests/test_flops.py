@@ -4,10 +4,6 @@ table of published device peaks that MFU divides by on a GPU."""
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before anything imports deepspeed
-
 import pytest
 from torch.utils.flop_counter import FlopCounterMode
 

@@ -11,6 +11,7 @@ ZeRO-3 (two GPUs and TrainConfig's ``workers`` needed).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -54,7 +55,9 @@ def test_fp16_trains_with_loss_scaling():
     try:
         (row,) = run.run()
         first = run.states[0].history[0].train_loss  # mean over the first 20 steps
-        scale = run.step.engine.optimizer.cur_scale  # DeepSpeed's dynamic loss scaler
+        # DeepSpeed's dynamic loss scaler: 0.19.8's fp16 optimizers (fused and unfused) keep
+        # it in their LossScaleConfig (no ``cur_scale`` attribute of their own).
+        scale = run.step.engine.optimizer.loss_scale_config.cur_scale
     finally:
         run.close()
     assert row["status"] == "completed"
@@ -90,21 +93,30 @@ def test_packed_compiled_cohort_equals_the_unpacked_trials(tiny_gpt2_dir):
             assert p.test_accuracy == pytest.approx(s.test_accuracy, abs=1e-6)
 
 
-def test_custom_attention_equals_sdpa_on_cuda():
+@pytest.mark.parametrize(
+    ("dtype", "tolerance"),
+    [(torch.float32, {"rtol": 1e-4, "atol": 1e-4}), (torch.bfloat16, {"rtol": 2e-2, "atol": 2e-2})],
+)
+def test_custom_attention_equals_sdpa_on_cuda(dtype, tolerance):
+    """In the dtype trials train in (bf16: what a bf16 trial's attention runs in, SDPA's own
+    bf16 kernels as the reference), forward and gradients."""
     from scale_fpt.models import ops
 
     torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 16, 8, device="cuda", requires_grad=True) for _ in range(3))
+    shape = (2, 4, 64, 32)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    every = torch.arange(16, device="cuda").expand(2, 16)  # every query at its own position
-    custom = ops.causal_attention(q, k, v, scale=8**-0.5, query_positions=every)
-    torch.testing.assert_close(custom, expected, rtol=1e-4, atol=1e-5)
-    last = ops.causal_attention(q, k, v, 8**-0.5, query_positions=every[:, -3:])
-    torch.testing.assert_close(last, expected[:, :, -3:], rtol=1e-4, atol=1e-5)
+    every = torch.arange(64, device="cuda").expand(2, 64)  # every query at its own position
+    custom = ops.causal_attention(q, k, v, scale=32**-0.5, query_positions=every)
+    assert custom.dtype == dtype
+    torch.testing.assert_close(custom, expected, **tolerance)
+    last = ops.causal_attention(q, k, v, 32**-0.5, query_positions=every[:, -3:])
+    torch.testing.assert_close(last, expected[:, :, -3:], **tolerance)
     grads = torch.autograd.grad(custom.sum(), (q, k, v))
     sdpa_grads = torch.autograd.grad(expected.sum(), (q, k, v))
     for mine, theirs in zip(grads, sdpa_grads, strict=True):
-        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+        assert mine.dtype == dtype
+        torch.testing.assert_close(mine, theirs, **tolerance)
 
 
 @pytest.mark.parametrize(
@@ -177,27 +189,49 @@ def test_draws_batches_and_dropout_masks_are_the_cpu_ones():
             assert torch.equal(ours.y.cpu(), theirs.y)
 
 
-def test_a_cohort_step_reads_nothing_on_the_host():
-    """The training step of a packed cohort on a GPU queues its work and returns: CUDA's sync
-    debug mode raises at any synchronising call (a .item(), a pageable copy, a nonzero)."""
+@pytest.mark.parametrize("compile_mode", ["off", "reduce-overhead"])
+def test_a_cohort_step_reads_nothing_on_the_host(compile_mode):
+    """The training step and the evaluation of a packed cohort on a GPU queue their work and
+    return: CUDA's sync debug mode raises at any synchronising call (a .item(), a pageable
+    copy, a nonzero). Compiled with CUDA graphs, no graph is skipped (a skip falls back to
+    eager launches silently)."""
+    from torch._dynamo.utils import counters
+
     from scale_fpt.steps.cohort import CohortStep
     from scale_fpt.tasks import build_task
 
     base = {**XOR, "model": "gpt2-tiny", "init": "random", "max_steps": 10, "dropout": 0.1}
+    base.update(compile=compile_mode, eval_batch_size=32)
     configs = [TrialConfig.from_flat({**base, "seed": s, "lr": 1e-3 * (s + 1)}) for s in range(4)]
+    counters.clear()
     step = CohortStep(configs, build_task(configs[0].task, configs[0].train.seed))
     try:
-        step.train_step(0)  # first use: allocations, kernel selection
+        for position in range(3):  # first use: compilation, CUDA-graph warm-up and recording
+            step.train_step(position)
+        step.evaluate("val")
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            for position in range(1, 6):
+            for position in range(3, 8):
                 step.train_step(position)
+            for split in ("val", "test"):
+                step.evaluate(split)
         finally:
             torch.cuda.set_sync_debug_mode("default")
         assert torch.isfinite(step.metrics.last_loss).all()
+        assert counters["inductor"]["cudagraph_skips"] == 0
     finally:
         step.close()
+
+
+def test_restoring_more_cuda_rng_states_than_visible_devices():
+    """A checkpoint written where more GPUs were visible resumes where fewer are."""
+    from scale_fpt.runtime import restore_rng, rng_state
+
+    saved = rng_state()
+    extra = [*saved["cuda_rng"], saved["cuda_rng"][0]]  # one device more than visible
+    restore_rng({**saved, "cuda_rng": extra})
+    assert torch.equal(torch.cuda.get_rng_state(0), saved["cuda_rng"][0])
 
 
 @pytest.fixture
@@ -213,21 +247,30 @@ def gpu_ray():
 
 
 def test_four_trials_share_one_gpu_through_fractional_resources(gpu_ray, tmp_path):
+    """Four Ray trials (``pack: 1``: ``auto`` would make them one cohort, one Tune trial)
+    of a quarter GPU each train on the same GPU at the same time."""
     from scale_fpt.sweep import run_sweep
 
+    base = {**XOR, "model": "gpt2-tiny", "init": "random", "max_steps": 3000}
     sweep = SweepConfig(
         name="share",
-        base={**XOR, "model": "gpt2-tiny", "init": "random", "max_steps": 200, "eval_every": 100},
+        base={**base, "eval_every": 1000, "log_evals": False},
         grid={"lr": [1e-4, 3e-4, 1e-3, 3e-3]},
         gpus_per_trial="0.25",
+        pack=1,
+        max_concurrent=4,
         results_dir=str(tmp_path),
     )
     assert run_sweep(sweep).finished
     trials = pd.read_parquet(tmp_path / "share" / "trials")
     assert len(trials) == 4 and (trials["status"] == "completed").all()
+    assert trials["checkpoint"].map(lambda c: Path(c).parent).nunique() == 4  # 4 Tune trials
     assert [json.loads(r) for r in trials["resources_requested"]] == [[{"CPU": 1, "GPU": 0.25}]] * 4
-    assert all(len(json.loads(ids)) == 1 for ids in trials["gpu_ids"])
+    assert trials["gpu_ids"].nunique() == 1 and len(json.loads(trials["gpu_ids"].iloc[0])) == 1
     assert (trials["gpu_model"] == torch.cuda.get_device_name()).all()
+    end = pd.to_datetime(trials["finished_at"])
+    start = end - pd.to_timedelta(trials["wall_time_s"], unit="s")
+    assert start.max() < end.min()  # every trial trained while every other did
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")

@@ -229,7 +229,14 @@ def test_training_changes_trained_weights_only():
 
 
 def test_lstm_counts_and_width():
-    built = build(task="cifar10", model="lstm", init="random", lstm_width=24, finetune="full")
+    built = build(
+        task="cifar10",
+        model="lstm",
+        init="random",
+        lstm_width=24,
+        finetune="full",
+        lstm_layer_norm=False,
+    )
     lstm = built.module.backbone.lstm
     assert (lstm.num_layers, lstm.hidden_size, lstm.input_size) == (3, 24, 24)
     assert built.counts == {
@@ -243,8 +250,15 @@ def test_lstm_counts_and_width():
     )
 
 
-def test_lstm_fpt_trains_input_and_output_only():
-    built = build(task="bit-xor", model="lstm", init="random", lstm_width=16, finetune="fpt")
+def test_plain_lstm_fpt_trains_input_and_output_only():
+    built = build(
+        task="bit-xor",
+        model="lstm",
+        init="random",
+        lstm_width=16,
+        finetune="fpt",
+        lstm_layer_norm=False,
+    )
     assert built.trained_groups == ("input", "output")
     trained = {n for n, p in built.module.named_parameters() if p.requires_grad}
     assert trained == {"input.weight", "input.bias", "output.weight", "output.bias"}
@@ -252,13 +266,41 @@ def test_lstm_fpt_trains_input_and_output_only():
     assert built.counts["backbone"]["total"] == scaling.lstm_params(16, 3)
 
 
+def test_layer_norm_lstm_is_the_default_and_its_frozen_arm_trains_the_norms():
+    """The reference's baseline: frozen (fpt) trains input, output and the layer norms."""
+    built = build(task="bit-xor", model="lstm", init="random", lstm_width=16, finetune="fpt")
+    assert built.trained_groups == ("input", "output", "ln")
+    norms = 3 * 2 * (4 * 16 + 4 * 16 + 16)  # layers x (gain, bias) x (input, recurrent, cell)
+    assert scaling.lstm_norm_params(16, 3) == norms
+    assert built.counts["ln"] == {"total": norms, "trainable": norms}
+    assert built.counts["backbone"] == {
+        "total": scaling.ln_lstm_weight_params(16, 3),
+        "trainable": 0,
+    }
+    layer = built.module.backbone.layers[0]
+    x = torch.randn(2, 5, 16)
+    out = layer(x)
+    # By hand, step by step (the norms at their init: gain 1, bias 0): normalised
+    # pre-activations, normalised cell, zero initial state.
+    ln = torch.nn.functional.layer_norm
+    h = c = torch.zeros(2, 16)
+    for t in range(5):
+        gates = ln(x[:, t] @ layer.input_weights.weight.T, (64,)) + ln(
+            h @ layer.recurrent_weights.weight.T, (64,)
+        )
+        i, f, o, g = (*gates.sigmoid().split(16, -1)[:3], gates[:, 48:].tanh())
+        c = ln(f * c + i * g, (16,))
+        h = o * c.tanh()
+        assert torch.allclose(out[:, t], h, atol=1e-6)
+
+
 def test_lstm_rejects_groups_it_lacks():
     with pytest.raises(ConfigError) as err:
         build(
-            task="bit-xor", model="lstm", init="random", lstm_width=16, finetune="input+output+ln"
+            task="bit-xor", model="lstm", init="random", lstm_width=16, finetune="input+output+pos"
         )
     (problem,) = err.value.problems
-    assert "ln" in problem and "input, output, backbone" in problem
+    assert "pos" in problem and "input, output, ln, backbone" in problem
 
 
 def test_lstm_has_no_pretrained_weights():
@@ -297,7 +339,7 @@ def test_seed_streams_are_reproducible_and_independent():
     import numpy as np
 
     # The documented derivation, word for word: child i of SeedSequence(seed), top bit dropped.
-    children = np.random.SeedSequence(7).spawn(4)
+    children = np.random.SeedSequence(7).spawn(len(STREAMS))
     expected = [int(c.generate_state(1, dtype=np.uint64)[0]) >> 1 for c in children]
     assert [getattr(seed_streams(7), name) for name in STREAMS] == expected
     assert seed_streams(7) == seed_streams(7)

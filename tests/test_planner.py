@@ -39,18 +39,163 @@ def test_one_process_memory_counts_every_byte_per_precision():
 def test_zero_stages_shard_optimizer_then_gradients_then_weights():
     one = trial_memory(SHAPE, "bf16", 2, zero_stage=0, workers=2)
     assert one == TrialMemory(2000, 600, 1600, 2176)  # micro batch 1 per worker
+    # DeepSpeed allocates its reduce bucket whole (fp32) from stage 1 on, however few
+    # parameters train: the planner's bucket size, which every ZeRO engine is configured with.
+    bucket = planner.ZERO_BUCKET_ELEMENTS * 4
     stage1 = trial_memory(SHAPE, "bf16", 2, zero_stage=1, workers=2)
-    assert stage1 == TrialMemory(2000, 200 + 200, 800, 2176)
+    assert stage1 == TrialMemory(2000, 200 + 200 + bucket, 800, 2176)
     stage2 = trial_memory(SHAPE, "bf16", 2, zero_stage=2, workers=2)
-    # 16-bit grads halved plus one reduce bucket (all 100 trained elements, 2 bytes each)
-    assert stage2 == TrialMemory(2000, 100 + 200 + 200, 800, 2176)
+    assert stage2 == TrialMemory(2000, 100 + 200 + bucket, 800, 2176)  # 16-bit grads halved
     stage3 = trial_memory(SHAPE, "bf16", 2, zero_stage=3, workers=2)
     assert stage3.weights == 1000 + 2 * 300 * 2  # half the weights + two gathered blocks
+    assert stage3.gradients == 100 + 200 + 2 * bucket  # overlap_comm's double buffer
+
+
+def test_zero_engines_are_configured_with_the_planned_buckets():
+    """The planner's bucket is what a ZeRO engine allocates: DeepSpeed's default (5e8
+    elements, 2 GB in fp32 per rank) would be 10x the plan."""
+    from scale_fpt.models import build_model
+    from scale_fpt.steps.engine import EngineStep
+    from scale_fpt.tasks import build_task
+
+    flat = {"task": "bit-xor", "model": "gpt2-tiny", "init": "random", "zero_stage": 1}
+    config = TrialConfig.from_flat({**flat, "accelerator": "cpu", "test_batches": 1})
+
+    task = build_task(config.task, 0)
+    step = EngineStep(config.train, task, build_model(config, task.spec))
+    try:
+        optimizer = step.engine.optimizer
+        assert optimizer.reduce_bucket_size == planner.ZERO_BUCKET_ELEMENTS
+        assert optimizer.allgather_bucket_size == planner.ZERO_BUCKET_ELEMENTS
+    finally:
+        step.close()
 
 
 def test_no_backward_through_the_body_keeps_one_block_of_activations():
     head_only = ModelShape(**{**SHAPE.__dict__, "backbone_backward": False})
     assert trial_memory(head_only, "bf16", 2).activations == 4352 // 2
+
+
+def test_attention_with_dropout_counts_the_materialised_scores_and_the_mask_draw():
+    """Keyed dropout forces the materialised attention path: (B, H, T, T) tensors per block."""
+    shape = ModelShape(**{**SHAPE.__dict__, "n_head": 2, "dropout": 0.1})
+    elements = 2 * 2 * 4 * 4  # batch x heads x tokens x tokens
+    draw = elements * 56  # the mask's SplitMix64 temporaries, one block
+
+    def attention(shape: ModelShape, fused: bool = False) -> int:
+        return trial_memory(shape, "bf16", 2, fused_attention=fused).attention
+
+    # forward at the last block: 3 kept by the block below, 4 working, the draw; backward's
+    # start: 3 kept per block and 4 working gradients: the forward is larger here
+    assert attention(shape) == (3 + 4) * elements * 2 + draw
+    assert (3 + 4) * elements * 2 + draw > (2 * 3 + 4) * elements * 2
+    materialised = trial_memory(shape, "bf16", 2, fused_attention=False)
+    assert materialised.allocated == 8552 + (3 + 4) * elements * 2 + draw
+    assert attention(ModelShape(**{**shape.__dict__, "backbone_backward": False})) == (
+        4 * elements * 2 + draw
+    )
+    assert attention(ModelShape(**{**shape.__dict__, "dropout": 0.0})) == 0  # SDPA
+    assert attention(shape, fused=True) == 0  # the Triton kernel: no (B, H, T, T) tensors
+    # a long sequence on a GPU without the fused kernel: gpt2-large on cifar10-lra (T =
+    # 1024) at batch 8 no longer "fits" an A10G; without dropout, or fused, it does
+    lra = {"model": "gpt2-large", "task": "cifar10-lra", "precision": "bf16", "batch_size": 8}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(planner, "gpu_fuses_attention", lambda: False)
+        assert plan_of(lra, "a10g-24gb").gpus == 4
+        assert plan_of({**lra, "dropout": 0.0}, "a10g-24gb").gpus == 1
+        patch.setattr(planner, "gpu_fuses_attention", lambda: True)
+        assert plan_of(lra, "a10g-24gb").gpus == 1
+
+
+class HostAllocated:
+    """Peak bytes that torch's CPU allocator (glibc malloc: torch allocates CPU tensors with
+    posix_memalign) holds while the block runs, above what it held when the block began,
+    read with glibc's ``mallinfo2`` (bytes in use in the heap and in mmapped chunks) after
+    every aten operator (a dispatch mode sees each one, backward's included). Sound where
+    RSS is not: freed blocks the heap keeps are not "in use", and pages are counted when
+    allocated, not when touched; tracemalloc sees only Python's allocations. It misses only
+    a kernel's internal scratch, freed before the operator returns."""
+
+    def __init__(self):
+        import ctypes
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        names = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+
+        class MallInfo2(ctypes.Structure):
+            _fields_ = [(name, ctypes.c_size_t) for name in names.split()]
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = MallInfo2
+
+        def in_use() -> int:
+            info = libc.mallinfo2()
+            return info.uordblks + info.hblkhd
+
+        outer = self
+
+        class Sample(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                outer.peak = max(outer.peak, in_use() - outer.base)
+                return out
+
+        self.in_use, self.mode = in_use, Sample()
+
+    def __enter__(self):
+        self.base, self.peak = self.in_use(), 0
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+def live_tensor_bytes() -> int:
+    """Bytes of every CPU tensor storage alive now (each storage once)."""
+    import gc
+
+    import torch
+
+    storages = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("draw_block", [None, 2**20])
+def test_plan_bounds_a_long_sequence_step_on_the_cpu(long_proteins_dir, monkeypatch, draw_block):
+    """A training step at T = 1024 with dropout, on the torch-op path a GPU takes (keyed masks
+    drawn with torch ops, materialised attention): the plan's allocated bytes are at least
+    what the step holds (tensors alive before it plus its peak above them) and at most 25%
+    above. Without the attention term the plan was 20x under. With ``draw_block`` the mask
+    of (B, H, T, T) = 4.2M elements is drawn in 4 blocks."""
+
+    from scale_fpt import keyed_random
+    from scale_fpt.models import ops
+    from scale_fpt.trial import TrialRun
+
+    monkeypatch.setattr(ops, "_fused", lambda *tensors: None)  # the CPU's fused kernels off
+    if draw_block:
+        monkeypatch.setattr(keyed_random, "DRAW_BLOCK", draw_block)
+    flat = {"task": "homology", "data_dir": long_proteins_dir, "model": "gpt2-tiny"}
+    flat.update(init="random", batch_size=1, dropout=0.1, accelerator="cpu", test_batches=1)
+    config = TrialConfig.from_flat(flat)
+    run = TrialRun([config], kind="engine")  # every block whole (a cohort cuts the last one)
+    try:
+        run.step.train_step(0)  # first use: the optimizer's state, lazy buffers
+        before = live_tensor_bytes()
+        with HostAllocated() as held:
+            run.step.train_step(1)
+    finally:
+        run.close()
+    measured = before + held.peak
+    plan = trial_memory(planner.model_shape(config), "fp32", 1, fused_attention=False)
+    assert plan.attention > 5 * plan.activations  # what the planner left out
+    assert measured <= plan.allocated <= 1.25 * measured, (plan, measured)
 
 
 def test_device_memory_adds_allocator_slack_and_cuda_context():
@@ -214,21 +359,59 @@ def test_plan_bounds_the_memory_of_a_real_step_from_above_within_25_percent():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from scale_fpt.trial import TrialRun
 
     flat = {"model": "gpt2", "init": "random", "task": "bit-xor", "finetune": "full"}
     flat.update(precision="bf16", batch_size=16, max_steps=2, eval_every=2, test_batches=1)
     config = TrialConfig.from_flat({**flat, "accelerator": "cuda"})
+    measured = cuda_step_peak(config)  # full fine-tuning: the DeepSpeed engine step
+    planned = planner.trial_memory(planner.model_shape(config), "bf16", 16).allocated
+    assert measured <= planned <= 1.25 * measured, (planned, measured)
+
+
+def cuda_step_peak(config: TrialConfig, kind: str | None = None) -> int:
+    """Peak bytes torch's CUDA allocator holds over a trial's first two training steps, above
+    what earlier tests of the session left allocated."""
+    import torch
+
+    from scale_fpt.trial import TrialRun
+
+    torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    run = TrialRun([config])  # full fine-tuning: the DeepSpeed engine step
+    before = torch.cuda.memory_allocated()
+    run = TrialRun([config], kind=kind)
     try:
         run.step.train_step(0)
         run.step.train_step(1)
-        measured = torch.cuda.max_memory_allocated()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
     finally:
         run.close()
-    planned = planner.trial_memory(planner.model_shape(config), "bf16", 16).allocated
-    assert measured <= planned <= 1.25 * measured, (planned, measured)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("kind", ["cohort", "engine"])
+def test_plan_bounds_a_long_sequence_bf16_step_on_the_gpu(
+    long_proteins_dir, kind, fused, monkeypatch
+):
+    """gpt2 at T = 1024 in bf16 with keyed dropout, through the Triton kernel (``fused``) or
+    the materialised attention (``ops.FLASH`` off): the plan is at least
+    torch.cuda.max_memory_allocated and at most 25% above, on either step."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from scale_fpt.models import ops
+
+    if fused and not ops.FLASH:
+        pytest.skip("needs Triton (the fused kernel)")
+    monkeypatch.setattr(ops, "FLASH", fused)
+    flat = {"task": "homology", "data_dir": long_proteins_dir, "model": "gpt2", "init": "random"}
+    flat.update(precision="bf16", batch_size=8, dropout=0.1, test_batches=1, accelerator="cuda")
+    config = TrialConfig.from_flat(flat)
+    measured = cuda_step_peak(config, kind)
+    plan = planner.trial_memory(planner.model_shape(config), "bf16", 8, fused_attention=fused)
+    assert (plan.attention > plan.activations) != fused
+    assert measured <= plan.allocated <= 1.25 * measured, (plan, measured)
 
 
 def test_study_plan_lists_placements_and_gpu_hours_without_ray():
@@ -239,11 +422,18 @@ def test_study_plan_lists_placements_and_gpu_hours_without_ray():
     sweep = SweepConfig(name="s", base=arms, seeds=(0, 1), gpu="a10g-24gb")
     table = placement_table(sweep).splitlines()
     assert table[0] == "s: 2 arms x 1 trial(s) on a10g-24gb"
-    assert table[1].startswith("    2 x gpt2 fpt bit-xor: a10g-24gb, ZeRO 0, 4 trials per GPU;")
+    assert table[1] == "  seeds 0, 1"
+    assert table[2].startswith(
+        "    2 x gpt2 fpt bit-xor, 1,000 steps, bs 16: a10g-24gb, ZeRO 0, 4 trials per GPU;"
+    )
     hours = planner.study_gpu_hours(sweep.arms(), "auto", GPUS["a10g-24gb"])
     assert table[-1].endswith(f"gpt2 {hours['gpt2']:,.1f}, total {hours['total']:,.1f}")
     cpu = placement_table(SweepConfig(name="s", base=arms, gpus_per_trial="0")).splitlines()
-    assert cpu == ["s: 1 arms x 1 trial(s) on CPUs", "    1 x gpt2 fpt bit-xor: CPU"]
+    assert cpu == [
+        "s: 1 arms x 1 trial(s) on CPUs",
+        "  seeds 0",
+        "    1 x gpt2 fpt bit-xor, 1,000 steps, bs 16: CPU",
+    ]
 
 
 def test_sweep_yaml_and_study_flags_declare_gpus(tmp_path):

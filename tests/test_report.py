@@ -241,26 +241,28 @@ def test_like_for_like_rule():
 
 def test_table4_steps_to_threshold_and_speedup(results):
     t4 = report.table4_steps(results.trials, results.curves)
-    pre = cell(t4, row="gpt2-tiny · pretrained · steps=1000", task="bit-xor")
-    rnd = cell(t4, row="gpt2-tiny · random · steps=1000", task="bit-xor")
+    pre = cell(t4, row="gpt2-tiny · pretrained · steps=1000 · main", task="bit-xor")
+    rnd = cell(t4, row="gpt2-tiny · random · steps=1000 · main", task="bit-xor")
     assert (pre["mean"], pre["std"], pre["n"], pre["threshold"]) == (200, 100, 3, 0.9)
     assert rnd["mean"] == 600 and rnd["n"] == 3  # the stopped seed is not counted
-    up = cell(t4, row="speed-up · gpt2-tiny · pretrained · steps=1000", task="bit-xor")
+    up = cell(t4, row="speed-up · gpt2-tiny · pretrained · steps=1000 · main", task="bit-xor")
     assert up["speedup"] == pytest.approx(3.0) and up["speedup_text"] == "3x"
     # bit-memory: random never reaches 0.9 in 1000 steps -> a bound, never a number
-    mem = cell(t4, row="gpt2-tiny · random · steps=1000", task="bit-memory")
+    mem = cell(t4, row="gpt2-tiny · random · steps=1000 · main", task="bit-memory")
     assert mem["n"] == 1 and mem["n_reached"] == 0 and math.isnan(mem["mean"])
     assert tables.steps_text(mem) == ">1000 (0/1 reached)"
-    mem_up = cell(t4, row="speed-up · gpt2-tiny · pretrained · steps=1000", task="bit-memory")
+    mem_up = cell(
+        t4, row="speed-up · gpt2-tiny · pretrained · steps=1000 · main", task="bit-memory"
+    )
     assert mem_up["speedup_text"] == ">2x (random not reached)"
     assert not up["like_for_like"] and up["published"] == 40  # convergence, not threshold
     shaped = report.wide(t4)
     assert shaped.loc[pre["row"], "bit-xor"] == "200 ± 100 (n=3, CI ±248)"
     # a stricter threshold: nobody reaches it, no speed-up is invented
     strict = report.table4_steps(results.trials, results.curves, thresholds={"bit-xor": 0.99})
-    pre = cell(strict, row="gpt2-tiny · pretrained · steps=1000", task="bit-xor")
+    pre = cell(strict, row="gpt2-tiny · pretrained · steps=1000 · main", task="bit-xor")
     assert tables.steps_text(pre) == ">1000 (0/3 reached)"
-    up = cell(strict, row="speed-up · gpt2-tiny · pretrained · steps=1000", task="bit-xor")
+    up = cell(strict, row="speed-up · gpt2-tiny · pretrained · steps=1000 · main", task="bit-xor")
     assert math.isnan(up["speedup"]) and up["speedup_text"] == "— pretrained not reached"
 
 
@@ -272,7 +274,7 @@ def test_table6_sizes_and_parameter_counts(results):
     assert list(xor["total_params"]) == [400_000, 2_000_000, 85_000_000]
     assert list(xor["trainable_params"]) == [20_000, 50_000, 100_000]
     shaped = report.table6_wide(t6)
-    row = shaped.loc[("bit-xor", "gpt2-mini · steps=1000")]
+    row = shaped.loc[("bit-xor", "gpt2-mini · steps=1000 · main")]
     assert (row["layers"], row["total params"], row["trained params"]) == (4, "2M", "50K")
     assert row["pretrained"] == "80.0 (n=1)" and row["random"] == "— no trials"
     # the paper's Table 6 setting (CIFAR-10, gpt2 small, fpt, lr 1e-3), but 1000 steps and a
@@ -285,7 +287,7 @@ def test_table6_sizes_and_parameter_counts(results):
         "a fixed 10% validation slice; test split (published: full train split; test split)"
     )
     published = report.table6_wide(t6, tables.published_text)
-    assert published.loc[("cifar10", "gpt2 · steps=1000"), "pretrained"] == "68.2 (ref.)"
+    assert published.loc[("cifar10", "gpt2 · steps=1000 · main"), "pretrained"] == "68.2 (ref.)"
     # Table 1's CIFAR-10 FPT was gpt2-large: gpt2 small is reference only there
     t1 = cell(report.table1_full(results.trials), task="cifar10")
     assert not t1["like_for_like"] and "(paper gpt2-large)" in t1["comparison"]
@@ -322,7 +324,8 @@ def test_lr_fair_selects_each_arms_best_rate_on_validation(results):
     assert full["n_search_trials"] == 4  # compute of the whole search
     text = tables.lr_text(full)
     assert text == (
-        "93.0 ± 4.2 (n=2, CI ±38.1) @ lr 0.0001 (best of 2 configurations); "
+        "93.0 ± 4.2 (n=2, CI ±38.1) @ lr 0.0001 (selection seeds: no confirmation run) "
+        "(best of 2 configurations); "
         "lr 0.001: 60.0 ± 0.0 (n=2, CI ±0.0)"
     )
     points = report.lr_points(results.trials)
@@ -572,25 +575,43 @@ def test_budget_table_sets_budgets_beside_the_papers(results):
     assert list(budgets.index.get_level_values("task"))[:2] == ["bit-memory", "bit-memory"]
 
 
-def test_init_difference_with_welch_intervals(results):
+def test_init_difference_pairs_shared_seeds(results):
+    """Both inits ran seeds 0-2: paired on the seed. Accuracy 50/60/70 vs 40/50/60 differs
+    by exactly 10 in every pair (a zero-wide interval); steps 100/200/300 vs 400/800/600
+    differ by -300/-600/-300 (paired t, recomputed with scipy)."""
+    from scipy import stats as sp
+
     diffs = tables.init_difference(results.trials)
     xor = cell(diffs, task="bit-xor", model="gpt2-tiny", max_steps=1000)
-    # accuracy 60 vs 50 (each std 10, n=3): Welch df 4, t(0.975, 4) = 2.776445
     assert (xor["n_pretrained"], xor["n_random"]) == (3, 3)
-    assert xor["accuracy_diff"] == pytest.approx(10)
-    assert xor["accuracy_ci95"] == pytest.approx(2.776445 * math.sqrt(200 / 3), abs=1e-4)
-    # steps 100/200/300 vs 400/800/600: the a/b example of test_welch_difference_interval x 100
+    assert xor["accuracy_design"] == "paired over 3 shared seeds"
+    assert xor["accuracy_diff"] == pytest.approx(10) and xor["accuracy_ci95"] == 0
+    ci = sp.ttest_rel([100, 200, 300], [400, 800, 600]).confidence_interval(0.95)
     assert xor["steps_diff"] == pytest.approx(-400)
-    assert xor["steps_ci95"] == pytest.approx(415.53995031825, abs=1e-6)
-    assert tables.difference_text(xor) == (
-        "pretrained - random: accuracy +10.0 pp [95% CI -12.7, +32.7] (n=3 vs 3); "
-        "steps to threshold -400 [95% CI -816, +16]"
+    assert (xor["steps_ci_low"], xor["steps_ci_high"]) == (
+        pytest.approx(ci.low),
+        pytest.approx(ci.high),
+    )
+    # Kaplan-Meier: every seed reached it; medians 200 and 600; log-rank as scipy's.
+    assert (xor["steps_median_pretrained"], xor["steps_median_random"]) == (200, 600)
+    logrank = sp.logrank(sp.CensoredData([100, 200, 300]), sp.CensoredData([400, 800, 600]))
+    assert xor["steps_logrank_p"] == pytest.approx(logrank.pvalue)
+    assert tables.difference_text(xor).startswith(
+        "pretrained - random, paired over 3 shared seeds: accuracy +10.0 pp [95% CI +10.0, "
+        "+10.0] (n=3 vs 3); steps to threshold, Kaplan-Meier median [95% CI] 200 [100, not "
+        "reached] vs 600 [400, not reached], log-rank p 0.025; difference -400 [95% CI -830, +30]"
     )
     memory = cell(diffs, task="bit-memory")
+    assert memory["accuracy_design"] == "too few seeds for an interval"
     assert math.isnan(memory["accuracy_ci95"]) and math.isnan(memory["steps_diff"])
+    assert memory["steps_median_random"] == math.inf  # censored at its last step, 1000
     assert memory["steps_note"] == (
         "threshold reached by 1/1 pretrained and 0/1 random seeds: pretrained - random < -500 "
         "steps (unreached seeds at their last step)"
+    )
+    # One family: Benjamini-Hochberg over the table's rows.
+    np.testing.assert_allclose(
+        diffs["steps_logrank_p_adjusted"], sp.false_discovery_control(diffs["steps_logrank_p"])
     )
 
 
@@ -600,4 +621,4 @@ def test_preprocessing_table_lists_each_tasks_choices(results):
     split = steps[(steps["task"] == "cifar10") & (steps["aspect"] == "split")].iloc[0]
     assert split["as published"] == "no" and split["reference code"].startswith("full train")
     xor = steps[steps["task"] == "bit-xor"]
-    assert len(xor) == 5 and set(xor["as published"]) == {"yes"}
+    assert len(xor) == 6 and set(xor["as published"]) == {"yes"}

@@ -48,14 +48,16 @@ def searcher(tmp_path, seeds=(0, 1, 2), init="pretrained", pack=1, n_configs=4, 
     )
 
 
-def finish(s: SeedMeanSearcher, tune_id: str, config: dict, value=None) -> dict[str, float]:
+def finish(
+    s: SeedMeanSearcher, tune_id: str, config: dict, value=None, status="completed"
+) -> dict[str, float]:
     """Complete a Tune trial as its final report would: one row per member, the metric a
     function of the member's lr and seed (or ``value``). Returns {trial_id: metric}."""
     rows = []
     for member in config["members"]:
         flat, _ = split_search_config(member)
         metric = value if value is not None else 0.5 + flat["lr"] * 10 + flat["seed"] / 100
-        rows.append({"trial_id": config_trial_id("s", flat), METRIC: metric, "status": "done"})
+        rows.append({"trial_id": config_trial_id("s", flat), METRIC: metric, "status": status})
     s.on_trial_complete(tune_id, result={"final": True, "trial_rows": rows})
     return {r["trial_id"]: r[METRIC] for r in rows}
 
@@ -99,6 +101,17 @@ def test_a_seed_without_a_value_fails_the_configuration(tmp_path):
     (trial,) = study(tmp_path).trials
     assert trial.state == optuna.trial.TrialState.FAIL
     assert seed_mean([0.5, math.nan]) is None and seed_mean([0.5, 0.7]) == pytest.approx(0.6)
+
+
+def test_a_diverged_seed_fails_the_configuration_whatever_its_value(tmp_path):
+    """A seed that diverged after its first evaluation still has a best_val_accuracy; its
+    configuration is told FAIL all the same (it cannot win on its other seeds)."""
+    s = searcher(tmp_path, seeds=(0, 1), n_configs=1)
+    first, second = s.suggest("a"), s.suggest("b")
+    finish(s, "a", first, value=0.99)
+    finish(s, "b", second, value=0.99, status="diverged")
+    (trial,) = study(tmp_path).trials
+    assert trial.state == optuna.trial.TrialState.FAIL
 
 
 def test_packable_arm_asks_several_configurations_into_one_cohort(tmp_path):

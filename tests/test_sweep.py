@@ -66,6 +66,24 @@ def test_sweep_config_validation_names_every_problem():
         SweepConfig(name="ok", base={"task": "nope"}).validate()
 
 
+def test_decisions_read_validation_only_and_asha_compares_one_design():
+    with pytest.raises(ConfigError) as e:
+        SweepConfig(name="s", metric="best_test_accuracy").validate()
+    assert e.value.problems == [
+        "metric 'best_test_accuracy': searches and ASHA decide on validation only; choose "
+        "from best_val_accuracy, val_accuracy"
+    ]
+    with pytest.raises(ConfigError) as e:
+        SweepConfig(
+            name="s", grid={"task": ["bit-xor", "listops"], "lr": [1e-3]}, asha=True
+        ).validate()
+    assert e.value.problems == [
+        "asha with a grid over task: ASHA would rank different arms against each other; grid "
+        "only over lr, batch_size (one sweep per arm) or drop asha"
+    ]
+    SweepConfig(name="s", grid={"lr": [1e-3, 1e-4], "batch_size": [8]}, asha=True).validate()
+
+
 def test_arms_cross_grid_and_seeds_with_overrides():
     sweep = SweepConfig(
         name="s",
@@ -94,8 +112,7 @@ def test_reported_metrics_are_the_best_members_and_nan_before_any_evaluation():
         {"val_accuracy": None, "best_val_accuracy": None},  # not evaluated yet
     ]
     metrics = report_metrics(rows)
-    assert metrics["val_accuracy"] == 0.8 and metrics["best_val_accuracy"] == 0.8
-    assert metrics["test_accuracy"] == 0.9
+    assert metrics == {"val_accuracy": 0.8, "best_val_accuracy": 0.8}  # no test metric
     assert all(math.isnan(v) for v in report_metrics(rows[2:]).values())
 
 
@@ -144,6 +161,29 @@ def test_planned_arms_set_workers_and_zero_stage_only_for_multi_gpu_trials():
     assert len(e.value.problems) == 2
 
 
+def test_a_trial_wider_than_every_node_is_refused_at_plan_time():
+    """A trial's GPUs are one STRICT_PACK placement group: asking for more than the widest
+    node has would wait forever, so the plan refuses it, naming the arm and the limit."""
+    from scale_fpt.cluster import GPUOffer
+    from scale_fpt.planner import GPUS
+    from scale_fpt.sweep import planned_arms
+
+    four = GPUOffer(GPUS["a10g-24gb"], 4, "cluster.yaml")
+    small = {"model": "gpt2-tiny", "task": "bit-xor"}
+    assert planned_arms([small], SweepConfig(name="s", gpus_per_trial="4"), four)
+    with pytest.raises(ConfigError) as e:
+        planned_arms([small], SweepConfig(name="s", gpus_per_trial="8"), four)
+    (problem,) = e.value.problems
+    assert "asks for 8 GPUs on one node, but the widest node has 4 (cluster.yaml)" in problem
+    assert problem.startswith("bit-xor") or "gpt2-tiny" in problem
+    with pytest.raises(ConfigError, match="asks for 8 GPUs"):  # workers ask for GPUs too
+        planned_arms([{**small, "workers": 8}], SweepConfig(name="s"), four)
+    nothing = GPUOffer(None, 0, "none")
+    with pytest.raises(ConfigError, match="the cluster has and can launch no GPU"):
+        planned_arms([small], SweepConfig(name="s", gpus_per_trial="0.5"), nothing)
+    assert planned_arms([small], SweepConfig(name="s"), nothing) == [small]  # auto: CPU
+
+
 def test_gpu_declarations_are_validated_at_once():
     sweep = SweepConfig(name="s", gpus_per_trial="lots", gpu="v100", gpu_memory_gb=-1)
     with pytest.raises(ConfigError) as e:
@@ -164,6 +204,7 @@ def test_grid_sweep_writes_contract_rows_once(tmp_path):
         seeds=(0,),
         results_dir=str(tmp_path),
         max_concurrent=2,
+        gpus_per_trial="0",  # CPU trials, one per core, even where a GPU is visible
     )
     outcome = run_sweep(sweep)
     assert outcome.finished and outcome.trials == 2

@@ -562,7 +562,7 @@ def test_mnist_tokens_padded(mnist_data):
 
 def test_cifar_tokens_and_test_split(cifar_data):
     splits, path = cifar_data
-    task = build_task(TaskConfig(task="cifar10", data_dir=str(path)), 0)
+    task = build_task(TaskConfig(task="cifar10", data_dir=str(path), normalize=False), 0)
     test = next(task.test_batches(100))
     images, labels = splits["test"]
     assert test.y.view(-1).tolist() == labels.tolist()
@@ -577,7 +577,7 @@ def test_cifar_tokens_and_test_split(cifar_data):
 
 def test_cifar_lra_is_greyscale_pixels(cifar_data):
     splits, path = cifar_data
-    task = build_task(TaskConfig(task="cifar10-lra", data_dir=str(path)), 0)
+    task = build_task(TaskConfig(task="cifar10-lra", data_dir=str(path), normalize=False), 0)
     test = next(task.test_batches(100))
     rgb = splits["test"][0].astype(np.float64) / 255
     grey = 0.299 * rgb[..., 0] + 0.587 * rgb[..., 1] + 0.114 * rgb[..., 2]
@@ -585,11 +585,43 @@ def test_cifar_lra_is_greyscale_pixels(cifar_data):
     assert torch.allclose(test.x, expected, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    ("name", "mean", "std"),
+    [
+        ("cifar10", [0.4914, 0.4822, 0.4465], [0.2023, 0.1994, 0.2010]),
+        ("cifar10-lra", [0.5], [0.5]),
+    ],
+)
+def test_images_are_normalised_as_the_reference_by_default(cifar_data, name, mean, std):
+    """Each channel: (pixel / 255 - mean) / std, the reference code's values; training
+    batches are normalised after the augmentation (the augmented [0, 1] batch, normalised)."""
+    _, path = cifar_data
+    plain = build_task(TaskConfig(task=name, data_dir=str(path), normalize=False), 0)
+    task = build_task(TaskConfig(task=name, data_dir=str(path)), 0)
+    mean, std = torch.tensor(mean), torch.tensor(std)
+
+    def normalised(x: torch.Tensor) -> torch.Tensor:  # features: (pixel, channel innermost)
+        return ((x.unflatten(-1, (-1, len(mean))) - mean) / std).flatten(-2)
+
+    for raw, x in zip(plain.test_batches(100), task.test_batches(100), strict=True):
+        assert torch.allclose(x.x, normalised(raw.x), atol=1e-6)
+    raw, x = plain.train_batch(2, 6), task.train_batch(2, 6)
+    assert torch.allclose(x.x, normalised(raw.x), atol=1e-6)
+    assert float(x.x.min()) < 0  # black pixels sit below the mean
+
+
+def test_mnist_is_left_unscaled_as_the_reference(mnist_data):
+    _, path = mnist_data
+    on = build_task(TaskConfig(task="mnist", data_dir=str(path)), 0)
+    off = build_task(TaskConfig(task="mnist", data_dir=str(path), normalize=False), 0)
+    assert torch.equal(on.train_batch(0, 9).x, off.train_batch(0, 9).x)
+
+
 @pytest.mark.parametrize("name", ["cifar10", "cifar10-lra"])
 def test_augmentation(cifar_data, name):
     _, path = cifar_data
-    on = build_task(TaskConfig(task=name, data_dir=str(path)), 0)
-    off = build_task(TaskConfig(task=name, data_dir=str(path), augment=False), 0)
+    on = build_task(TaskConfig(task=name, data_dir=str(path), normalize=False), 0)
+    off = build_task(TaskConfig(task=name, data_dir=str(path), augment=False, normalize=False), 0)
     a, plain = on.train_batch(3, 12), off.train_batch(3, 12)
     assert torch.equal(a.y, plain.y)  # augmentation leaves the data order alone
     assert torch.equal(a.x, on.train_batch(3, 12).x)  # deterministic per step
@@ -751,7 +783,9 @@ def test_hub_offline_is_data_unavailable(monkeypatch, tmp_path):
 def test_preprocessing_is_declared_beside_paper_and_reference():
     from scale_fpt.tasks.preprocessing import deviations, preprocessing
 
-    names = ["sequence length", "split", "truncation", "augmentation", "input dropout"]
+    names = [
+        "sequence length", "split", "truncation", "augmentation", "normalisation", "input dropout"
+    ]  # fmt: skip
     for task in ALL_TASKS:
         aspects = preprocessing(TrialConfig.from_flat({"task": task}))
         assert [a.name for a in aspects] == names, task
@@ -770,6 +804,8 @@ def test_preprocessing_is_declared_beside_paper_and_reference():
     assert deviating(task="mnist", mnist_tokens=64) == ["sequence length", "split"]
     assert deviating(task="cifar10", rotation_degrees=10.0) == ["split", "augmentation"]
     assert deviating(task="cifar10", augment=False) == ["split", "augmentation"]
+    assert deviating(task="cifar10", normalize=False) == ["split", "normalisation"]
+    assert deviating(task="mnist", normalize=False) == ["split"]  # the reference's is none
     assert deviating(task="homology", homology_long="truncate") == ["split", "truncation"]
     assert deviating(task="bit-memory", input_dropout=False) == ["input dropout"]
     assert deviating(task="bit-xor", dropout=0.2) == ["input dropout"]

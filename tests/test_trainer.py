@@ -16,8 +16,6 @@ import os
 import re
 from pathlib import Path
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before anything imports deepspeed
-
 import pytest
 import torch
 
@@ -379,7 +377,7 @@ def test_steps_to_threshold_selection_and_best_accuracy():
     assert state.steps_to_threshold(0.5) == 10
     assert state.steps_to_threshold(0.96) is None
     assert state.selected().step == 40 and state.best_val_accuracy() == 0.95
-    assert state.evaluations_since_best() == 2
+    assert state.steps_since_best() == 20
     assert state.best_test_accuracy() == 0.99
     assert math.isnan(TrialState().best_test_accuracy())
     assert math.isnan(TrialState().best_val_accuracy())
@@ -429,13 +427,45 @@ def test_every_evaluation_measures_validation_and_test(kind):
     assert (row["status"], row["stop_reason"]) == ("completed", "budget")
 
 
-def test_patience_stops_after_evaluations_without_improvement():
-    """lr 0 never improves after the first evaluation: patience 2 stops two evaluations
-    later, completed with stop_reason patience and the steps actually taken."""
-    row, state = run(config(lr=1e-12, max_steps=100, eval_every=10, patience=2))
+def test_patience_counts_steps_since_the_best_evaluation():
+    """lr 0 never improves after the first evaluation: patience 20 (steps) stops at the first
+    evaluation 20 steps after it, completed with stop_reason patience and the steps taken."""
+    row, state = run(config(lr=1e-12, max_steps=100, eval_every=10, patience=20))
     assert [e.step for e in state.history] == [10, 20, 30]
     assert (row["status"], row["stop_reason"], row["steps_done"]) == ("completed", "patience", 30)
     assert row["selected_step"] == 10
+
+
+def test_patience_in_steps_spares_a_slow_starter_on_the_log_spaced_schedule():
+    """Evaluations at 100, 150, 200, 300 (log-spaced): three evaluations without a better
+    validation accuracy are only 200 steps; patience 250 (steps) waits for step 500."""
+    state = TrialState(history=[at(100, 0.5), at(150, 0.5), at(200, 0.5), at(300, 0.5)])
+    assert state.steps_since_best() == 200  # under patience 250: the trial goes on
+    state.history.append(at(500, 0.5))
+    assert state.steps_since_best() == 400
+
+
+def test_a_non_finite_test_loss_alone_ends_nothing():
+    """Test is measured, never decided on: with the test split's loss NaN at every
+    evaluation the trial trains its whole budget, selects on validation, and records the
+    NaN."""
+    trial = trial_run(config(max_steps=20, eval_every=10))
+    evaluate = trial.step.evaluate
+
+    def nan_test(split):
+        out = evaluate(split)
+        return out.fill_(float("nan")) if split == "test" else out
+
+    trial.step.evaluate = nan_test
+    try:
+        (row,) = trial.run()
+        state = trial.states[0]
+    finally:
+        trial.close()
+    assert (row["status"], row["stop_reason"], row["steps_done"]) == ("completed", "budget", 20)
+    assert [e.step for e in state.history] == [10, 20]
+    assert all(math.isnan(e.test_loss) and math.isfinite(e.val_loss) for e in state.history)
+    assert math.isfinite(row["best_val_accuracy"])
 
 
 def test_accuracy_counts_every_bit():
@@ -530,7 +560,8 @@ def step_flops_by_hand(batch: int, trained_matmul: int) -> int:
     ],
 )
 def test_trial_row_contents(tmp_path, finetune, trained_groups, trained_matmul):
-    cfg = config(finetune=finetune, max_steps=4, eval_every=2, batch_size=4)
+    # On the CPU whatever the machine has (accelerator auto would train on a visible GPU).
+    cfg = config(finetune=finetune, max_steps=4, eval_every=2, batch_size=4, accelerator="cpu")
     trial = trial_run(cfg, "engine")
     try:
         (row,) = trial.run()
@@ -581,3 +612,26 @@ def test_trial_row_contents(tmp_path, finetune, trained_groups, trained_matmul):
     stored = load_results(tmp_path).trials.iloc[0]
     for column in ("trial_id", "status", "steps_done", "trainable_params", "flops_per_step"):
         assert stored[column] == row[column], column
+
+
+@pytest.mark.parametrize("kind", ["cohort", "engine"])
+def test_the_checkpoints_weights_file_holds_the_selected_evaluations_weights(tmp_path, kind):
+    """What the report rebuilds a trial from (attention maps) is the model at the step its
+    row reports, not the last step's."""
+    trial = trial_run(config(max_steps=40, eval_every=10, lr=3e-3), kind)
+    seen = {}
+
+    def on_eval(curves, rows):
+        seen[trial.position] = trial.step.member_weights(0)
+
+    try:
+        trial.run(on_eval=on_eval)
+        trial.save(str(tmp_path))
+        selected = trial.states[0].selected().step
+    finally:
+        trial.close()
+    saved = torch.load(tmp_path / f"weights-{trial.trial_ids[0]}.pt", weights_only=False)
+    assert sorted(seen) == [10, 20, 30, 40] and selected == 30  # validation 0.5625 at 30
+    for name, tensor in seen[30].items():
+        torch.testing.assert_close(saved["module"][name], tensor, rtol=0, atol=0)
+    assert any(not torch.equal(seen[40][n], t) for n, t in seen[30].items())  # moved on

@@ -18,11 +18,28 @@ from torch import nn
 
 from scale_fpt.config import ConfigError, ModelConfig
 from scale_fpt.models import ops
-from scale_fpt.scaling import GPT2_SIZES, HUB_SIZES, GPT2Size
+from scale_fpt.models.families import family_of, model_width
+from scale_fpt.scaling import (
+    FAMILY_CPU_PRESETS,
+    GPT2_SIZES,
+    HUB_SIZES,
+    PYTHIA_SIZES,
+    FamilySize,
+    GPT2Size,
+)
 from scale_fpt.seeding import seed_streams
 
 CPU_PRESETS = tuple(name for name in GPT2_SIZES if name not in HUB_SIZES)
-DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout")
+PRESETS = (*GPT2_SIZES, *PYTHIA_SIZES, *FAMILY_CPU_PRESETS)
+"""Names whose architecture is built offline (Pythia's ``-deduped`` twins too)."""
+DROPOUT_KEYS = (
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "hidden_dropout",
+    "attention_dropout",
+    "dropout",  # OPT
+)
 
 
 def scale_fpt_home() -> Path:
@@ -52,6 +69,48 @@ def gpt2_config(size: GPT2Size, dropout: float):
     )
 
 
+def family_size(model: str) -> FamilySize | None:
+    """The table entry of a Pythia size (``-deduped`` included) or a family CPU preset."""
+    return FAMILY_CPU_PRESETS.get(model) or PYTHIA_SIZES.get(model.removesuffix("-deduped"))
+
+
+def family_config(size: FamilySize, dropout: float):
+    """The transformers config of a GPT-NeoX (Pythia's settings) or Llama-style size."""
+    if size.family == "gpt-neox":
+        from transformers import GPTNeoXConfig
+
+        return GPTNeoXConfig(
+            vocab_size=size.vocab_size,
+            hidden_size=size.d_model,
+            num_hidden_layers=size.n_layer,
+            num_attention_heads=size.n_head,
+            intermediate_size=size.mlp_width,
+            hidden_act="gelu",
+            rotary_pct=0.25,
+            max_position_embeddings=2048,
+            use_parallel_residual=True,
+            tie_word_embeddings=False,
+            hidden_dropout=dropout,
+            attention_dropout=dropout,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=size.vocab_size,
+        hidden_size=size.d_model,
+        num_hidden_layers=size.n_layer,
+        num_attention_heads=size.n_head,
+        num_key_value_heads=size.n_kv_head or size.n_head,
+        intermediate_size=size.mlp_width,
+        max_position_embeddings=2048,
+        attention_dropout=dropout,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+
+
 LOCAL_CORPORA = ("language", "bit-memory")
 
 
@@ -64,7 +123,17 @@ def weights_source(config: ModelConfig) -> str:
     return config.weights or config.model
 
 
+def revision(config: ModelConfig) -> str | None:
+    """The hub revision ``from_pretrained`` reads (None: the default branch)."""
+    return config.revision or None
+
+
 def missing_weights_problem(config: ModelConfig, source: str) -> str:
+    if config.model in FAMILY_CPU_PRESETS and not config.weights:
+        return (
+            f"--init {config.init}: {config.model} is a random-init CPU preset with no "
+            "pretrained weights; use --init random (or no-body, one-attn), or pass --weights DIR"
+        )
     if config.model in CPU_PRESETS and config.weights in ("", *LOCAL_CORPORA):
         corpus = config.weights or "language"
         return (
@@ -73,7 +142,9 @@ def missing_weights_problem(config: ModelConfig, source: str) -> str:
             "or pass --weights DIR"
         )
     return (
-        f"--init {config.init}: weights {source!r} are not available offline (no such directory, "
+        f"--init {config.init}: weights {source!r}"
+        + (f" at revision {config.revision!r}" if config.revision else "")
+        + " are not available offline (no such directory, "
         "not in the Hugging Face cache); download them once with network access (or set HF_HOME "
         "to a cache that has them), or pass --weights DIR"
     )
@@ -83,17 +154,24 @@ def load_architecture(config: ModelConfig, attn_implementation: str = "sdpa"):
     """The transformers config of the backbone (no weights), with dropout applied."""
     if config.model in GPT2_SIZES:
         arch = gpt2_config(GPT2_SIZES[config.model], config.dropout)
+    elif family_size(config.model) is not None:
+        arch = family_config(family_size(config.model), config.dropout)
     else:
         from transformers import AutoConfig
 
         source = config.model
         try:
-            arch = from_disk_or_hub(lambda **kw: AutoConfig.from_pretrained(source, **kw), source)
+            arch = from_disk_or_hub(
+                lambda **kw: AutoConfig.from_pretrained(source, revision=revision(config), **kw),
+                source,
+            )
         except (OSError, ValueError) as e:
             raise ConfigError(
                 [
-                    f"--model: {source!r} is not a preset ({', '.join(GPT2_SIZES)}, lstm), a "
-                    f"local save_pretrained directory, or a Hugging Face id available offline "
+                    f"--model: {source!r}"
+                    + (f" at --revision {config.revision!r}" if config.revision else "")
+                    + f" is not a preset ({', '.join(PRESETS)}, lstm), a local "
+                    f"save_pretrained directory, or a Hugging Face id available offline "
                     f"({type(e).__name__})"
                 ]
             ) from None
@@ -109,10 +187,13 @@ def load_architecture(config: ModelConfig, attn_implementation: str = "sdpa"):
 
 
 def fast_ops(backbone: nn.Module, attn_implementation: str) -> None:
-    """Give a GPT-2 backbone the fast CPU dropout, GELU and (for ``sdpa``) attention of
-    ``models.ops``: the same functions, ~20x cheaper dropout masks and 2x cheaper GELU on a
-    CPU, torch's own kernels on a GPU. Other architectures are left as they are."""
-    if getattr(backbone.config, "model_type", None) != "gpt2":
+    """Give a backbone of a known family (``families.FAMILIES``) the fast CPU dropout and
+    (for ``sdpa``) attention of ``models.ops``, and GPT-2 its fused GELU: the same functions,
+    ~20x cheaper dropout masks and 2x cheaper GELU on a CPU, torch's own kernels on a GPU.
+    Every dropout mask is then keyed (``ops.dropout_keys``), so a resumed or packed run draws
+    its solo run's masks. Other architectures are left as they are."""
+    family = family_of(backbone.config)
+    if family is None:
         return
     from transformers import AttentionInterface
 
@@ -120,8 +201,8 @@ def fast_ops(backbone: nn.Module, attn_implementation: str) -> None:
         for name, child in parent.named_children():
             if isinstance(child, nn.Dropout):
                 setattr(parent, name, ops.Dropout(child.p))
-    if backbone.config.activation_function in ops.TANH_GELUS:
-        for block in backbone.h:
+    if getattr(backbone.config, "activation_function", None) in ops.TANH_GELUS:
+        for block in family.blocks(backbone):
             block.mlp.act = ops.GeluTanh()
     if attn_implementation == "sdpa":
         AttentionInterface.register(ops.HF_ATTENTION, ops.hf_causal_attention)
@@ -155,7 +236,7 @@ def build_backbone(
     backbone.set_input_embeddings(None)
     backbone.requires_grad_(False)
     fast_ops(backbone, attn_implementation)
-    return backbone, arch.hidden_size, max_positions(arch)
+    return backbone, model_width(arch), max_positions(arch)
 
 
 def load_pretrained(config: ModelConfig, arch) -> nn.Module:
@@ -165,7 +246,7 @@ def load_pretrained(config: ModelConfig, arch) -> nn.Module:
 
     source = weights_source(config)
     local = Path(source).is_dir()
-    if config.model in CPU_PRESETS and not local:
+    if (config.model in CPU_PRESETS or config.model in FAMILY_CPU_PRESETS) and not local:
         raise ConfigError([missing_weights_problem(config, source)])
     try:
         with quiet_transformers():  # its load report would bury the one-line problem below
@@ -175,6 +256,7 @@ def load_pretrained(config: ModelConfig, arch) -> nn.Module:
                     config=arch,
                     output_loading_info=True,
                     ignore_mismatched_sizes=True,
+                    revision=revision(config),
                     **kw,
                 ),
                 source,

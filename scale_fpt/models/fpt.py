@@ -18,15 +18,58 @@ from scale_fpt.models import ops
 from scale_fpt.tasks.base import TaskSpec
 
 
-class LSTMBackbone(nn.Module):
-    """The paper's LSTM baseline body: ``n_layers`` stacked LSTMs of one width."""
+class LayerNormLSTMLayer(nn.Module):
+    """One LSTM layer with layer normalisation (Ba et al. 2016), as the reference code's
+    baseline: the input and the recurrent pre-activations are each normalised before they
+    are summed, and the cell state after its update. The norms' gains and biases are ``ln``
+    parameters (``groups.module_groups``), so the frozen-LSTM arm trains them as the
+    reference's does. The state starts at zero (the reference draws it at random per batch)."""
 
-    def __init__(self, width: int, n_layers: int, dropout: float):
+    def __init__(self, width: int):
         super().__init__()
-        self.lstm = nn.LSTM(width, width, n_layers, batch_first=True, dropout=dropout)
+        # No linear biases: each feeds a LayerNorm, whose bias takes their place.
+        self.input_weights = nn.Linear(width, 4 * width, bias=False)
+        self.recurrent_weights = nn.Linear(width, 4 * width, bias=False)
+        self.input_norm = nn.LayerNorm(4 * width)
+        self.recurrent_norm = nn.LayerNorm(4 * width)
+        self.cell_norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, W) -> (B, T, W) hidden states."""
+        from_input = self.input_norm(self.input_weights(x))  # (B, T, 4W): all steps at once
+        h = c = x.new_zeros(x.shape[0], x.shape[-1])  # (B, W)
+        outputs = []
+        for t in range(x.shape[1]):
+            gates = from_input[:, t] + self.recurrent_norm(self.recurrent_weights(h))
+            i, f, o, g = gates.chunk(4, dim=-1)
+            c = self.cell_norm(torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g))
+            h = torch.sigmoid(o) * torch.tanh(c)
+            outputs.append(h)
+        return torch.stack(outputs, dim=1)
+
+
+class LSTMBackbone(nn.Module):
+    """The paper's LSTM baseline body: ``n_layers`` stacked LSTMs of one width, layer-normed
+    as the reference code's (``layer_norm``) or a plain ``nn.LSTM``; dropout between
+    layers as ``nn.LSTM`` applies it."""
+
+    def __init__(self, width: int, n_layers: int, dropout: float, layer_norm: bool = True):
+        super().__init__()
+        self.dropout = dropout
+        if layer_norm:
+            self.layers = nn.ModuleList(LayerNormLSTMLayer(width) for _ in range(n_layers))
+        else:
+            self.lstm = nn.LSTM(width, width, n_layers, batch_first=True, dropout=dropout)
 
     def forward(self, inputs_embeds: torch.Tensor) -> torch.Tensor:
-        return self.lstm(inputs_embeds)[0]
+        if not hasattr(self, "layers"):
+            return self.lstm(inputs_embeds)[0]
+        x = inputs_embeds
+        for n, layer in enumerate(self.layers):
+            if n:
+                x = nn.functional.dropout(x, self.dropout, self.training)
+            x = layer(x)
+        return x
 
 
 def input_dropout_p(config: ModelConfig, spec: TaskSpec) -> float:

@@ -11,16 +11,35 @@ from collections import Counter
 
 from torch import nn
 
-from scale_fpt.config import FINETUNE_PRESETS, GROUPS, ConfigError, parse_finetune
+from scale_fpt.config import ADAPTER_GROUPS, FINETUNE_PRESETS, GROUPS, ConfigError, parse_finetune
+from scale_fpt.models.families import backbone_groups, family_of
 
 OTHER = "backbone"
+ORDER = (*GROUPS, *ADAPTER_GROUPS, OTHER)
+"""Every group, in the order counts and plans list them."""
 ATTN_WORDS = ("attn", "attention")
 FF_WORDS = ("mlp", "feed_forward", "ffn")
 POS_WORDS = ("wpe", "position")
 
 
 def module_groups(model: nn.Module) -> dict[str, str]:
-    """Parameter name -> group, for an ``FPT`` (input / backbone / output) model."""
+    """Parameter name -> group, for an ``FPT`` (input / backbone / output) model: by the
+    backbone family's explicit rules (``families.FAMILIES``), else by the name heuristic."""
+    family = family_of(getattr(getattr(model, "backbone", None), "config", None))
+    if family is not None:
+        names = [name for name, _ in model.named_parameters()]
+        body = [n.partition(".")[2] for n in names if n.startswith("backbone.")]
+        mapped = backbone_groups(family, body)
+        return {
+            n: mapped[n.partition(".")[2]] if n.startswith("backbone.") else n.partition(".")[0]
+            for n in names
+        }
+    return heuristic_groups(model)
+
+
+def heuristic_groups(model: nn.Module) -> dict[str, str]:
+    """Parameter name -> group by module types and names (architectures outside
+    ``families.FAMILIES``, the LSTM, the ablation bodies)."""
     norm_modules = {name for name, m in model.named_modules() if "norm" in type(m).__name__.lower()}
     groups = {}
     for name, _ in model.named_parameters():
@@ -58,13 +77,13 @@ def trained_groups(model: nn.Module, finetune: str) -> tuple[str, ...]:
         raise ConfigError(
             [
                 f"--finetune: group(s) {', '.join(missing)} do not exist in this architecture "
-                f"(it has: {', '.join(g for g in (*GROUPS, OTHER) if g in present)})"
+                f"(it has: {', '.join(g for g in ORDER if g in present)})"
             ]
         )
     chosen = set(requested) & present
     if "full" in parts:
         chosen |= present
-    return tuple(g for g in (*GROUPS, OTHER) if g in chosen)
+    return tuple(g for g in ORDER if g in chosen)
 
 
 def freeze(model: nn.Module, finetune: str) -> tuple[str, ...]:
@@ -95,7 +114,7 @@ def group_counts(model: nn.Module, n_tokens: int | None = None) -> dict[str, dic
             trainable[group] += min(n_tokens, param.shape[0]) * param.shape[1]  # rows x width
         else:
             trainable[group] += param.numel()
-    order = [g for g in (*GROUPS, OTHER) if g in total]
+    order = [g for g in ORDER if g in total]
     return {g: {"total": total[g], "trainable": trainable[g]} for g in order}
 
 

@@ -461,6 +461,9 @@ def hf_causal_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    groups = query.shape[1] // key.shape[1]  # grouped-query attention: heads per key/value head
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
     out = causal_attention(query, key, value, scale, dropout)
     return out.transpose(1, 2).contiguous(), None
 

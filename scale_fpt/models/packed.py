@@ -65,6 +65,8 @@ class PackedFPT(nn.Module):
     copy; cast to the compute dtype in ``forward`` for bf16).
     """
 
+    param_groups = PARAM_GROUPS
+
     def __init__(
         self,
         backbone: nn.Module,

@@ -42,6 +42,7 @@ from scale_fpt.report.tables import (
     DEFAULT_METRIC,
     DEFAULT_THRESHOLDS,
     budget_table,
+    lr_differences,
     lr_fair,
     lr_points,
     table1_full,
@@ -65,6 +66,7 @@ __all__ = [
     "build_report",
     "learning_curves_figure",
     "load_trial_model",
+    "lr_differences",
     "lr_fair",
     "lr_figure",
     "lr_points",
@@ -90,13 +92,14 @@ __all__ = [
 
 def main(args) -> int:
     """``scale-fpt report``: args.results_dir, args.out, and optionally args.metric,
-    args.threshold (list), args.no_attention."""
+    args.threshold (list), args.no_attention, args.pool."""
     path = build_report(
         args.results_dir,
         args.out or None,
         metric=getattr(args, "metric", None) or DEFAULT_METRIC,
         thresholds=parse_thresholds(getattr(args, "threshold", None) or []),
         attention_maps=not getattr(args, "no_attention", False),
+        pool=getattr(args, "pool", False),
     )
     print(path)
     return 0

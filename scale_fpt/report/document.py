@@ -15,6 +15,7 @@ per cell: statistics, trial ids, compute, published number) under ``tables/``.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime
 import html
 import math
@@ -200,17 +201,32 @@ def conventions(doc: Document, metric: str, thresholds: dict) -> None:
             "validation split: a trial's step is its evaluation with the best validation "
             "accuracy (`selected_step`), test accuracy is measured there and never selected on.",
             "Each cell: mean ± sample std over seeds (n-1), n, and the 95% Student-t interval "
-            "half-width (CI ±, t(0.975, n-1)·std/√n); n=1 shows no spread.",
-            "An arm (cell) is one setting: task, model, weights, init, finetune, LSTM size, lr, "
-            "batch size, steps; trials of the same setting in different sweeps are pooled.",
+            "half-width (CI ±, t(0.975, n-1)·std/√n; scipy.stats); n=1 shows no spread.",
+            "An arm (cell) is one design: its sweep and every config field that changes a "
+            "trial (task, model, weights, init, finetune, LSTM size, lr, batch size, steps, "
+            "precision, sequence length, augmentation, normalisation, patience, evaluation "
+            "settings, ...); what differs between cells shown together is named in the row. "
+            "Trials of different sweeps are never pooled unless the report is built with "
+            "--pool (and then it says so at the top).",
+            "Differences between arms (pretrained - random; full - fpt in the LR-fair "
+            "differences) are paired on the seeds both arms ran (a seed gives both the same "
+            "heads, data and dropout streams): paired-t 95% interval, paired t and Wilcoxon "
+            "signed-rank p-values, Hedges' g with a bootstrap interval; Welch where no seed is "
+            "shared. Each table's p-values are one family, Benjamini-Hochberg adjusted. Steps "
+            "to threshold are censored data (unreached seeds at their last step): Kaplan-Meier "
+            "medians with 95% intervals and the log-rank test.",
             "Paper tables use one learning rate per arm: where an arm was run at several (an "
             "LR search), only the paper's rate (1e-3; 1e-4 homology) is used there; the "
             "LR-fair table compares every searched arm at its own best rate.",
             "Published numbers (Lu et al. 2021) stand beside a cell with a difference Δ "
             "(study - paper) only like-for-like: same model (gpt2 small unless the paper's "
-            "cell says otherwise), same learning rate and, for LSTMs, 3 x 768. Otherwise they "
-            "are reference only (ref.), with the reason listed. Training length and batch size "
-            "are never matched: the paper trained to convergence.",
+            "cell says otherwise), weights, learning rate, for LSTMs 3 x 768, a budget of at "
+            "least the paper's steps to convergence, fp32 (the reference code's precision), a "
+            "batch size within the paper's 2-16, and the task's preprocessing as published. "
+            "Otherwise they are reference only (ref.), with every reason listed. The "
+            "evaluation protocol always differs (test at the validation-selected step here; "
+            "test batches during training, no validation split, in the reference code) and "
+            "every like-for-like comparison says so.",
             "Steps to threshold: the first evaluated step whose validation accuracy reaches the "
             "threshold ("
             + ", ".join(f"{t} {v:.3g}" for t, v in thresholds.items())
@@ -299,7 +315,8 @@ def figures_section(doc, out, trials, curves, t4, metric) -> None:
                 f"curves_{task}",
                 fig,
                 data,
-                f"Learning curves on {TASK_TITLES.get(task, task)}: mean ± std over seeds",
+                f"Validation curves on {TASK_TITLES.get(task, task)}: mean and 95% interval "
+                "over seeds (n per arm in the legend)",
             )
     fig, data = figures.lr_figure(trials, metric)
     if len(data):
@@ -397,12 +414,18 @@ def build_report(
     thresholds=None,
     attention_maps: bool = True,
     attention_examples: int = 32,
+    pool: bool = False,
 ) -> Path:
     """Write report.md, report.html, figures/ and tables/ to ``out`` (default
-    RESULTS_DIR/report); returns the path of report.md."""
+    RESULTS_DIR/report); returns the path of report.md. ``pool``: every sweep's trials share
+    cells (``tables.pool_sweeps``), and the report says so at the top."""
     results = load_results(results_dir)
     if results.trials.empty:  # e.g. every trials file damaged (each named by load_results)
         raise ResultsError([f"no readable trial rows under {results_dir}: nothing to report"])
+    sweeps = sorted(set(results.trials["sweep"].dropna()))
+    by_sweep = results.trials  # what each sweep ran, and where its checkpoints are
+    if pool:
+        results = dataclasses.replace(results, trials=tables.pool_sweeps(results.trials))
     out = Path(out) if out else Path(results_dir) / "report"
     for sub in ("figures", "tables"):
         (out / sub).mkdir(parents=True, exist_ok=True)
@@ -416,7 +439,14 @@ def build_report(
         f"code: {', '.join(shas) or 'unknown'}. Published numbers: Lu et al. 2021, "
         "'Pretrained Transformers as Universal Computation Engines'."
     )
-    trials_section(doc, trials, metric)
+    if pool and len(sweeps) > 1:
+        doc.para(
+            f"**Pooled (--pool):** the trials of {len(sweeps)} sweeps ({', '.join(sweeps)}) "
+            "share cells wherever their settings agree. Seeds may repeat across sweeps (the "
+            "same seed shares every random stream), so a pooled cell's n counts trials, not "
+            "independent seeds, and its interval is too narrow by an unknown amount."
+        )
+    trials_section(doc, by_sweep, metric)
     limits = tables.thresholds_for(sorted(set(trials["task"])), thresholds)
     conventions(doc, metric, limits)
     frame_section(
@@ -451,13 +481,55 @@ def build_report(
             table_section(doc, key, table, out, tables.wide, tables.lr_text)
         else:
             table_section(doc, key, table, out, tables.wide, tables.cell_text)
+    contrasts = tables.lr_differences(trials, metric)
+    if not contrasts.empty:
+        frame_section(
+            doc,
+            out,
+            "LR-fair differences",
+            "full - fpt and pretrained - random, each arm at its own best learning rate, on "
+            "the headline seeds (confirmation seeds where run), paired on the seeds both arms "
+            "ran: mean difference (percentage points) with its paired-t 95% interval, paired "
+            "t and Wilcoxon signed-rank p-values, Benjamini-Hochberg adjusted over the rows "
+            "of this table, and Hedges' g with a bootstrap 95% interval (5 pairs or more).",
+            contrasts_display(contrasts),
+            ["task", "contrast"],
+        )
+    differences = tables.init_difference(trials, metric, curves, thresholds)
+    if not differences.empty:
+        frame_section(
+            doc,
+            out,
+            "Pretrained - random",
+            "Each setting run with both inits: the accuracy difference paired on shared "
+            "seeds (Welch where none is shared), p-values Benjamini-Hochberg adjusted over "
+            "this table, and steps to each task's threshold as censored data (Kaplan-Meier "
+            "medians with 95% intervals, log-rank test).",
+            pd.DataFrame(
+                {
+                    "task": differences["task"],
+                    "setting": differences["model"].astype(str)
+                    + " · "
+                    + differences["finetune_label"].astype(str)
+                    + " · lr "
+                    + differences["lr"].map(lambda v: f"{v:g}")
+                    + " · "
+                    + differences["sweep"].astype(str),
+                    "pretrained - random": [
+                        tables.difference_text(r) for r in differences.to_dict("records")
+                    ],
+                }
+            ),
+            ["task", "setting"],
+        )
+    matched_section(doc, out, trials, curves)
     if absent:
         doc.heading(2, "Tables these results cannot fill")
         doc.bullets(absent)
     figures_section(doc, out, trials, curves, computed["T4"], metric)
     scaling_section.section(doc, out, trials, metric, save_figure)
     if attention_maps:
-        attention_section(doc, out, trials, results_dir, attention_examples)
+        attention_section(doc, out, by_sweep, results_dir, attention_examples)
     (out / "report.md").write_text(doc.markdown())
     (out / "report.html").write_text(doc.html())
     return out / "report.md"
@@ -471,6 +543,75 @@ def frame_section(doc, out: Path, title: str, text: str, frame: pd.DataFrame, in
     doc.para(text)
     doc.table(frame.set_index(index))
     frame.to_csv(out / "tables" / f"{title.lower()}.csv", index=False)
+
+
+def matched_section(doc: Document, out: Path, trials: pd.DataFrame, curves: pd.DataFrame) -> None:
+    """full - fpt and pretrained - random at equal FLOPs and at equal examples seen."""
+    frames = [tables.matched_differences(trials, curves, match) for match in ("flops", "examples")]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return
+    matched = pd.concat(frames, ignore_index=True)
+    shown = pd.DataFrame(
+        {
+            "task": matched["task"],
+            "model": matched["model"],
+            "sweep": matched["sweep"],
+            "lr": matched["lr"].map(lambda v: f"{v:g}"),
+            "comparison": [tables.matched_text(row) for row in matched.to_dict("records")],
+            "means (a / b)": [
+                f"{a:.1f} / {b:.1f}"
+                for a, b in zip(matched["mean_a"], matched["mean_b"], strict=True)
+            ],
+        }
+    )
+    frame_section(
+        doc,
+        out,
+        "Matched budgets",
+        "Arm pairs at equal compute (FLOPs: the project's accounting, 6N per step when the "
+        "body trains, 4N plus attention when it is frozen) and at equal examples seen: every "
+        "trial of the pair is cut at the least any of them reached, scored at its best "
+        "validation evaluation within the cut, and the difference is paired on shared seeds "
+        "(Benjamini-Hochberg over each match's rows).",
+        shown,
+        ["task", "model"],
+    )
+
+
+def contrasts_display(contrasts: pd.DataFrame) -> pd.DataFrame:
+    """The LR-fair differences as the report shows them: one row per contrast."""
+    shown = pd.DataFrame(
+        {
+            "task": contrasts["task"],
+            "contrast": contrasts["contrast"],
+            "setting": [
+                f"{row['model']} · {row['init'] if row['contrast'].startswith('full') else row['finetune_label']}"
+                for _, row in contrasts.iterrows()
+            ],
+            "lr (a / b)": [
+                f"{a:.3g} / {b:.3g}"
+                for a, b in zip(contrasts["lr_a"], contrasts["lr_b"], strict=True)
+            ],
+            "n pairs": contrasts["n"],
+            "difference [95% CI]": [
+                f"{d:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+                for d, lo, hi in zip(
+                    contrasts["diff"], contrasts["ci_low"], contrasts["ci_high"], strict=True
+                )
+            ],
+            "p (t, BH)": contrasts["p_t_adjusted"].map(lambda p: f"{p:.3g}"),
+            "p (Wilcoxon, BH)": contrasts["p_wilcoxon_adjusted"].map(lambda p: f"{p:.3g}"),
+            "Hedges' g [95% CI]": [
+                f"{g:.2f} [{lo:.2f}, {hi:.2f}]"
+                for g, lo, hi in zip(
+                    contrasts["g"], contrasts["g_low"], contrasts["g_high"], strict=True
+                )
+            ],
+            "seeds": contrasts["headline"],
+        }
+    )
+    return shown
 
 
 def t6_wide(table: pd.DataFrame, text) -> pd.DataFrame:

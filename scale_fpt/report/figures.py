@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 
 from scale_fpt.report import tables
 from scale_fpt.report.published import TASK_COLUMNS, TASK_TITLES
+from scale_fpt.report.stats import summarize
 
 
 def task_order(tasks) -> list[str]:
@@ -85,29 +86,30 @@ def curve_arms(trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def learning_curves_figure(trials: pd.DataFrame, curves: pd.DataFrame, task: str):
-    """Test accuracy (%) over steps per arm of ``task``: mean across seeds, band ± std."""
+    """Validation accuracy (%) over steps per arm of ``task`` (what selection reads): mean
+    across seeds with the 95% t-interval band (``stats.summarize``; no band for one seed)."""
     arms = curve_arms(trials)
     arms = arms[arms["task"] == task][["sweep", "trial_id", "arm"]]
     data = curves.merge(arms, on=["sweep", "trial_id"]) if len(arms) else curves.iloc[:0]
-    data = data.assign(acc=data["test_accuracy"] * 100)
-    summary = (
-        data.groupby(["arm", "step"])["acc"]
-        .agg(n="count", mean="mean", std="std")
-        .reset_index()
-        .assign(task=task)
-    )
+    accuracy = data["val_accuracy"] if "val_accuracy" in data else pd.Series(dtype=float)
+    data = data.assign(acc=accuracy * 100)
+    rows = [
+        {"arm": arm, "step": step, **summarize(group["acc"])}
+        for (arm, step), group in data.groupby(["arm", "step"], sort=False)
+    ]
+    columns = ["arm", "step", "n", "mean", "std", "ci_low", "ci_high"]
+    summary = pd.DataFrame(rows, columns=columns).sort_values(["arm", "step"]).assign(task=task)
     fig, axes = panels(1, width=6.4, height=4.0)
     ax = axes[0]
     for arm, line in summary.groupby("arm", sort=False):
-        ax.plot(line["step"], line["mean"], label=arm)
-        std = line["std"].fillna(0)
-        ax.fill_between(line["step"], line["mean"] - std, line["mean"] + std, alpha=0.2)
-    ax.set_title(f"{TASK_TITLES.get(task, task)}: learning curves (mean ± std over seeds)")
+        ax.plot(line["step"], line["mean"], label=f"{arm} (n={int(line['n'].max())})")
+        ax.fill_between(line["step"], line["ci_low"], line["ci_high"], alpha=0.2)
+    ax.set_title(f"{TASK_TITLES.get(task, task)}: validation curves (mean, 95% CI over seeds)")
     ax.set_xlabel("gradient step")
-    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylabel("validation accuracy (%)")
     if len(summary):
         ax.legend(fontsize=7)
-    return fig, summary[["task", "arm", "step", "n", "mean", "std"]]
+    return fig, summary[["task", *columns]]
 
 
 def lr_figure(trials: pd.DataFrame, metric: str = tables.DEFAULT_METRIC):

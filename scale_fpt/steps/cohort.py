@@ -29,7 +29,7 @@ from scale_fpt.config import ConfigError, TrialConfig, parse_finetune
 from scale_fpt.models import build_heads, check_positions, ops
 from scale_fpt.models.backbones import build_backbone
 from scale_fpt.models.fpt import input_dropout_p
-from scale_fpt.models.packed import PARAM_GROUPS, PackedFPT
+from scale_fpt.models.packed_families import packed_model
 from scale_fpt.packing import cohort_problems
 from scale_fpt.runtime import DTYPES, flush_denormals, retain_freed_memory, trial_device
 from scale_fpt.seeding import seed_streams
@@ -64,7 +64,7 @@ class CohortStep:
         check_positions(first, spec, n_positions)
         input_p = input_dropout_p(first.model, spec)
         heads = [build_heads(spec, d_model, c.train.seed, input_p) for c in configs]
-        self.model = PackedFPT(
+        self.model = packed_model(
             backbone, spec, heads, spec.n_tokens, dtype=self.dtype, device=self.device
         )
         del backbone, heads
@@ -78,7 +78,7 @@ class CohortStep:
         groups = [parse_finetune(c.train.finetune) for c in configs]
         trains = {}
         for name, p in params.items():
-            mask = [PARAM_GROUPS[name] in g for g in groups]
+            mask = [self.model.param_groups[name] in g for g in groups]
             trains[name] = torch.tensor(mask, device=self.device)
             p.requires_grad_(any(mask))  # no member trains it: no backward through it
         self.optimizer = PackedAdam(
@@ -181,6 +181,10 @@ class CohortStep:
         """Free the cohort's memory (a reused Ray actor runs the next trial here)."""
         flush_denormals(False)
         del self.model, self.forward, self.optimizer
+        if self.compiled:
+            # Compiled graphs, their guards and CUDA-graph pools hold this cohort's model and
+            # memory; the next trial of a reused actor compiles its own.
+            torch._dynamo.reset()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 

@@ -24,6 +24,7 @@ import torch
 
 from scale_fpt.config import ConfigError, TrainConfig
 from scale_fpt.models import BuiltModel, ops
+from scale_fpt.planner import ZERO_BUCKET_ELEMENTS
 from scale_fpt.runtime import (
     DTYPES,
     flush_denormals,
@@ -68,9 +69,13 @@ def deepspeed_config(train: TrainConfig) -> dict:
 
 
 def zero_optimization(train: TrainConfig) -> dict:
-    """DeepSpeed's ``zero_optimization`` section: the stage and, when asked, the optimizer
-    state offloaded to (pinned) CPU memory."""
+    """DeepSpeed's ``zero_optimization`` section: the stage, the gradient buckets the
+    planner counts (``planner.ZERO_BUCKET_ELEMENTS``; DeepSpeed's own default is 10x that,
+    1-2 GB per rank) and, when asked, the optimizer state offloaded to (pinned) CPU memory."""
     section: dict = {"stage": train.zero_stage}
+    if train.zero_stage:
+        section["reduce_bucket_size"] = ZERO_BUCKET_ELEMENTS
+        section["allgather_bucket_size"] = ZERO_BUCKET_ELEMENTS
     if train.zero_offload:
         section["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
     return section
@@ -81,8 +86,8 @@ def enable_activation_checkpointing(module: torch.nn.Module, train: TrainConfig)
     (``TrainConfig.activation_checkpointing``), through the Hugging Face backbone's own
     gradient checkpointing, each block through ``ops.keyed_checkpoint``: non-reentrant (the
     blocks' inputs need no ``requires_grad``, a frozen body), and the recomputation draws the
-    same dropout masks (keyed GPT-2 dropout replays its keys; torch's RNG state is restored
-    for other backbones)."""
+    same dropout masks (the known families' keyed dropout replays its keys; torch's RNG
+    state is restored for other backbones)."""
     if not train.activation_checkpointing:
         return
     backbone = module.backbone

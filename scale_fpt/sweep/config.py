@@ -14,6 +14,16 @@ from scale_fpt import planner
 from scale_fpt.config import FIELD_TYPES, ConfigError, TrialConfig, flag
 
 SEARCH_KINDS = ("loguniform", "uniform", "int", "choice")
+VALIDATION_METRICS = ("best_val_accuracy", "val_accuracy")
+"""What a search or ASHA may maximise (``metric``): validation metrics only, the only ones
+reported to Ray Tune's schedulers and searchers; test is never read for a decision."""
+TUNED_FIELDS = ("lr", "batch_size")
+"""Grid fields that are tuned within one design, not part of it: ASHA may compare trials
+across them, and a grid over them is a search whose choice ``confirm_seeds`` re-runs. A grid
+over anything else (task, model, init, finetune, ...) holds several arms, and ASHA would
+rank them against each other (ListOps against XOR) and stop the weaker arms' trials."""
+CONFIRM_SUFFIX = "-confirm"
+"""The confirmation runs of sweep NAME are the sweep NAME-confirm."""
 
 
 @dataclass(frozen=True)
@@ -36,9 +46,17 @@ class SweepConfig:
     ("uniform", lo, hi), ("int", lo, hi) or ("choice", [values]). Empty: a plain grid."""
     search_trials: int = 8
     """Optuna trials per arm (and per seed)."""
+    confirm_seeds: tuple[int, ...] = ()
+    """Fresh seeds, disjoint from ``seeds``, on which each arm's chosen configuration is
+    trained again once the search (or a grid over lr / batch size) is done: the sweep
+    ``<name>-confirm``, whose rows are the LR-fair table's headline, free of the winner's
+    curse of the seeds that made the choice. The choice: the configuration with the best
+    mean ``metric`` over every one of ``seeds`` (a failed, diverged or stopped seed
+    disqualifies it; ties: the lower values). Empty: no confirmation."""
     metric: str = "best_val_accuracy"
-    """What searches and ASHA maximise: the best validation accuracy so far (never a test
-    metric; test is measured at the selected step and reported)."""
+    """What searches and ASHA maximise: one of ``VALIDATION_METRICS`` (the best validation
+    accuracy so far, or the one at the selected step); a test metric is refused (test is
+    measured at the selected step and reported, never chosen on)."""
     results_dir: str = "results"
     """Parquet results go to ``results_dir/name``."""
     storage_path: str = ""
@@ -52,7 +70,9 @@ class SweepConfig:
     max_failures: int = 2
     """Retries of a crashed trial, each from its last checkpoint."""
     asha: bool = False
-    """Stop weak trials early with ASHA (on ``metric``, in evaluation steps)."""
+    """Stop weak trials early with ASHA (on ``metric``, in evaluation steps). Only for a
+    sweep of one design: a grid over ``TUNED_FIELDS`` (lr, batch size) and seeds; stopped
+    trials are rows with status ``stopped`` that every table shows."""
     asha_grace_evals: int = 2
     """ASHA: evaluations every trial gets before it can be stopped."""
     cpus_per_trial: int = 1
@@ -104,6 +124,18 @@ class SweepConfig:
             if not spec or spec[0] not in SEARCH_KINDS:
                 out.append(f"search {key!r}: kind must be one of {', '.join(SEARCH_KINDS)}")
         out += self.seed_problems()
+        if self.metric not in VALIDATION_METRICS:
+            out.append(
+                f"metric {self.metric!r}: searches and ASHA decide on validation only; "
+                f"choose from {', '.join(VALIDATION_METRICS)}"
+            )
+        arm_axes = sorted(k for k in self.grid if k not in TUNED_FIELDS)
+        if self.asha and arm_axes:
+            out.append(
+                f"asha with a grid over {', '.join(arm_axes)}: ASHA would rank different arms "
+                f"against each other; grid only over {', '.join(TUNED_FIELDS)} (one sweep per "
+                "arm) or drop asha"
+            )
         if self.asha and self.search:
             out.append(
                 "asha with search: Ray records early-stopped trials in Optuna as complete with "
@@ -122,10 +154,30 @@ class SweepConfig:
         out += placement_problems(self)
         return out
 
+    def choice_fields(self) -> tuple[str, ...]:
+        """What the sweep chooses within an arm: searched fields and tuned grid axes."""
+        return tuple(sorted({*self.search, *(k for k in self.grid if k in TUNED_FIELDS)}))
+
     def seed_problems(self) -> list[str]:
         """Seeds are integers, and only ``seeds`` sets them: a ``seed`` in ``base`` or
         ``grid`` would be replaced by each of ``seeds`` without a word."""
         out = [f"seeds: {s!r} is not an integer seed" for s in self.seeds if not is_of_type(s, int)]
+        out += [
+            f"confirm_seeds: {s!r} is not an integer seed"
+            for s in self.confirm_seeds
+            if not is_of_type(s, int)
+        ]
+        shared = sorted(set(self.confirm_seeds) & set(self.seeds), key=str)
+        if shared:
+            out.append(
+                f"confirm_seeds: {shared} also choose the configuration (seeds); confirmation "
+                "seeds must be fresh"
+            )
+        if self.confirm_seeds and not self.choice_fields():
+            out.append(
+                "confirm_seeds: nothing is chosen to confirm; search a space or grid over "
+                f"{', '.join(TUNED_FIELDS)}"
+            )
         if not self.seeds:
             out.append("seeds: at least one seed")
         for where, values in (("base", self.base), ("grid", self.grid)):
@@ -248,6 +300,7 @@ def yaml_field_problems(cls, data: dict) -> tuple[list[str], dict]:
         ("grid", dict),
         ("search", dict),
         ("seeds", list),
+        ("confirm_seeds", list),
         ("overrides", list),
     ):
         if key in values and not isinstance(values[key], kind):
@@ -276,6 +329,7 @@ def yaml_field_problems(cls, data: dict) -> tuple[list[str], dict]:
         pairs = []
     values["overrides"] = tuple((dict(m), dict(v)) for m, v in pairs)
     values["seeds"] = tuple(values.get("seeds", cls.seeds))
+    values["confirm_seeds"] = tuple(values.get("confirm_seeds", cls.confirm_seeds))
     values["search"] = {k: tuple(v) for k, v in values.get("search", {}).items()}
     values.setdefault("name", "sweep")  # missing or mistyped: already a problem
     return problems, values

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass
 
 from scale_fpt.cluster import GPUOffer
@@ -18,7 +19,7 @@ from scale_fpt.sweep.callbacks import (
     sweep_callbacks,
     write_where_told,
 )
-from scale_fpt.sweep.config import SweepConfig, arm_label
+from scale_fpt.sweep.config import CONFIRM_SUFFIX, SweepConfig, arm_label
 from scale_fpt.sweep.placement import (
     Devices,
     cluster_devices,
@@ -28,8 +29,9 @@ from scale_fpt.sweep.placement import (
     search_pack,
     sweep_gpus,
     trial_resources,
+    with_node_width,
 )
-from scale_fpt.sweep.resume import saved_unfinished, unfinished_trials
+from scale_fpt.sweep.resume import saved_unfinished, unfinished_arms, unfinished_trials
 from scale_fpt.sweep.trainable import tune_members, tune_search_members, tune_trial
 from scale_fpt.trial import (
     git_sha,
@@ -101,7 +103,7 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
 
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
     connect_ray(runtime_env={"env_vars": {"SCALE_FPT_HOME": str(scale_fpt_home())}})
-    offer = sweep_gpus(sweep)
+    offer = with_node_width(sweep_gpus(sweep))
     arms = planned_arms(sweep.arms(), sweep, offer)
     import ray
 
@@ -122,7 +124,36 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
         if saved_unfinished(os.path.join(sweep.ray_storage, experiment)):
             unfinished = unfinished_trials(sweep, [name for name, _ in plans[index:]])
             break  # interrupted: later arms wait for --resume
-    return SweepOutcome([name for name, _ in plans], trials, unfinished)
+    experiments = [name for name, _ in plans]
+    if sweep.confirm_seeds and not unfinished:
+        confirmed, unfinished = run_confirmation(sweep, offer, devices, resume)
+        trials += confirmed
+        experiments.append(sweep.name + CONFIRM_SUFFIX)
+    return SweepOutcome(experiments, trials, unfinished)
+
+
+def run_confirmation(
+    sweep: SweepConfig, offer: GPUOffer, devices: Devices, resume: bool
+) -> tuple[int, int]:
+    """Each arm's chosen configuration on ``confirm_seeds`` (``sweep.confirm``), read from
+    the sweep's rows on disk: (trials run, trials left unfinished)."""
+    from scale_fpt.results import load_results
+    from scale_fpt.sweep.confirm import confirmation_arms, confirmation_sweep
+
+    confirm = confirmation_sweep(sweep)
+    arms, unchosen = confirmation_arms(sweep, load_results(sweep.results_dir, sweep.name).trials)
+    for label in unchosen:
+        print(
+            f"[scale-fpt] {label}: no configuration completed every seed; nothing to confirm",
+            file=sys.stderr,
+        )
+    if not arms:
+        return 0, 0
+    arms = planned_arms(arms, confirm, offer)
+    grid = run_experiment(confirm, confirm.name, arms, offer, devices, resume)
+    if not saved_unfinished(os.path.join(confirm.ray_storage, confirm.name)):
+        return len(grid), 0
+    return len(grid), unfinished_arms(confirm, arms)
 
 
 def slug(text: str) -> str:

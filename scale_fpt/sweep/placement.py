@@ -3,7 +3,7 @@ Ray resources, and the cohorts ``--pack`` makes of a grid or a search."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scale_fpt import planner, scaling
 from scale_fpt.cluster import GPUOffer, config_file_offer, gpu_offer
@@ -54,10 +54,47 @@ def planned_arms(arms: list[dict], sweep: SweepConfig, offer: GPUOffer) -> list[
                 f"{arm_label(arm)}: does not fit: {plan.describe()}; use a larger --gpu, a "
                 "smaller batch or fewer trained groups"
             )
+        elif problem := unplaceable(plan, offer):
+            problems.append(f"{arm_label(arm)}: {problem}")
         out.append(planner.with_plan(arm, plan) if plan.gpus > 1 else arm)
     if problems:
         raise ConfigError(problems)
     return out
+
+
+def unplaceable(plan: planner.TrialPlan, offer: GPUOffer) -> str | None:
+    """Why no node can ever hold the trial of ``plan`` (None: one can, or the widest node is
+    unknown). A trial's GPUs are one placement group packed on one node (STRICT_PACK), which
+    Ray would wait for forever."""
+    if not plan.gpus:
+        return None
+    if offer.gpu is None or offer.source == "none":
+        return (
+            f"asks for {plan.gpu_share:g} GPU(s), but the cluster has and can launch no GPU; "
+            "use --gpus-per-trial 0 or auto, or a cluster with GPU nodes"
+        )
+    widest = offer.max_gpus_per_node
+    if widest and plan.gpus > widest:
+        return (
+            f"asks for {plan.gpus} GPUs on one node, but the widest node has {widest} "
+            f"({offer.source}); use --gpus-per-trial {widest} or less, fewer workers, or "
+            "larger nodes"
+        )
+    return None
+
+
+def with_node_width(offer: GPUOffer) -> GPUOffer:
+    """A declared GPU's offer with the widest node of the connected cluster (its
+    autoscaler's node groups, else its running nodes) where no cluster config said it, so
+    that ``unplaceable`` can refuse what no node holds; unchanged when nothing says."""
+    if offer.gpu is None or offer.max_gpus_per_node:
+        return offer
+    from scale_fpt.cluster import autoscaler_offer, running_nodes_offer
+
+    found = autoscaler_offer() or running_nodes_offer()
+    if found is None:
+        return offer
+    return replace(offer, max_gpus_per_node=found.max_gpus_per_node, source=found.source)
 
 
 def plan_bundles(plan: planner.TrialPlan, cpus: int, workers: int = 1) -> list[dict]:
@@ -123,7 +160,8 @@ def auto_pack(member: dict, n_members: int, devices: Devices) -> int:
     spread over the slots, as many per cohort as fit in a slot's memory."""
     from scale_fpt.packing import cohort_memory_parts
 
-    fits = scaling.members_that_fit(*cohort_memory_parts(member), devices.slot_bytes)
+    fused = bool(devices.gpus) and planner.gpu_fuses_attention()
+    fits = scaling.members_that_fit(*cohort_memory_parts(member, fused), devices.slot_bytes)
     return scaling.auto_cohort_size(n_members, devices.slots, fits)
 
 

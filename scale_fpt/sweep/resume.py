@@ -33,8 +33,13 @@ def unfinished_trials(sweep: SweepConfig, experiments: list[str]) -> int:
             max(0, sweep.search_trials - saved_finished(os.path.join(sweep.ray_storage, name)))
             for name in experiments
         )
+    return unfinished_arms(sweep, sweep.arms())
+
+
+def unfinished_arms(sweep: SweepConfig, arms: list[dict]) -> int:
+    """Grid trials of ``arms`` (flat configs) without a final row of ``sweep`` on disk."""
     writer = ResultsWriter(sweep.results_dir, sweep.name)
-    ids = [trial_id_for(sweep.name, TrialConfig.from_flat(arm).to_flat()) for arm in sweep.arms()]
+    ids = [trial_id_for(sweep.name, TrialConfig.from_flat(arm).to_flat()) for arm in arms]
     return sum(writer.status(trial_id) in (None, "running") for trial_id in ids)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.distributed import rank_workers, train_rank
 from scale_fpt.prebuild import prebuild_ops
+from scale_fpt.sweep.config import VALIDATION_METRICS
 from scale_fpt.trial import (
     TrialRun,
     config_trial_id,
@@ -125,13 +126,9 @@ def tune_search_members(tune_config: dict) -> None:
     tune_trial(without_search_configs(tune_config))
 
 
-REPORTED_METRICS = {
-    "val_accuracy": "val_accuracy",
-    "best_val_accuracy": "best_val_accuracy",
-    "test_accuracy": "test_accuracy",
-    "best_test_accuracy": "best_test_accuracy",
-}
-"""Scheduler-facing metric -> trials column it reports (at the selected evaluation)."""
+REPORTED_METRICS = {metric: metric for metric in VALIDATION_METRICS}
+"""Scheduler-facing metric -> trials column it reports (at the selected evaluation):
+validation only, so no scheduler or searcher can read test."""
 
 
 def report_metrics(rows: list[dict]) -> dict:

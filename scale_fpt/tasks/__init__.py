@@ -73,6 +73,12 @@ def _permutation(seed: int, epoch: int, n: int, device: torch.device) -> torch.T
     return step_draws(seed, epoch, PERMUTATION_STREAM, device).permutation(n)
 
 
+def release_device_draws() -> None:
+    """Drop the cached epoch permutations: they live on the trial's device (a GPU's memory
+    would otherwise stay held by a finished trial in a reused Ray actor)."""
+    _permutation.cache_clear()
+
+
 def epoch_indices(
     seed: int, step: int, batch_size: int, n: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:

@@ -8,8 +8,10 @@
 
 Patches are read in raster order (left to right, top to bottom); each patch is flattened
 row by row, pixel by pixel, with the channels innermost: feature ``(i * p + j) * C + c`` of a
-token is channel c of pixel (i, j) inside its p x p patch. Pixels are scaled to [0, 1]
-(no mean/std normalisation: the trained input layer absorbs any affine rescaling).
+token is channel c of pixel (i, j) inside its p x p patch. Pixels are scaled to [0, 1], then
+(``normalize``, the default) normalised per channel as the reference code does after its
+augmentation: CIFAR-10 with its channel means and stds, CIFAR-10 LRA's grey pixels to
+[-1, 1], MNIST unchanged (the reference's mean 0, std 1). ``normalize=False`` feeds [0, 1].
 
 Data comes from ``datasets``: the hub ids ``ylecun/mnist`` / ``uoft-cs/cifar10`` when
 ``config.data_dir`` is empty, else a local copy in ``data_dir``: a ``save_to_disk``
@@ -59,6 +61,13 @@ LABEL_COLUMN = "label"
 SPLITS = ("train", "test")
 LUMA = (0.299, 0.587, 0.114)
 """ITU-R 601 luma weights (PIL's ``convert('L')``) for CIFAR-10 LRA's greyscale."""
+NORMALIZATION = {
+    "mnist": ((0.0,), (1.0,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
+    "cifar10-lra": ((0.5,), (0.5,)),
+}
+"""(mean, std) per channel that the reference code (kzl/universal-computation) normalises
+each task's [0, 1] pixels with, after augmentation."""
 CROP_PADDING = 4
 AUGMENT_STREAM = 3
 """step_draws stream of the augmentation randomness (1 is the epoch permutation)."""
@@ -248,8 +257,8 @@ def augment(x: torch.Tensor, draws: Draws, degrees: float) -> torch.Tensor:
 
 
 class ImageClassification(Task):
-    """mnist, cifar10 or cifar10-lra (``config.task``). x: (B, T, W) float in [0, 1],
-    y: (B, 1, 1) class.
+    """mnist, cifar10 or cifar10-lra (``config.task``). x: (B, T, W) float (in [0, 1] before
+    ``normalize``), y: (B, 1, 1) class.
 
     The validation set is a fixed slice of the train split (``holdout_split``,
     ``config.val_fraction`` of it, in train order; its first ``config.val_limit`` when
@@ -308,6 +317,9 @@ class ImageClassification(Task):
             x = greyscale(x)  # commutes with the (spatial, linear) augmentation: do it first
         if draws is not None:
             x = augment(x, draws, self.config.rotation_degrees)
+        if self.config.normalize:
+            mean, std = (torch.tensor(v, device=x.device) for v in NORMALIZATION[self.name])
+            x = (x - mean[:, None, None]) / std[:, None, None]  # per channel, after augmenting
         return patchify(x, PATCH[self.name])
 
     def train_batch(self, step: int, batch_size: int) -> Batch:

@@ -1,11 +1,12 @@
 """Each task's preprocessing, declared beside the paper's and the reference code's.
 
 For every task, ``preprocessing(config)`` lists the aspects that decide what a model sees and
-is scored on (sequence length, split, truncation/filtering, augmentation, input dropout):
+is scored on (sequence length, split, truncation/filtering, augmentation, normalisation,
+input dropout):
 what this trial does, what the paper says, what the reference code (kzl/universal-computation)
 does, and whether this trial does what produced the published numbers. Defaults follow the
 paper where it is explicit and the reference code where the paper is silent; every other
-choice is a flag (``mnist_tokens``, ``rotation_degrees``, ``homology_long``,
+choice is a flag (``mnist_tokens``, ``rotation_degrees``, ``homology_long``, ``normalize``,
 ``input_dropout``). ``scale-fpt plan`` prints the list; the report marks a published number
 comparable only when no aspect differs (``deviations``).
 """
@@ -25,7 +26,7 @@ class Aspect:
     """One preprocessing choice of a task."""
 
     name: str
-    """sequence length, split, truncation, augmentation or input dropout."""
+    """sequence length, split, truncation, augmentation, normalisation or input dropout."""
     here: str
     """What this trial does."""
     paper: str
@@ -175,6 +176,26 @@ def _homology(config: TrialConfig) -> list[Aspect]:
     ]
 
 
+def _normalisation(config: TrialConfig) -> Aspect:
+    """Image pixels: normalised per channel as the reference code (``normalize``); the other
+    tasks feed tokens or bits as they are, in every source."""
+    task = config.task
+    reference = {
+        "mnist": "none (mean 0, std 1)",
+        "cifar10": "per channel: mean (0.4914, 0.4822, 0.4465), std (0.2023, 0.1994, 0.2010)",
+        "cifar10-lra": "mean 0.5, std 0.5",
+    }.get(task.task)
+    if reference is None:
+        return Aspect("normalisation", "none", "none", "none", True)
+    return Aspect(
+        "normalisation",
+        reference if task.normalize else "none (pixels in [0, 1])",
+        "not stated",
+        reference,
+        task.normalize or task.task == "mnist",
+    )
+
+
 _BY_TASK = {
     "bit-memory": _bits,
     "bit-xor": _bits,
@@ -188,7 +209,8 @@ _BY_TASK = {
 
 def preprocessing(config: TrialConfig) -> list[Aspect]:
     """The preprocessing aspects of ``config``'s task (module docstring)."""
-    return _BY_TASK[config.task.task](config)
+    *aspects, input_dropout = _BY_TASK[config.task.task](config)
+    return [*aspects, _normalisation(config), input_dropout]
 
 
 def deviations(config: TrialConfig) -> list[str]:

@@ -54,6 +54,7 @@ from scale_fpt.report.tables.cells import (
     init_label,
     model_label,
     paper_steps,
+    pool_sweeps,
     prepare,
     preprocessing_deviations,
     rank,
@@ -81,10 +82,12 @@ from scale_fpt.report.tables.display import (
 from scale_fpt.report.tables.lr import (
     LR_SELECTION,
     group_index,
+    lr_differences,
     lr_fair,
     lr_points,
     lr_text,
 )
+from scale_fpt.report.tables.matched import matched_differences, matched_text
 from scale_fpt.report.tables.paper import (
     frozen_transformers,
     init_rank,
@@ -144,11 +147,15 @@ __all__ = [
     "init_difference",
     "init_label",
     "init_rank",
+    "lr_differences",
     "lr_fair",
     "lr_points",
     "lr_text",
+    "matched_differences",
+    "matched_text",
     "model_label",
     "paper_steps",
+    "pool_sweeps",
     "prepare",
     "preprocessing_deviations",
     "preprocessing_table",

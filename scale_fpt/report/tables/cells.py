@@ -28,7 +28,22 @@ METRICS = ("test_accuracy", "val_accuracy", "final_test_accuracy")
 DEFAULT_METRIC = "test_accuracy"
 SELECTION = "best_val_accuracy"
 """What every choice between candidates (learning rates, batch sizes) maximises."""
-ARM_KEYS = (
+EXECUTION_FIELDS = (
+    "seed",
+    "finetune",  # as ``finetune_label``: 'fpt' and 'input+output+ln+pos' are one setting
+    "accelerator",
+    "compile",
+    "workers",
+    "zero_stage",
+    "zero_offload",
+    "activation_checkpointing",
+    "eval_batch_size",
+)
+"""Trial config fields that are not part of an arm's design: the seed (what a cell's
+spread is over), and how a trial is executed, which leaves its numbers unchanged up to float
+rounding (tested: a world of 2 trains as a world of 1, ZeRO 0-3 alike)."""
+DESIGN_KEYS = (
+    "sweep",
     "task",
     "model",
     "weights",
@@ -40,8 +55,16 @@ ARM_KEYS = (
     "batch_size",
     "max_steps",
 )
-"""Trials that agree on these (and differ in seed) are one arm: one cell of a table
-(``finetune_label``: 'fpt' and 'input+output+ln+pos' are one setting)."""
+ARM_KEYS = (
+    *DESIGN_KEYS,
+    *(f for f in FIELD_TYPES if f not in EXECUTION_FIELDS and f not in DESIGN_KEYS),
+)
+"""Trials that agree on these (and differ in seed) are one arm: one cell of a table. Every
+config field that changes a trial (precision, sequence length, augmentation, patience,
+evaluation settings, ...) is one, and so is the sweep: two sweeps' trials are never pooled
+into one cell (``pool_sweeps`` does it on request)."""
+POOLED = "pooled: "
+"""Prefix of the ``sweep`` of rows that ``pool_sweeps`` merged."""
 SEARCHED = ("lr", "batch_size")
 """What an LR search varies within one arm (Optuna searches may draw the batch size too)."""
 SEARCH_ARM_KEYS = tuple(k for k in ARM_KEYS if k not in SEARCHED)
@@ -103,14 +126,24 @@ def model_label(model: str, lstm_width=None, lstm_layers=None) -> str:
     return Path(str(model)).name if "/" in str(model) else str(model)
 
 
+def pool_sweeps(trials: pd.DataFrame) -> pd.DataFrame:
+    """Trials of every sweep as one (``scale-fpt report --pool``): the ``sweep`` column of
+    every row becomes 'pooled: a+b+...', so arms that differ only in their sweep share a
+    cell. Seeds of the pooled sweeps may repeat (seed 0 in two sweeps shares every random
+    stream): such a cell's n counts trials, not independent seeds."""
+    names = "+".join(sorted(set(trials["sweep"].dropna()))) if len(trials) else ""
+    return trials.assign(sweep=POOLED + names)
+
+
 def prepare(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     """Trials with the columns every table uses: ``kind``, ``model_label``, ``init_label``,
     ``finetune_label``, ``value`` (metric in %), ``used`` and ``reason`` (why not used)."""
     if metric not in METRICS:
         raise ConfigError([f"--metric: unknown {metric!r}; choose from {', '.join(METRICS)}"])
     df = trials.copy()
-    for column in (metric, SELECTION):  # results written before the validation split
-        if column not in df:
+    # Results written before the validation split, or before a config field existed.
+    for column in (metric, SELECTION, *ARM_KEYS):
+        if column not in df and column != "finetune_label":
             df[column] = math.nan
     df["weights"] = df["weights"].fillna("")
     transformer = df["model"] != "lstm"
@@ -210,8 +243,21 @@ def preprocessing_deviations(row) -> str:
     return "; ".join(deviations(config))
 
 
+REFERENCE_PRECISION = "fp32"
+"""The reference code trains in fp32: a bf16 or fp16 cell is not the published setting."""
+PAPER_BATCH = (2, 16)
+"""The paper's batch sizes (2 to 16 by task; the reference code's default is 4)."""
+PROTOCOL = (
+    "here: test accuracy at the evaluation with the best validation accuracy; the reference "
+    "code: test batches drawn during training, no validation split"
+)
+"""The one difference every like-for-like cell keeps, declared in its comparison."""
+
+
 def compare(cell: dict, table: str, paper_row: str | None) -> dict:
-    """Published value beside a cell; difference only when like-for-like (module docstring)."""
+    """Published value beside a cell; difference only when like-for-like (module docstring):
+    model, weights, lr, LSTM size, budget, precision (fp32), batch size (2-16) and
+    preprocessing as the paper's; the evaluation protocol always differs and is said."""
     found = published.lookup(table, paper_row, cell["task"]) if paper_row else None
     out = {
         "paper_row": paper_row,
@@ -241,6 +287,12 @@ def compare(cell: dict, table: str, paper_row: str | None) -> dict:
         mismatches.append(
             f"budget {int(cell['max_steps']):,} steps (paper converged in {needed:,.0f})"
         )
+    precision = cell.get("precision")
+    if isinstance(precision, str) and precision != REFERENCE_PRECISION:
+        mismatches.append(f"precision {precision} (reference code {REFERENCE_PRECISION})")
+    batch = cell.get("batch_size")
+    if batch is not None and not pd.isna(batch) and not PAPER_BATCH[0] <= batch <= PAPER_BATCH[1]:
+        mismatches.append(f"batch size {int(batch)} (paper {PAPER_BATCH[0]}-{PAPER_BATCH[1]})")
     if cell.get("preprocessing"):
         mismatches.append(cell["preprocessing"])
     if table == "T4":
@@ -250,7 +302,7 @@ def compare(cell: dict, table: str, paper_row: str | None) -> dict:
     elif cell["n"]:
         out["like_for_like"] = True
         out["diff"] = cell["mean"] - found["value"]
-        out["comparison"] = "like-for-like"
+        out["comparison"] = f"like-for-like except the evaluation protocol ({PROTOCOL})"
     return out
 
 
@@ -276,7 +328,10 @@ def cells(
         cell.update({k: first[k] for k in ARM_KEYS})
         cell.update({k: first[k] for k in ("kind", "model_label", "init_label", "finetune")})
         cell.update(cell_summary(group))
-        cell["preprocessing"] = preprocessing_deviations(first)
+        # Every row's verdict (one arm shares its config fields, so they agree; a row that
+        # could not be read as a config says so).
+        verdicts = group.apply(preprocessing_deviations, axis=1) if len(group) else []
+        cell["preprocessing"] = "; ".join(dict.fromkeys(v for v in verdicts if v))
         if extra:
             cell.update(extra(group))
         cell.update(compare(cell, table, first["paper_row"]))

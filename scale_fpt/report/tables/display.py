@@ -24,7 +24,14 @@ def cell_text(cell) -> str:
         text += " (n=1)"
     if cell.get("dagger"):
         text += f" † {cell['n_diverged']}/{cell['n']} diverged"
-    return text
+    return text + not_used(cell)
+
+
+def not_used(cell) -> str:
+    """' [not used: 1 stopped]': trials of the cell left out of its numbers (stopped by a
+    scheduler, failed, ...), so that no table drops one silently."""
+    excluded = cell.get("excluded")
+    return f" [not used: {excluded}]" if isinstance(excluded, str) and excluded else ""
 
 
 def steps_text(cell) -> str:
@@ -35,13 +42,13 @@ def steps_text(cell) -> str:
         return f"— {cell['note']}"
     if not cell["all_reached"]:
         reached = f"{int(cell['n_reached'])}/{int(cell['n'])} reached"
-        return f">{steps_number(cell['lower_bound'])} ({reached})"
+        return f">{steps_number(cell['lower_bound'])} ({reached})" + not_used(cell)
     if cell["n"] == 1:
-        return f"{steps_number(cell['mean'])} (n=1)"
+        return f"{steps_number(cell['mean'])} (n=1)" + not_used(cell)
     return (
         f"{steps_number(cell['mean'])} ± {steps_number(cell['std'])} "
         f"(n={int(cell['n'])}, CI ±{steps_number(cell['ci95'])})"
-    )
+    ) + not_used(cell)
 
 
 def steps_number(value: float) -> str:

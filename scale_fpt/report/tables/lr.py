@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from scale_fpt.report.published import paper_lr
+from scale_fpt.report.stats import adjust_p, paired_difference
 from scale_fpt.report.tables.cells import (
     ARM_KEYS,
     DEFAULT_METRIC,
@@ -25,17 +26,22 @@ from scale_fpt.report.tables.cells import (
     rank,
 )
 from scale_fpt.report.tables.display import cell_text, count
+from scale_fpt.sweep.config import CONFIRM_SUFFIX
 
 
 def lr_points(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     """Every candidate (lr, batch size) of every arm run at two or more learning rates: the
     selection ``score`` (mean ``best_val_accuracy`` over its seeds, %), ``score_std``,
-    ``n_seeds``, and the metric's statistics over those seeds (``cell_summary``)."""
+    ``n_seeds``, ``failed_seeds``, and the metric's statistics over those seeds
+    (``cell_summary``). A candidate's score needs every seed: one that failed, diverged, was
+    stopped or is missing (fewer seeds than the arm's other candidates) makes it NaN, so a
+    rate that diverged in 2 of 3 seeds cannot win on its survivor."""
     df = prepare(trials, metric)
     keys = list(SEARCH_ARM_KEYS)
     n_lrs = df[df["used"]].groupby(keys, dropna=False)["lr"].nunique()
     searched = set(n_lrs[n_lrs > 1].index)
     df = df[[tuple(r) in searched for r in df[keys].itertuples(index=False)]]
+    seeds_per_arm = df.groupby(keys, dropna=False)["seed"].nunique()
     records = []
     for _, group in df.groupby([*keys, *SEARCHED], dropna=False, sort=False):
         first = group.iloc[0]
@@ -45,8 +51,14 @@ def lr_points(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFram
         record["arm"] = (
             f"{first['model_label']} · {first['init_label']} · {first['finetune_label']}"
         )
-        record["score"] = float(used[SELECTION].mean() * 100)
-        record["score_std"] = float(used[SELECTION].std() * 100)
+        complete = group["status"].eq("completed") & np.isfinite(
+            group[SELECTION].to_numpy(dtype=float, na_value=np.nan)
+        )
+        expected = int(seeds_per_arm.loc[tuple(first[k] for k in keys)])
+        record["failed_seeds"] = expected - int(group.loc[complete, "seed"].nunique())
+        every_seed = record["failed_seeds"] == 0
+        record["score"] = float(used[SELECTION].mean() * 100) if every_seed else math.nan
+        record["score_std"] = float(used[SELECTION].std() * 100) if every_seed else math.nan
         record["n_seeds"] = int(used["seed"].nunique())
         record.update(cell_summary(group))
         records.append(record)
@@ -54,23 +66,26 @@ def lr_points(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFram
 
 
 LR_SELECTION = (
-    "arms (task, model, init, finetune, steps) run at two or more learning rates (LR "
-    "searches, whatever the sweep's name); each arm's candidates are its (lr, batch size) "
-    "configurations, each trained for every seed; the best is the one with the highest mean "
-    "best_val_accuracy over its seeds (ties: the lower rate), and the cell reports test "
-    "accuracy at each seed's selected step there"
+    "arms (every setting but lr and batch size, within one sweep) run at two or more "
+    "learning rates; each arm's candidates are its (lr, batch size) configurations, each "
+    "trained for every seed; a candidate with a failed, diverged, stopped or missing seed "
+    "scores nothing; the best is the one with the highest mean best_val_accuracy over its "
+    "seeds (ties: the lower rate). The headline is test accuracy at each seed's selected step "
+    "on the confirmation seeds (the sweep's -confirm runs: fresh seeds that took no part in "
+    "the choice); without them, on the selection seeds, which flatter the winner"
 )
 
 
 def lr_fair(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     """Each arm at its own best learning rate (Rothermel et al. 2021): for every arm run at
     several rates, the (lr, batch size) with the highest mean ``best_val_accuracy`` over
-    seeds (ties: the lower rate) as ``best_lr``/``batch_size``; the metric's mean, std and
-    95% interval over the seeds there (``n``); the best configuration at the paper's rate
-    beside it (``paper_lr_mean``/``_std``/``_ci95``/``_n``, NaN when that rate was not run);
-    and how many configurations were tried (``n_candidates``).
-
-    Selection reads validation only; the reported test accuracies were never chosen on."""
+    every one of its seeds (ties: the lower rate) as ``best_lr``/``batch_size``. The headline
+    (``mean``, ``std``, ``ci95``, ``n``, ``trial_ids``) is the metric on the confirmation
+    seeds (``headline`` = 'confirmation'), else on the selection seeds (``headline`` =
+    'selection seeds'), whose numbers also stay as ``selection_mean``/``_n``; the best
+    configuration at the paper's rate beside it (``paper_lr_mean``/``_std``/``_ci95``/``_n``,
+    NaN when that rate was not run or lost a seed); and how many configurations were tried
+    (``n_candidates``). Selection reads validation only."""
     points = lr_points(trials, metric)
     df = prepare(trials, metric)
     title = "LR-fair comparison: every arm at its own best learning rate"
@@ -79,8 +94,13 @@ def lr_fair(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     records = []
     for _, group in points.groupby(list(SEARCH_ARM_KEYS), dropna=False, sort=False):
         group = group.sort_values(["lr", "batch_size"]).reset_index(drop=True)
-        best = group.loc[group["score"].idxmax()].to_dict()
-        at_paper = group[np.isclose(group["lr"], paper_lr(best["task"]), rtol=1e-9, atol=0)]
+        if group["score"].notna().any():
+            best = group.loc[group["score"].idxmax()].to_dict()
+        else:
+            best = {**group.iloc[0].to_dict(), "n": 0, "mean": math.nan, "best_lr": math.nan}
+            best["note"] = "no configuration completed every seed"
+        scored = group[group["score"].notna()]
+        at_paper = scored[np.isclose(scored["lr"], paper_lr(best["task"]), rtol=1e-9, atol=0)]
         paper = at_paper.loc[at_paper["score"].idxmax()] if len(at_paper) else None
         search = points.loc[group_index(points, best)]
         best.update(
@@ -95,24 +115,102 @@ def lr_fair(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
             order=(best["total_params"] or 0) * 1000
             + rank(best["init_label"], INIT_ORDER) * 10
             + rank(best["finetune_label"], FINETUNE_ORDER),
-            best_lr=best["lr"],
+            best_lr=best["lr"] if group["score"].notna().any() else math.nan,
             lrs=",".join(f"{v:.3g}" for v in group["lr"].unique()),
             n_lrs=group["lr"].nunique(),
             n_candidates=len(group),
+            n_failed_candidates=int(group["score"].isna().sum()),
             batch_sizes=",".join(str(int(b)) for b in sorted(group["batch_size"].unique())),
             **{
                 f"paper_lr_{k}": math.nan if paper is None else paper[k]
                 for k in ("mean", "std", "ci95", "n", "batch_size", "score")
             },
-            gain_over_paper_lr=best["mean"] - (math.nan if paper is None else paper["mean"]),
+        )
+        best.update(headline_stats(df, best))
+        best["gain_over_paper_lr"] = best["selection_mean"] - (
+            math.nan if paper is None else paper["mean"]
         )
         records.append(best)
     out = pd.DataFrame(records)
     out = finish(disambiguate(out, keys=("max_steps", "weights")))
     out.attrs["compute_scope"] = "the whole search of each arm: every rate and seed"
-    ids = set(",".join(points["trial_ids"]).split(","))
+    ids = set(",".join(points["trial_ids"]).split(",")) | set(",".join(out["trial_ids"]).split(","))
     used = df[df["trial_id"].isin(ids) & df["used"]]
     return annotate(out, title, LR_SELECTION, used, df.iloc[:0])
+
+
+def headline_stats(df: pd.DataFrame, best: dict) -> dict:
+    """The chosen configuration's numbers on its confirmation seeds where they were run (the
+    rows of sweep ``<sweep>-confirm`` with the same setting, lr and batch size), keeping the
+    selection seeds' as ``selection_*``."""
+    selection = {f"selection_{k}": best.get(k, math.nan) for k in ("mean", "std", "ci95", "n")}
+    selection["selection_trial_ids"] = best.get("trial_ids", "")
+    mask = df["sweep"] == f"{best['sweep']}{CONFIRM_SUFFIX}"
+    for key in (*SEARCH_ARM_KEYS, *SEARCHED):
+        if key != "sweep":
+            mask &= (df[key] == best[key]) | (df[key].isna() & pd.isna(best[key]))
+    confirmation = df[mask]
+    if confirmation.empty:
+        return {**selection, "headline": "selection seeds"}
+    stats = cell_summary(confirmation)
+    keep = ("n", "mean", "std", "ci95", "ci_low", "ci_high", "trial_ids", "note", "excluded")
+    return {**selection, **{k: stats[k] for k in keep}, "headline": "confirmation"}
+
+
+ARM_CONTRASTS = (
+    ("finetune_label", "full", "fpt"),
+    ("init_label", "pretrained", "random"),
+)
+"""The LR-fair table's comparisons: (what differs, arm a, arm b) for a - b, every other
+setting equal, each arm at its own best learning rate."""
+
+
+def lr_differences(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
+    """full - fpt and pretrained - random, each arm at its own best learning rate, on the
+    headline seeds (confirmation where run): the mean paired difference over the seeds both
+    arms ran (the same seed gives both the same heads, data and dropout streams) with its
+    paired-t 95% interval, paired t and Wilcoxon p-values, Hedges' g with its bootstrap
+    interval, and Benjamini-Hochberg adjusted p-values over the table's family of
+    comparisons (``p_t_adjusted``)."""
+    fair = lr_fair(trials, metric)
+    df = prepare(trials, metric)
+    values = df[df["used"]].set_index("trial_id")
+    records = []
+    for column, a, b in ARM_CONTRASTS:
+        keys = [k for k in SEARCH_ARM_KEYS if k != column and k in fair]
+        if column == "init_label":
+            keys = [k for k in keys if k not in ("init", "weights")]
+        if column == "finetune_label":
+            keys = [k for k in keys if k != "finetune"]
+        for _, group in fair.groupby(keys, dropna=False, sort=False):
+            arms = {row[column]: row for _, row in group.iterrows()}
+            if a not in arms or b not in arms:
+                continue
+            seeds = {arm: per_seed(values, arms[arm]["trial_ids"]) for arm in (a, b)}
+            diff = paired_difference(seeds[a], seeds[b])
+            first = arms[a]
+            records.append(
+                {
+                    **{k: first[k] for k in keys},
+                    "contrast": f"{a} - {b}",
+                    "lr_a": arms[a]["best_lr"],
+                    "lr_b": arms[b]["best_lr"],
+                    "headline": f"{arms[a]['headline']} / {arms[b]['headline']}",
+                    **{k: v for k, v in diff.items() if k != "seeds"},
+                    "seeds": ",".join(map(str, diff["seeds"])),
+                }
+            )
+    out = pd.DataFrame(records)
+    if not out.empty:
+        out["p_t_adjusted"] = adjust_p(out["p_t"])
+        out["p_wilcoxon_adjusted"] = adjust_p(out["p_wilcoxon"])
+    return out
+
+
+def per_seed(values: pd.DataFrame, trial_ids: str) -> dict:
+    """{seed: value} of the trials ``trial_ids`` (comma list)."""
+    rows = values.loc[[t for t in str(trial_ids).split(",") if t in values.index]]
+    return dict(zip(rows["seed"].astype(int), rows["value"].astype(float), strict=True))
 
 
 def group_index(points: pd.DataFrame, arm: dict) -> pd.Series:
@@ -129,6 +227,8 @@ def lr_text(cell) -> str:
     if not cell["n"]:
         return f"— {cell['note']}"
     text = cell_text(cell) + f" @ lr {cell['best_lr']:.3g}"
+    if cell.get("headline") == "selection seeds":
+        text += " (selection seeds: no confirmation run)"
     if "," in str(cell.get("batch_sizes", "")):
         text += f", bs {int(cell['batch_size'])}"
     text += f" (best of {int(cell['n_candidates'])} configurations)"

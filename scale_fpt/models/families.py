@@ -1,0 +1,182 @@
+"""Backbone families: which parameter of each architecture belongs to which fine-tuning group,
+what its positions are, where its blocks live, what LoRA adapts, and the block shape that its
+FLOPs and activation memory follow.
+
+Every family maps its parameters by explicit patterns over the backbone's parameter names
+(``rules``); a parameter of a known family that no pattern names is an error, so a new
+release of transformers that renames a tensor fails loudly instead of freezing it silently.
+Architectures outside these families fall back to ``groups.module_groups``' name heuristic.
+
+Families (transformers ``model_type`` in brackets):
+
+- ``gpt2`` [gpt2]: learned absolute positions (``wpe``), LayerNorm, GELU MLP, fused QKV;
+- ``gpt-neox`` [gpt_neox] (Pythia 14m-12b): rotary positions on part of each head
+  (``rotary_pct``), LayerNorm, parallel residual (attention and MLP read the same input),
+  GELU MLP, fused QKV;
+- ``llama`` [llama, qwen2, mistral] (Llama, Qwen2, SmolLM): rotary positions, RMSNorm, gated
+  SiLU MLP, grouped-query attention (fewer key/value heads than query heads);
+- ``opt`` [opt]: learned positions (offset 2), LayerNorm, ReLU MLP. Its residual dropout is
+  functional inside transformers' layer and so not keyed (and LayerDrop draws from torch's
+  generator): OPT trials run alone on a DeepSpeed engine, never packed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from scale_fpt.config import GROUPS
+from scale_fpt.scaling import BlockShape
+
+
+@dataclass(frozen=True)
+class Family:
+    """How scale_fpt reads one family of transformers architectures."""
+
+    name: str
+    """What docs, ``scale-fpt plan`` and errors call it."""
+    model_types: tuple[str, ...]
+    """transformers ``config.model_type`` values of this family."""
+    rules: tuple[tuple[str, str], ...]
+    """(regular expression over a backbone parameter name, group), first match wins."""
+    positions: str
+    """``learned`` (a table: group ``pos``) or ``rotary`` (no parameters: ``pos`` is empty)."""
+    layers: str
+    """Dotted attribute of the backbone that holds its blocks."""
+    lora_targets: str
+    """Regular expression (full match) over module names: the modules LoRA adapts, every
+    attention projection."""
+    keyed_dropout: bool = True
+    """Every dropout of the family's forward pass is a module or the attention interface's,
+    so ``fast_ops`` keys them all (a packed or resumed run reproduces its solo run)."""
+
+    def group_of(self, name: str) -> str | None:
+        """The group of backbone parameter ``name`` (LoRA's ``base_layer.`` wrapper ignored;
+        LoRA's own tensors are ``lora``); None when no rule names it."""
+        if ".lora_" in name:
+            return "lora"
+        plain = name.replace(".base_layer.", ".")
+        return next((group for pattern, group in self.rules if re.search(pattern, plain)), None)
+
+    def blocks(self, backbone):
+        """The backbone's block list."""
+        for attribute in self.layers.split("."):
+            backbone = getattr(backbone, attribute)
+        return backbone
+
+    def empty_groups(self) -> dict[str, str]:
+        """{group: why it has no parameters} for this family."""
+        if self.positions == "rotary":
+            return {
+                "pos": "rotary positions (a fixed rotation of queries and keys, no parameters); "
+                "'pos' trains nothing here"
+            }
+        return {}
+
+
+NEOX_LLAMA_NORMS = r"^layers\.\d+\.(input_layernorm|post_attention_layernorm)\."
+
+FAMILIES = (
+    Family(
+        "gpt2",
+        ("gpt2",),
+        (
+            (r"^wpe\.", "pos"),
+            (r"^h\.\d+\.ln_[12]\.|^ln_f\.", "ln"),
+            (r"^h\.\d+\.attn\.", "attn"),
+            (r"^h\.\d+\.mlp\.", "ff"),
+        ),
+        "learned",
+        "h",
+        r".*\.attn\.(c_attn|c_proj)",
+    ),
+    Family(
+        "gpt-neox",
+        ("gpt_neox",),
+        (
+            (NEOX_LLAMA_NORMS + r"|^final_layer_norm\.", "ln"),
+            (r"^layers\.\d+\.attention\.", "attn"),
+            (r"^layers\.\d+\.mlp\.", "ff"),
+        ),
+        "rotary",
+        "layers",
+        r".*\.attention\.(query_key_value|dense)",
+    ),
+    Family(
+        "llama",
+        ("llama", "qwen2", "mistral"),
+        (
+            (NEOX_LLAMA_NORMS + r"|^norm\.", "ln"),
+            (r"^layers\.\d+\.self_attn\.", "attn"),
+            (r"^layers\.\d+\.mlp\.", "ff"),
+        ),
+        "rotary",
+        "layers",
+        r".*\.self_attn\.(q_proj|k_proj|v_proj|o_proj)",
+    ),
+    Family(
+        "opt",
+        ("opt",),
+        (
+            (r"^decoder\.embed_positions\.", "pos"),
+            (
+                r"^decoder\.final_layer_norm\.|"
+                r"^decoder\.layers\.\d+\.(self_attn_layer_norm|final_layer_norm)\.",
+                "ln",
+            ),
+            (r"^decoder\.layers\.\d+\.self_attn\.", "attn"),
+            (r"^decoder\.layers\.\d+\.fc[12]\.", "ff"),
+            # opt-350m's projections between its 512-wide embeddings and 1024-wide blocks.
+            (r"^decoder\.project_(in|out)\.", "backbone"),
+        ),
+        "learned",
+        "decoder.layers",
+        r".*\.self_attn\.(q_proj|k_proj|v_proj|out_proj)",
+        keyed_dropout=False,
+    ),
+)
+BY_MODEL_TYPE = {t: family for family in FAMILIES for t in family.model_types}
+FAMILY_NAMES = tuple(f.name for f in FAMILIES)
+
+
+def family_of(config) -> Family | None:
+    """The family of a transformers config (None: not one of ``FAMILIES``)."""
+    return BY_MODEL_TYPE.get(getattr(config, "model_type", None))
+
+
+def backbone_groups(family: Family, names) -> dict[str, str]:
+    """{backbone parameter name: group} by ``family``'s rules; RuntimeError naming every
+    parameter no rule covers (a renamed tensor must not be frozen silently)."""
+    out, unmatched = {}, []
+    for name in names:
+        group = family.group_of(name)
+        if group is None:
+            unmatched.append(name)
+        else:
+            out[name] = group
+    if unmatched:
+        raise RuntimeError(
+            f"family {family.name}: no group for backbone parameter(s) {', '.join(unmatched)} "
+            f"(models/families.py maps each of {', '.join(GROUPS)} explicitly)"
+        )
+    return out
+
+
+def model_width(arch) -> int:
+    """Width of the vectors the backbone takes and returns (OPT-350m's word-embedding
+    projection width, else the hidden size)."""
+    return int(getattr(arch, "word_embed_proj_dim", None) or arch.hidden_size)
+
+
+def block_shape(arch) -> BlockShape:
+    """The block shape (``scaling.BlockShape``) of a transformers config of any family."""
+    d = int(arch.hidden_size)
+    inner = (
+        getattr(arch, "intermediate_size", None)
+        or getattr(arch, "ffn_dim", None)
+        or getattr(arch, "n_inner", None)
+        or 4 * d
+    )
+    family = family_of(arch)
+    llama_style = family is not None and family.name == "llama"
+    return BlockShape(d, int(inner), gated=llama_style, rms_norm=llama_style)

@@ -1,0 +1,76 @@
+"""Confirmation runs: each arm's chosen configuration trained again on fresh seeds.
+
+A search (or a grid over lr / batch size) picks each arm's configuration on its seeds'
+validation scores; the same seeds' test accuracy then flatters the winner (winner's curse).
+``SweepConfig.confirm_seeds`` names fresh seeds: once the sweep is done, every arm's chosen
+configuration runs on them as the grid sweep ``<name>-confirm`` (its own results directory
+and Ray experiment), whose rows the LR-fair table reports as its headline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pandas as pd
+
+from scale_fpt.sweep.config import CONFIRM_SUFFIX, SweepConfig, arm_label
+
+PLACEMENT_FIELDS = ("workers", "zero_stage")
+"""Fields the planner may set on a trial (``placement.planned_arms``): not matched."""
+
+
+def confirmation_sweep(sweep: SweepConfig) -> SweepConfig:
+    """The grid sweep of the confirmation runs: the arms of ``sweep`` (without its choice
+    fields) x ``confirm_seeds``; each arm's chosen values come from ``confirmation_arms``."""
+    choice = sweep.choice_fields()
+    return dataclasses.replace(
+        sweep,
+        name=sweep.name + CONFIRM_SUFFIX,
+        grid={k: v for k, v in sweep.grid.items() if k not in choice},
+        search={},
+        seeds=sweep.confirm_seeds,
+        confirm_seeds=(),
+        asha=False,
+    )
+
+
+def chosen_configuration(
+    trials: pd.DataFrame, fixed: dict, choice: tuple[str, ...], seeds, metric: str
+) -> dict | None:
+    """The values of ``choice`` whose trials (rows agreeing with ``fixed``) completed every
+    one of ``seeds`` with the best mean ``metric`` (ties: the lowest values); None when no
+    configuration completed every seed."""
+    rows = trials
+    for key, value in fixed.items():
+        if key in rows:
+            rows = rows[rows[key] == value]
+    rows = rows[rows["seed"].isin(seeds)]
+    best, best_score = None, -math.inf
+    for values, group in rows.groupby(list(choice), sort=True):
+        done = group[group["status"].eq("completed") & group[metric].notna()]
+        if set(done["seed"]) < set(seeds):
+            continue  # a failed, diverged, stopped or missing seed disqualifies it
+        score = float(done.drop_duplicates("seed")[metric].mean())
+        if score > best_score:
+            best, best_score = values, score
+    if best is None:
+        return None
+    values = best if isinstance(best, tuple) else (best,)
+    return {k: v.item() if hasattr(v, "item") else v for k, v in zip(choice, values, strict=True)}
+
+
+def confirmation_arms(sweep: SweepConfig, trials: pd.DataFrame) -> tuple[list[dict], list[str]]:
+    """(flat configs of the confirmation trials, labels of arms with nothing to confirm):
+    every arm of ``confirmation_sweep`` with its chosen configuration from ``trials`` (the
+    sweep's rows)."""
+    choice = sweep.choice_fields()
+    out, unchosen = [], []
+    for arm in confirmation_sweep(sweep).arms():
+        fixed = {k: v for k, v in arm.items() if k not in ("seed", *choice, *PLACEMENT_FIELDS)}
+        chosen = chosen_configuration(trials, fixed, choice, sweep.seeds, sweep.metric)
+        if chosen is None:
+            unchosen.append(arm_label(fixed))
+        else:
+            out.append({**arm, **chosen})
+    return out, list(dict.fromkeys(unchosen))

@@ -1,0 +1,72 @@
+"""Confirmation runs: which configuration each arm confirms, on which seeds, under which
+sweep name (scale_fpt.sweep.confirm), and the sweep fields that declare them."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from scale_fpt.config import ConfigError
+from scale_fpt.sweep import SweepConfig
+from scale_fpt.sweep.confirm import confirmation_arms, confirmation_sweep
+
+SWEEP = SweepConfig(
+    name="lr",
+    base={"task": "bit-xor", "model": "gpt2-tiny"},
+    grid={"init": ["pretrained", "random"], "lr": [1e-3, 1e-2]},
+    seeds=(0, 1, 2),
+    confirm_seeds=(10, 11),
+)
+
+
+def rows(init: str, lr: float, scores, statuses=("completed",) * 3) -> list[dict]:
+    return [
+        {"task": "bit-xor", "model": "gpt2-tiny", "init": init, "lr": lr, "seed": seed,
+         "status": status, "best_val_accuracy": score}
+        for seed, (score, status) in enumerate(zip(scores, statuses, strict=True))
+    ]  # fmt: skip
+
+
+def test_each_arm_confirms_its_best_configuration_that_completed_every_seed():
+    trials = pd.DataFrame(
+        rows("pretrained", 1e-3, [0.8, 0.8, 0.8])
+        + rows("pretrained", 1e-2, [0.99, 0.5, 0.5], ("completed", "diverged", "diverged"))
+        + rows("random", 1e-3, [0.6, 0.6, 0.6])
+        + rows("random", 1e-2, [0.7, 0.7, 0.7])
+    )
+    arms, unchosen = confirmation_arms(SWEEP, trials)
+    assert unchosen == []
+    chosen = {(a["init"], a["seed"]): a["lr"] for a in arms}
+    assert chosen == {
+        ("pretrained", 10): 1e-3,  # 1e-2 lost two seeds: its survivor's 0.99 does not count
+        ("pretrained", 11): 1e-3,
+        ("random", 10): 1e-2,
+        ("random", 11): 1e-2,
+    }
+    confirm = confirmation_sweep(SWEEP)
+    assert confirm.name == "lr-confirm" and confirm.seeds == (10, 11)
+    assert confirm.grid == {"init": ["pretrained", "random"]} and not confirm.confirm_seeds
+
+
+def test_an_arm_whose_every_configuration_lost_a_seed_is_named_not_confirmed():
+    trials = pd.DataFrame(
+        rows("pretrained", 1e-3, [0.8, 0.8, 0.8])
+        + rows("random", 1e-3, [0.6, 0.6, 0.6], ("completed", "failed", "completed"))
+        + rows("random", 1e-2, [0.7, 0.7], ("completed", "completed"))  # seed 2 never ran
+    )
+    arms, unchosen = confirmation_arms(SWEEP, trials)
+    assert {a["init"] for a in arms} == {"pretrained"}
+    assert unchosen == ["bit-xor/gpt2-tiny/random"]
+
+
+def test_confirmation_seeds_are_fresh_and_confirm_a_choice():
+    with pytest.raises(ConfigError) as e:
+        SweepConfig(
+            name="s", grid={"init": ["random"]}, seeds=(0, 1), confirm_seeds=(1, 2)
+        ).validate()
+    assert e.value.problems == [
+        "confirm_seeds: [1] also choose the configuration (seeds); confirmation seeds must be "
+        "fresh",
+        "confirm_seeds: nothing is chosen to confirm; search a space or grid over lr, batch_size",
+    ]
+    SWEEP.validate()
