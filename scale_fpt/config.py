@@ -131,10 +131,14 @@ class TaskConfig:
     val_fraction: float = 0.1
     """mnist, cifar10, cifar10-lra: the share of the train split held out as the validation
     set (a fixed slice, the same for every trial; training never reads it)."""
+    train_examples: int = 0
+    """Train on this many examples of the training data, reused in epochs (the data-size
+    axis of a scaling study; ``tasks.pool``). 0: all of it (bit tasks: a fresh draw every
+    batch)."""
 
     def problems(self) -> list[str]:
         out = [choice_problem("task", self.task, TASKS)]
-        for name in ("max_length", "test_limit", "val_limit"):
+        for name in ("max_length", "test_limit", "val_limit", "train_examples"):
             if getattr(self, name) < 0:
                 out.append(f"{flag(name)}: must be >= 0, got {getattr(self, name)}")
         for name in (

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from scale_fpt.config import ConfigError
-from scale_fpt.report import attention, figures, tables
+from scale_fpt.report import attention, figures, scaling_section, tables
 from scale_fpt.report.published import TASK_TITLES
 from scale_fpt.results import ResultsError, load_results
 
@@ -527,6 +527,7 @@ def build_report(
         doc.heading(2, "Tables these results cannot fill")
         doc.bullets(absent)
     figures_section(doc, out, trials, curves, computed["T4"], metric)
+    scaling_section.section(doc, out, trials, metric, save_figure)
     if attention_maps:
         attention_section(doc, out, by_sweep, results_dir, attention_examples)
     (out / "report.md").write_text(doc.markdown())

@@ -58,8 +58,14 @@ def task_spec(config: TaskConfig) -> TaskSpec:
 
 def build_task(config: TaskConfig, seed: int) -> Task:
     """The task of ``config`` for trial ``seed``; its data is loaded (or generated) now, so a
-    missing dataset fails here with :class:`DataUnavailable` rather than mid-training."""
-    return task_class(config.task)(config, seed)
+    missing dataset fails here with :class:`DataUnavailable` rather than mid-training.
+    ``config.train_examples`` > 0 limits training to that many examples (``tasks.pool``)."""
+    task = task_class(config.task)(config, seed)
+    if config.train_examples:
+        from scale_fpt.tasks.pool import FixedPool
+
+        return FixedPool(task, config.train_examples)
+    return task
 
 
 @lru_cache(maxsize=512)  # a packed cohort of K members reads K seeds' current epochs

@@ -120,10 +120,11 @@ def step_draws(
     return Draws(stream_key(seed, step, stream), device)
 
 
-def stack_batches(batches: list[Batch]) -> Batch:
+def stack_batches(batches: list[Batch], join=torch.stack) -> Batch:
     """Members' batches stacked: x (K, B, T, ...), y (K, B, k, m), lengths (K, B) or None.
     Variable-length batches are right-padded to the longest (causal attention: padding after
-    a sequence never changes its real tokens)."""
+    a sequence never changes its real tokens). ``join=torch.cat``: the batches joined along
+    the example axis instead (one batch of all their examples)."""
     T = max(b.x.shape[1] for b in batches)
     xs = []
     for b in batches:
@@ -133,7 +134,7 @@ def stack_batches(batches: list[Batch]) -> Batch:
         xs.append(x)
     lengths = None
     if any(b.lengths is not None for b in batches):
-        lengths = torch.stack(
+        lengths = join(
             [
                 b.lengths
                 if b.lengths is not None
@@ -141,7 +142,7 @@ def stack_batches(batches: list[Batch]) -> Batch:
                 for b in batches
             ]
         )
-    return Batch(torch.stack(xs), torch.stack([b.y for b in batches]), lengths)
+    return Batch(join(xs), join([b.y for b in batches]), lengths)
 
 
 def to_device(value, device: torch.device):

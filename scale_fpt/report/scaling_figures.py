@@ -1,0 +1,160 @@
+"""Figures of the scaling-law section (``report.scaling_laws``), each returned with the
+DataFrame drawn (saved beside the PNG as CSV), made without pyplot like ``report.figures``.
+
+- ``law_figure``: error vs size on each axis, per arm: every seed (dots), mean ± std over
+  seeds (bars), the fitted law with its 95% band, and the held-out largest size (star)
+  with the prediction interval of the law fitted without it (dashed);
+- ``gap_figure``: random - pretrained error vs total parameters, with the difference of
+  the two fitted laws and its band;
+- ``transfer_figure``: effective data transferred vs fine-tuning data, with intervals.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.ticker import NullFormatter
+
+from scale_fpt.report.figures import panels
+from scale_fpt.report.published import TASK_TITLES
+from scale_fpt.report.scaling_laws import AXES, curve_frame, grid, seed_spread
+
+AXIS_UNITS = {
+    "total_params": "total parameters (count, log)",
+    "trainable_params": "trained parameters (count, log)",
+    "total_flops": "training FLOPs (frozen 4N+attn / full 6N per token, log)",
+}
+
+
+def law_figure(points: pd.DataFrame, fits: dict, checks: dict, task: str, title: str):
+    """One panel per axis; see the module docstring."""
+    fig, axes = panels(len(AXES), width=4.6, height=3.8)
+    drawn = []
+    rows = points[points["task"] == task]
+    for ax, axis in zip(axes, AXES, strict=True):
+        for colour, (arm, group) in enumerate(rows.groupby("arm", sort=True)):
+            c = f"C{colour}"
+            ax.scatter(group[axis], group["error"], s=10, alpha=0.35, color=c)
+            spread = seed_spread(group, axis)
+            ax.errorbar(
+                spread[axis],
+                spread["mean"],
+                yerr=spread["std"].fillna(0),
+                fmt="o",
+                color=c,
+                capsize=3,
+                label=f"{arm} (n={len(group)})",
+            )
+            drawn.append(spread.assign(task=task, arm=arm, axis=axis, kind="seeds"))
+            fit, _ = fits.get((task, arm, axis), (None, None))
+            if fit is not None:
+                curve = curve_frame(fit, grid(group[axis]))
+                ax.plot(curve[axis], curve["mean"], color=c, lw=1.2)
+                ax.fill_between(
+                    curve[axis], curve["band_lo"], curve["band_hi"], color=c, alpha=0.15
+                )
+                drawn.append(curve.assign(task=task, arm=arm, axis=axis, kind="fit"))
+            check = checks.get((task, arm)) if axis == "total_params" else None
+            if check is not None:
+                held = check.rows.iloc[0]
+                ax.plot(held[axis], held["observed"], marker="*", ms=13, color=c, mec="k")
+                ax.errorbar(
+                    held[axis] * 1.08,
+                    held["mean"],
+                    yerr=[[held["mean"] - held["lo"]], [held["hi"] - held["mean"]]],
+                    fmt="x",
+                    color=c,
+                    capsize=4,
+                    ls="none",
+                )
+                partial = curve_frame(check.fit, grid(group[axis]))
+                ax.plot(partial[axis], partial["mean"], color=c, ls="--", lw=1)
+                drawn.append(check.rows.assign(task=task, arm=arm, axis=axis, kind="held-out"))
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide within a decade
+        if len(rows):  # the data's range: a band far outside it would flatten the points
+            ax.set_ylim(rows["error"].min() / 2, rows["error"].max() * 2)
+        ax.set_xlabel(AXIS_UNITS[axis])
+        ax.set_ylabel("test error (1 - accuracy, log)")
+        ax.set_title(f"{TASK_TITLES.get(task, task)}: {title}", fontsize=9)
+    axes[0].legend(fontsize=7)
+    return fig, pd.concat(drawn, ignore_index=True) if drawn else pd.DataFrame()
+
+
+def gap_figure(points: pd.DataFrame, fits: dict, task: str, pairs: list[tuple[str, str]]):
+    """Random - pretrained error vs total parameters; bars: sqrt(s_r²/n_r + s_p²/n_p)."""
+    fig, axes = panels(1, width=5.6, height=3.8)
+    ax = axes[0]
+    drawn = []
+    rows = points[points["task"] == task]
+    for colour, (pretrained, random) in enumerate(pairs):
+        a = seed_spread(rows[rows["arm"] == pretrained], "total_params")
+        b = seed_spread(rows[rows["arm"] == random], "total_params")
+        both = a.merge(b, on="total_params", suffixes=("_p", "_r"))
+        if both.empty:
+            continue
+        gap = both["mean_r"] - both["mean_p"]
+        se = np.sqrt(
+            both["std_r"].fillna(0) ** 2 / both["n_r"] + both["std_p"].fillna(0) ** 2 / both["n_p"]
+        )
+        label = f"{random} - {pretrained}"
+        ax.errorbar(
+            both["total_params"], gap, yerr=se, fmt="o", capsize=3, color=f"C{colour}", label=label
+        )
+        drawn.append(both.assign(task=task, pair=label, gap=gap, se=se, kind="seeds"))
+        fp, _ = fits.get((task, pretrained, "total_params"), (None, None))
+        fr, _ = fits.get((task, random, "total_params"), (None, None))
+        if fp is None or fr is None:
+            continue
+        frame = pd.DataFrame({"total_params": grid(both["total_params"])})
+        (p_point, p_boot), (r_point, r_boot) = fp.curves(frame), fr.curves(frame)
+        n = min(len(p_boot), len(r_boot))
+        diff = r_boot[:n] - p_boot[:n]
+        lo, hi = np.quantile(diff, [0.025, 0.975], axis=0)
+        ax.plot(frame["total_params"], r_point - p_point, color=f"C{colour}")
+        ax.fill_between(frame["total_params"], lo, hi, color=f"C{colour}", alpha=0.15)
+        drawn.append(
+            frame.assign(task=task, pair=label, gap=r_point - p_point, lo=lo, hi=hi, kind="fit")
+        )
+    if drawn:  # the measured gaps' range: the band can widen far beyond it
+        seeds = pd.concat([d for d in drawn if d["kind"].iloc[0] == "seeds"])
+        margin = float((seeds["gap"].abs() + 2 * seeds["se"]).max())
+        ax.set_ylim(min(0.0, seeds["gap"].min()) - margin, seeds["gap"].max() + margin)
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel(AXIS_UNITS["total_params"])
+    ax.set_ylabel("error gap: random - pretrained")
+    ax.set_title(
+        f"{TASK_TITLES.get(task, task)}: pretrained - random gap vs size (95% band)", fontsize=9
+    )
+    if drawn:
+        ax.legend(fontsize=7)
+    return fig, pd.concat(drawn, ignore_index=True) if drawn else pd.DataFrame()
+
+
+def transfer_figure(table: pd.DataFrame):
+    """Effective data transferred D_T vs fine-tuning examples D_F, per task and model."""
+    fig, axes = panels(1, width=5.6, height=3.8)
+    ax = axes[0]
+    for colour, (key, group) in enumerate(table.groupby(["task", "model", "finetune"])):
+        finite = group[np.isfinite(group["D_T"]) & (group["D_T"] > 0)]
+        low = np.clip(finite["D_T"] - finite["D_T_lo"], 0, None)
+        high = np.where(np.isfinite(finite["D_T_hi"]), finite["D_T_hi"] - finite["D_T"], 0)
+        ax.errorbar(
+            finite["D_F"],
+            finite["D_T"],
+            yerr=[low, high],
+            fmt="o-",
+            capsize=3,
+            color=f"C{colour}",
+            label=" · ".join(key) + f" (seeds {int(group['n_obs'].min())}+)",
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("fine-tuning examples D_F (count, log)")
+    ax.set_ylabel("effective data transferred D_T (examples, log)")
+    ax.set_title("Effective data transferred from pretraining (95% intervals)", fontsize=9)
+    ax.legend(fontsize=7)
+    return fig, table
