@@ -132,7 +132,7 @@ def main(argv=None) -> int:
     prebuild_ops()  # DeepSpeed's one-time op build is not a per-sweep cost
     work = tempfile.mkdtemp(prefix="scale_fpt_ray_bench_")
     sweep_start = time.perf_counter()
-    connect_ray(num_cpus=cores, include_dashboard=False)
+    connect_ray(num_cpus=cores)
     ray_init = time.perf_counter() - sweep_start
     import ray
     from ray import tune

@@ -326,7 +326,7 @@ def run_sweep_target(args: argparse.Namespace) -> int:
             raise ConfigError(
                 [f"--preset {args.preset}: {target} has the presets {', '.join(presets)}"]
             )
-        return run_study(presets[args.preset or "local"](), args)
+        return run_study(presets[args.preset or "local"](), args, STUDIES[target].after)
     if not (target.endswith((".yaml", ".yml")) or Path(target).is_file()):
         raise ConfigError(
             [f"sweep {target!r}: neither a study ({', '.join(STUDIES)}) nor a YAML sweep file"]

@@ -23,6 +23,9 @@ class Study:
     """What the study measures, its presets and how to launch it (its ``--help`` text)."""
     presets: dict[str, Callable[[], SweepConfig]]
     """Preset name -> the SweepConfig it declares."""
+    after: Callable[[SweepConfig], None] | None = None
+    """What the study prints once a run of it has finished (the ladder: its scaling laws and
+    held-out check); nothing after ``--plan`` or an interrupted run."""
 
 
 def paper_sweep(**fields) -> SweepConfig:
@@ -333,5 +336,89 @@ Narrow with --tasks/--models/--inits/--revisions/--seeds/--steps (see --help).""
     },
 )
 
-STUDIES = {"scale": SCALE, "finetune": FINETUNE, "lr-search": LR_SEARCH, "families": FAMILIES}
+LADDER_LOCAL_SIZES = ["gpt2-w32", "gpt2-w64", "gpt2-w96", "gpt2-tiny"]
+LADDER_PAPER_SIZES = ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"]
+LADDER_PAPER_TASKS = ["bit-memory", "listops", "cifar10"]
+
+
+def ladder_local() -> SweepConfig:
+    return SweepConfig(
+        name="ladder-local",
+        base={
+            "task": "bit-xor",
+            "finetune": "fpt",
+            "batch_size": 16,
+            "max_steps": 200,  # short enough that no size reaches 100%: error stays fittable
+            "eval_every": 50,
+            "val_batches": 10,
+            "test_batches": 10,
+        },
+        grid={"model": LADDER_LOCAL_SIZES, "init": ["pretrained", "random"]},
+        seeds=(0, 1, 2),
+        max_concurrent=2,
+    )
+
+
+def ladder_paper() -> SweepConfig:
+    return paper_sweep(
+        name="ladder-paper",
+        base={"finetune": "fpt", "batch_size": 8, "eval_every": 1000, "precision": "bf16"},
+        grid={
+            "task": LADDER_PAPER_TASKS,
+            "model": LADDER_PAPER_SIZES,
+            "init": ["pretrained", "random"],
+        },
+    )
+
+
+def ladder_laws(sweep: SweepConfig) -> None:
+    """Write the finished ladder's report (``scale-fpt report`` of this sweep alone) and print
+    its laws on total parameters and its held-out check."""
+    import pandas as pd
+
+    from scale_fpt.report import build_report
+
+    report = build_report(sweep.sweep_dir, attention_maps=False)
+    tables = report.parent / "tables"
+    for name, title in (("scaling_laws", "laws"), ("scaling_holdout", "held-out check")):
+        path = tables / f"{name}.csv"
+        if path.exists():
+            frame = pd.read_csv(path)
+            if name == "scaling_laws":
+                frame = frame[frame["axis"] == "total parameters"]
+            print(f"\n{sweep.name}: {title}\n{frame.to_string(index=False)}")
+    print(f"\nreport: {report}")
+
+
+LADDER = Study(
+    """Scaling ladder: four model sizes x pretrained/random, frozen, then the scaling laws
+(docs/scaling-laws.md).
+
+Launch:
+    scale-fpt sweep ladder                       # local preset: CPU, offline, minutes
+    scale-fpt sweep ladder --preset paper --plan # where each trial runs, GPU-hours
+    ray submit cluster/gpu.yaml sweeps/ladder.py -- --preset paper --data-root /mnt/shared/data
+
+Presets:
+    local  gpt2-w32, gpt2-w64, gpt2-w96 and gpt2-tiny (2 layers, 32..128 wide), each
+           language-pretrained locally on first use (the w presets for 300 steps, gpt2-tiny
+           for 800), vs random, frozen (fpt), on bit-xor for 200 steps, 3 seeds.
+    paper  gpt2, gpt2-medium, gpt2-large, gpt2-xl, pretrained vs random, frozen, on
+           bit-memory, ListOps and CIFAR-10 with the paper's optimiser and step budgets,
+           3 seeds, planned on the paper presets' GPU (--gpu to change).
+
+After a finished run it writes the sweep's report to RESULTS/<sweep>/report and prints the
+laws error = E + A x^-alpha per arm on total parameters with 95% bootstrap intervals, and the
+held-out check (fit on the three smaller sizes, predict the largest).""",
+    {"local": ladder_local, "paper": ladder_paper},
+    after=ladder_laws,
+)
+
+STUDIES = {
+    "scale": SCALE,
+    "finetune": FINETUNE,
+    "lr-search": LR_SEARCH,
+    "families": FAMILIES,
+    "ladder": LADDER,
+}
 """``scale-fpt sweep STUDY``: the studies by name (``sweeps/<name>.py`` with ``_`` for ``-``)."""

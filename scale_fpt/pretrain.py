@@ -43,7 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="language",
         help="'language' (English text), 'bit-memory', or a text file / directory of text",
     )
-    parser.add_argument("--steps", type=int, default=800, help="training steps (default 800)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="training steps (default: the preset's, 800 for most)",
+    )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=64, help="bytes per language sequence")
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -59,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
     if args.corpus not in CORPORA and not Path(args.corpus).exists():
         problems.append(f"--corpus: {args.corpus!r} is neither {' nor '.join(CORPORA)} nor a path")
     for name in ("steps", "batch_size", "seq_len"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')}: must be >= 1")
     if problems:
         raise ConfigError(problems)
@@ -100,13 +105,14 @@ def build_backbone_dir(
     preset: str,
     corpus: str,
     target: Path,
-    steps: int = 800,
+    steps: int | None = None,
     batch_size: int = 16,
     seq_len: int = 64,
     lr: float = 1e-3,
     seed: int = 0,
 ) -> None:
     started = time.perf_counter()
+    steps = steps or GPT2_SIZES[preset].pretrain_steps
     if corpus == "bit-memory":
         backbone, final_loss, source = pretrain_on_bit_memory(preset, steps, lr, seed)
     else:

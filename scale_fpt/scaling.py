@@ -18,6 +18,9 @@ class GPT2Size:
     n_head: int
     n_positions: int = 1024
     vocab_size: int = 50257
+    pretrain_steps: int = 800
+    """Language-pretraining steps ``scale-fpt pretrain`` (and a sweep's first use) gives this
+    CPU preset unless told otherwise."""
 
     @property
     def n_inner(self) -> int:
@@ -35,11 +38,12 @@ GPT2_SIZES = {
     "gpt2-tiny": GPT2Size(2, 128, 4, vocab_size=256),
     "gpt2-mini": GPT2Size(4, 256, 4, vocab_size=256),
     "gpt2-small-cpu": GPT2Size(6, 384, 6, vocab_size=256),
-    # The CPU ladder (sweeps/ladder.py): gpt2-tiny's depth at widths 32..96, cheap enough to
-    # pretrain all four on a laptop.
-    "gpt2-w32": GPT2Size(2, 32, 4, vocab_size=256),
-    "gpt2-w64": GPT2Size(2, 64, 4, vocab_size=256),
-    "gpt2-w96": GPT2Size(2, 96, 4, vocab_size=256),
+    # The CPU ladder (`scale-fpt sweep ladder`): gpt2-tiny's depth at widths 32..96, cheap
+    # enough to pretrain all four on a laptop; the small widths stop improving by 300 steps,
+    # and the four pretrainings are most of a CPU ladder's time.
+    "gpt2-w32": GPT2Size(2, 32, 4, vocab_size=256, pretrain_steps=300),
+    "gpt2-w64": GPT2Size(2, 64, 4, vocab_size=256, pretrain_steps=300),
+    "gpt2-w96": GPT2Size(2, 96, 4, vocab_size=256, pretrain_steps=300),
 }
 HUB_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 

@@ -320,18 +320,22 @@ def local_backbones(sweep) -> list[tuple[str, str]]:
 
 
 def study_main(
-    description: str, presets: dict[str, Callable], argv: list[str] | None = None
+    description: str,
+    presets: dict[str, Callable],
+    argv: list[str] | None = None,
+    after: Callable | None = None,
 ) -> int:
-    """Parse flags, build the preset, pretrain local backbones, run (or resume), summarise."""
+    """Parse flags, build the preset, pretrain local backbones, run (or resume), summarise
+    (and ``after(sweep)`` once the run has finished)."""
     args = parser(description, presets).parse_args(argv)
     try:
-        return run_study(presets[args.preset](), args)
+        return run_study(presets[args.preset](), args, after)
     except ConfigError as e:
         print(f"{sys.argv[0]}: error: {e}", file=sys.stderr)
         return 2
 
 
-def run_study(declared, args: argparse.Namespace) -> int:
+def run_study(declared, args: argparse.Namespace, after: Callable | None = None) -> int:
     """``declared`` (a preset's or a YAML file's SweepConfig) narrowed by the flags of
     ``add_study_flags``: checked (ConfigError: nothing started), then planned (``--plan``)
     or run (or resumed) and summarised. Returns the exit code."""
@@ -366,6 +370,8 @@ def run_study(declared, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
+    if after is not None:
+        after(sweep)
     return 0
 
 

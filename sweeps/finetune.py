@@ -9,4 +9,4 @@ from scale_fpt.study import study_main
 
 if __name__ == "__main__":
     study = STUDIES["finetune"]
-    sys.exit(study_main(study.description, study.presets))
+    sys.exit(study_main(study.description, study.presets, after=study.after))

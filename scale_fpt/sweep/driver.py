@@ -81,6 +81,11 @@ def connect_ray(runtime_env: dict | None = None, **init_kwargs) -> None:
     # Tune snapshots its state at every checkpoint of a short trial; that is intended here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     init_kwargs.setdefault("log_to_driver", os.environ.get("SCALE_FPT_WORKER_LOGS") == "1")
+    # A Ray this call starts itself (a laptop run) needs no dashboard: the sweep prints its
+    # own progress, and the dashboard's processes cost ~1 s of start-up and CPU beside the
+    # trials. Ray ignores this when attaching: a cluster head keeps the dashboard that
+    # `ray start` gave it (what `ray job submit` talks to).
+    init_kwargs.setdefault("include_dashboard", False)
     ray.init(runtime_env={**(runtime_env or {}), "env_vars": env}, **init_kwargs)
 
 
