@@ -31,7 +31,7 @@ def test_one_process_memory_counts_every_byte_per_precision():
     assert trial_memory(SHAPE, "fp16", batch_size=2) == trial_memory(SHAPE, "bf16", batch_size=2)
     # fp32: no master copy, no second gradient; activations twice as wide.
     assert trial_memory(SHAPE, "fp32", batch_size=2) == TrialMemory(4000, 400, 1200, 8704)
-    assert trial_memory(SHAPE, "bf16", 2).allocated == 8552
+    assert trial_memory(SHAPE, "bf16", 2).allocated == 8552 + planner.CUDA_WORKSPACE_BYTES
     # activations: layers x batch x tokens x width x 34 values x 2 bytes / 2
     assert 2 * 2 * 4 * 8 * 34 == 4352
 
@@ -90,7 +90,8 @@ def test_attention_with_dropout_counts_the_materialised_scores_and_the_mask_draw
     assert attention(shape) == (3 + 4) * elements * 2 + draw
     assert (3 + 4) * elements * 2 + draw > (2 * 3 + 4) * elements * 2
     materialised = trial_memory(shape, "bf16", 2, fused_attention=False)
-    assert materialised.allocated == 8552 + (3 + 4) * elements * 2 + draw
+    workspace = planner.CUDA_WORKSPACE_BYTES
+    assert materialised.allocated == 8552 + (3 + 4) * elements * 2 + draw + workspace
     assert attention(ModelShape(**{**shape.__dict__, "backbone_backward": False})) == (
         4 * elements * 2 + draw
     )
@@ -189,19 +190,24 @@ def test_plan_bounds_a_long_sequence_step_on_the_cpu(long_proteins_dir, monkeypa
     run = TrialRun([config], kind="engine")  # every block whole (a cohort cuts the last one)
     try:
         run.step.train_step(0)  # first use: the optimizer's state, lazy buffers
-        before = live_tensor_bytes()
-        with HostAllocated() as held:
-            run.step.train_step(1)
+        # The least of three steps: threads that earlier tests left in this process (Ray's,
+        # TensorBoard writers) allocate at random into a step's window.
+        measured = math.inf
+        for position in (1, 2, 3):
+            before = live_tensor_bytes()
+            with HostAllocated() as held:
+                run.step.train_step(position)
+            measured = min(measured, before + held.peak)
     finally:
         run.close()
-    measured = before + held.peak
     plan = trial_memory(planner.model_shape(config), "fp32", 1, fused_attention=False)
     assert plan.attention > 5 * plan.activations  # what the planner left out
-    assert measured <= plan.allocated <= 1.25 * measured, (plan, measured)
+    allocated = plan.allocated - plan.workspace  # no CUDA libraries on a CPU
+    assert measured <= allocated <= 1.25 * measured, (plan, measured)
 
 
 def test_device_memory_adds_allocator_slack_and_cuda_context():
-    memory = TrialMemory(1000, 0, 0, 0)
+    memory = TrialMemory(1000, 0, 0, 0, workspace=0)
     assert memory.device == 1150 + planner.CUDA_CONTEXT_BYTES
 
 

@@ -156,8 +156,9 @@ def test_scale_fpt_sweep_refuses_an_unknown_target_and_a_preset_for_a_file(capsy
     from scale_fpt import cli
 
     assert cli.main(["sweep", "scaling"]) == 2
-    assert "'scaling': neither a study (scale, finetune, lr-search, families) nor a YAML" in (
-        capsys.readouterr().err
+    assert (
+        "'scaling': neither a study (scale, finetune, lr-search, families, ladder) nor a YAML"
+        in (capsys.readouterr().err)
     )
     sweep_file = tmp_path / "s.yaml"
     sweep_file.write_text("name: s\nbase: {task: bit-xor}\n")
