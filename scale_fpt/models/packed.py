@@ -57,7 +57,48 @@ FPT_NAMES = {
 ``ln_1``/``ln_2`` stacks map to ``backbone.h.<layer>.ln_<n>.<part>``)."""
 
 
-class PackedFPT(nn.Module):
+class PackedMembers(nn.Module):
+    """What every packed model shares: the K members' trained tensors stacked on a leading
+    member axis (parameters named as in ``PARAM_GROUPS``), their input layer and their
+    read-out head. Subclasses set ``spec``, ``d``, ``dtype`` and ``input_p`` and run a body."""
+
+    def member_params(self, members: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """Trained tensors of the members ``members`` (indices into K; None: all K), in the
+        step's dtype."""
+        out = {}
+        for name, p in self.named_parameters():
+            t = p if members is None else p.index_select(0, members)
+            out[name] = t.to(self.dtype) if self.dtype != torch.float32 else t
+        return out
+
+    def embed_inputs(
+        self, p: dict[str, torch.Tensor], x: torch.Tensor, sites: ops.DropoutSites | None
+    ) -> torch.Tensor:
+        """x (Ka, B, T, W) float or (Ka, B, T) long -> (Ka, B, T, d): each member's input
+        layer (a token embedding, or a linear layer followed by input dropout)."""
+        Ka, B, T = x.shape[:3]
+        d = self.d
+        if self.spec.discrete:
+            vocab = p["input_embedding"].shape[1]
+            offsets = torch.arange(Ka, device=x.device).view(Ka, 1, 1) * vocab
+            return F.embedding(x + offsets, p["input_embedding"].reshape(Ka * vocab, d))
+        h = torch.baddbmm(
+            p["input_bias"].unsqueeze(1),
+            x.reshape(Ka, B * T, x.shape[-1]).to(self.dtype),
+            p["input_weight"].transpose(1, 2),
+        ).view(Ka, B, T, d)
+        return ops.dropout(h, self.input_p, self.training, sites)
+
+    def read_out(self, p: dict[str, torch.Tensor], h: torch.Tensor, B: int) -> torch.Tensor:
+        """(Ka, B*k, d) final-norm read-out rows -> logits (Ka, B, k, m, C)."""
+        spec = self.spec
+        logits = torch.baddbmm(p["output_bias"].unsqueeze(1), h, p["output_weight"].transpose(1, 2))
+        return logits.view(
+            h.shape[0], B, spec.n_predicting_tokens, spec.outputs_per_token, spec.n_classes
+        )
+
+
+class PackedFPT(PackedMembers):
     """K FPT models over one frozen GPT-2 body.
 
     The frozen block weights (attention and MLP matrices) are held once, in the compute
@@ -149,13 +190,6 @@ class PackedFPT(nn.Module):
                 out[FPT_NAMES.get(name, name)] = value
         return out
 
-    def member_params(self, members: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        out = {}
-        for name, p in self.named_parameters():
-            t = p if members is None else p.index_select(0, members)
-            out[name] = t.to(self.dtype) if self.dtype != torch.float32 else t
-        return out
-
     def _ln(self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """Layer norm of (Ka, N, d) rows with each member's gain and bias (Ka, d)."""
         normed = F.layer_norm(h, (self.d,), eps=self.eps)
@@ -175,17 +209,7 @@ class PackedFPT(nn.Module):
         sites = None if step_keys is None else ops.DropoutSites(step_keys)
         spec, d = self.spec, self.d
         Ka, B, T = x.shape[:3]
-        if spec.discrete:
-            vocab = p["input_embedding"].shape[1]
-            offsets = torch.arange(Ka, device=x.device).view(Ka, 1, 1) * vocab
-            h = F.embedding(x + offsets, p["input_embedding"].reshape(Ka * vocab, d))
-        else:
-            h = torch.baddbmm(
-                p["input_bias"].unsqueeze(1),
-                x.reshape(Ka, B * T, x.shape[-1]).to(self.dtype),
-                p["input_weight"].transpose(1, 2),
-            ).view(Ka, B, T, d)
-            h = ops.dropout(h, self.input_p, self.training, sites)
+        h = self.embed_inputs(p, x, sites)
         h = ops.dropout(h + p["wpe"][:, None, :T], self.embd_p, self.training, sites)
         h = h.reshape(Ka, B * T, d)
         k = spec.n_predicting_tokens
@@ -196,8 +220,7 @@ class PackedFPT(nn.Module):
             last = layer == self.n_layer - 1
             h = self._block(h, layer, p, T, positions if last else None, sites)  # (Ka, B*T|B*k, d)
         h = self._ln(h, p["ln_f_weight"], p["ln_f_bias"])  # (Ka, B*k, d)
-        logits = torch.baddbmm(p["output_bias"].unsqueeze(1), h, p["output_weight"].transpose(1, 2))
-        return logits.view(Ka, B, k, spec.outputs_per_token, spec.n_classes)
+        return self.read_out(p, h, B)
 
     def _block(
         self,

@@ -27,7 +27,7 @@ from torch import nn
 from scale_fpt.models import ops
 from scale_fpt.models.families import family_of
 from scale_fpt.models.fpt import FPT
-from scale_fpt.models.packed import PackedFPT, predicting_positions
+from scale_fpt.models.packed import PackedFPT, PackedMembers, predicting_positions
 from scale_fpt.tasks.base import TaskSpec
 
 NORMS = {  # per family: (block norm 1, block norm 2, final norm) attribute names
@@ -51,7 +51,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return torch.cat((turned * cos + rotate_half(turned) * sin, kept), dim=-1)
 
 
-class PackedRotaryFPT(nn.Module):
+class PackedRotaryFPT(PackedMembers):
     """K FPT models over one frozen GPT-NeoX or Llama-style body (``PackedFPT``'s interface:
     ``param_groups``, ``member_state``, ``forward(x, lengths, members, step_keys)``)."""
 
@@ -152,13 +152,6 @@ class PackedRotaryFPT(nn.Module):
                 out[f"{kind}.{part}"] = value  # input_weight -> input.weight, ...
         return out
 
-    def member_params(self, members: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        out = {}
-        for name, p in self.named_parameters():
-            t = p if members is None else p.index_select(0, members)
-            out[name] = t.to(self.dtype) if self.dtype != torch.float32 else t
-        return out
-
     def _norm(self, h: torch.Tensor, p: dict, which: str, layer: int | None) -> torch.Tensor:
         """LayerNorm (GPT-NeoX) or RMSNorm (Llama) of (Ka, N, d) rows, each member's gains."""
         pick = (lambda t: t) if layer is None else (lambda t: t[:, layer])
@@ -180,17 +173,7 @@ class PackedRotaryFPT(nn.Module):
         sites = None if step_keys is None else ops.DropoutSites(step_keys)
         spec, d = self.spec, self.d
         Ka, B, T = x.shape[:3]
-        if spec.discrete:
-            vocab = p["input_embedding"].shape[1]
-            offsets = torch.arange(Ka, device=x.device).view(Ka, 1, 1) * vocab
-            h = F.embedding(x + offsets, p["input_embedding"].reshape(Ka * vocab, d))
-        else:
-            h = torch.baddbmm(
-                p["input_bias"].unsqueeze(1),
-                x.reshape(Ka, B * T, x.shape[-1]).to(self.dtype),
-                p["input_weight"].transpose(1, 2),
-            ).view(Ka, B, T, d)
-            h = ops.dropout(h, self.input_p, self.training, sites)
+        h = self.embed_inputs(p, x, sites)
         if self.neox:
             h = ops.dropout(h, self.hidden_p, self.training, sites)  # emb_dropout
         h = h.reshape(Ka, B * T, d)
@@ -203,8 +186,7 @@ class PackedRotaryFPT(nn.Module):
         rows = positions + torch.arange(0, Ka * B * T, T, device=x.device)[:, None]
         h = h.reshape(-1, d).index_select(0, rows.reshape(-1)).view(Ka, B * k, d)
         h = self._norm(h, p, "norm_f", None)
-        logits = torch.baddbmm(p["output_bias"].unsqueeze(1), h, p["output_weight"].transpose(1, 2))
-        return logits.view(Ka, B, k, spec.outputs_per_token, spec.n_classes)
+        return self.read_out(p, h, B)
 
     def _attention(self, q, k, v, T, cos, sin, sites) -> torch.Tensor:
         """(rows, d) queries and (rows, d_kv) keys/values -> (rows, d) attention output."""
