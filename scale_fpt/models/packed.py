@@ -62,6 +62,12 @@ class PackedMembers(nn.Module):
     member axis (parameters named as in ``PARAM_GROUPS``), their input layer and their
     read-out head. Subclasses set ``spec``, ``d``, ``dtype`` and ``input_p`` and run a body."""
 
+    @staticmethod
+    def member_stack(device, tensors) -> nn.Parameter:
+        """The members' values of one trained tensor, stacked on the member axis, in fp32."""
+        stacked = torch.stack([t.detach().float() for t in tensors])
+        return nn.Parameter(stacked.to(device).contiguous())
+
     def member_params(self, members: torch.Tensor | None) -> dict[str, torch.Tensor]:
         """Trained tensors of the members ``members`` (indices into K; None: all K), in the
         step's dtype."""
@@ -132,18 +138,18 @@ class PackedFPT(PackedMembers):
         self.scales = [float(block.attn.scaling) for block in blocks]
         self.act = blocks[0].mlp.act  # ops.GeluTanh for GPT-2 (backbones.fast_ops)
 
-        def member_stack(tensors) -> nn.Parameter:
-            stacked = torch.stack([t.detach().float() for t in tensors])
-            return nn.Parameter(stacked.to(device).contiguous())
-
         def shared(tensor: torch.Tensor) -> nn.Parameter:  # the backbone's value, per member
-            return member_stack([tensor] * self.K)
+            return self.member_stack(device, [tensor] * self.K)
 
         if spec.discrete:
-            self.input_embedding = member_stack([h.input.weight for h in heads])  # (K, V, d)
+            self.input_embedding = self.member_stack(
+                device, [h.input.weight for h in heads]
+            )  # (K, V, d)
         else:
-            self.input_weight = member_stack([h.input.weight for h in heads])  # (K, d, W)
-            self.input_bias = member_stack([h.input.bias for h in heads])  # (K, d)
+            self.input_weight = self.member_stack(
+                device, [h.input.weight for h in heads]
+            )  # (K, d, W)
+            self.input_bias = self.member_stack(device, [h.input.bias for h in heads])  # (K, d)
         self.wpe = shared(backbone.wpe.weight[:n_tokens])  # (K, T, d): rows past T never train
         for name in ("ln_1", "ln_2"):
             for part in ("weight", "bias"):
@@ -151,8 +157,10 @@ class PackedFPT(PackedMembers):
                 setattr(self, f"{name}_{part}", shared(layers))  # (K, L, d)
         self.ln_f_weight = shared(backbone.ln_f.weight)  # (K, d)
         self.ln_f_bias = shared(backbone.ln_f.bias)
-        self.output_weight = member_stack([h.output.weight for h in heads])  # (K, O, d)
-        self.output_bias = member_stack([h.output.bias for h in heads])  # (K, O)
+        self.output_weight = self.member_stack(
+            device, [h.output.weight for h in heads]
+        )  # (K, O, d)
+        self.output_bias = self.member_stack(device, [h.output.bias for h in heads])  # (K, O)
 
         # Frozen body: plain tensors (not parameters, never in the optimiser or checkpoints).
         def frozen(t: torch.Tensor) -> torch.Tensor:

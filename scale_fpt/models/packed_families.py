@@ -85,24 +85,26 @@ class PackedRotaryFPT(PackedMembers):
         self.norm_names = (norm_1, norm_2, norm_f)
         self.parts = ("weight", "bias") if self.neox else ("weight",)
 
-        def member_stack(tensors) -> nn.Parameter:
-            stacked = torch.stack([t.detach().float() for t in tensors])
-            return nn.Parameter(stacked.to(device).contiguous())
-
         if spec.discrete:
-            self.input_embedding = member_stack([h.input.weight for h in heads])  # (K, V, d)
+            self.input_embedding = self.member_stack(
+                device, [h.input.weight for h in heads]
+            )  # (K, V, d)
         else:
-            self.input_weight = member_stack([h.input.weight for h in heads])  # (K, d, W)
-            self.input_bias = member_stack([h.input.bias for h in heads])  # (K, d)
+            self.input_weight = self.member_stack(
+                device, [h.input.weight for h in heads]
+            )  # (K, d, W)
+            self.input_bias = self.member_stack(device, [h.input.bias for h in heads])  # (K, d)
         for index, name in enumerate((norm_1, norm_2)):
             for part in self.parts:
                 layers = torch.stack([getattr(getattr(b, name), part) for b in blocks])
-                setattr(self, f"norm_{index + 1}_{part}", member_stack([layers] * self.K))
+                setattr(
+                    self, f"norm_{index + 1}_{part}", self.member_stack(device, [layers] * self.K)
+                )
         for part in self.parts:
             final = getattr(getattr(backbone, norm_f), part)
-            setattr(self, f"norm_f_{part}", member_stack([final] * self.K))  # (K, d)
-        self.output_weight = member_stack([h.output.weight for h in heads])
-        self.output_bias = member_stack([h.output.bias for h in heads])
+            setattr(self, f"norm_f_{part}", self.member_stack(device, [final] * self.K))  # (K, d)
+        self.output_weight = self.member_stack(device, [h.output.weight for h in heads])
+        self.output_bias = self.member_stack(device, [h.output.bias for h in heads])
         self.param_groups = {  # trained tensor -> its fine-tuning group
             name: "ln" if name.startswith("norm") else name.split("_")[0]
             for name, _ in self.named_parameters()
