@@ -29,17 +29,9 @@ import numpy as np
 import pandas as pd
 
 from scale_fpt.analysis import fit_scaling_law
+from scale_fpt.analysis.chinchilla import BESIROGLU_2024, HOFFMANN_2022
 
-PUBLISHED = {
-    "Hoffmann et al. 2022": {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28},
-    "Besiroglu et al. 2024": {
-        "E": 1.82,
-        "A": 482.01,
-        "B": 2085.43,
-        "alpha": 0.3478,
-        "beta": 0.3658,
-    },
-}
+PUBLISHED = {"Hoffmann et al. 2022": HOFFMANN_2022, "Besiroglu et al. 2024": BESIROGLU_2024}
 
 
 def draw(law: dict, n: int, noise: float, seed: int) -> pd.DataFrame:
@@ -58,6 +50,18 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def print_header() -> None:
+    """The command, the date (UTC) and the machine with its load: the first lines of every
+    scaling benchmark's output."""
+    print(f"command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
+    print(f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical "
+        f"cores, load average {load:.1f} at start"
+    )
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--points", type=int, default=250)
@@ -67,13 +71,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="100 resamples")
     args = p.parse_args(argv)
     boot = 100 if args.quick else args.boot
-    print(f"command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
-    print(f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}")
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical "
-        f"cores, load average {load:.1f} at start"
-    )
+    print_header()
     print(f"{args.points} points, {boot} resamples, {args.workers} worker(s), noise {args.noise}")
     print()
     print("| law | param | truth | estimate | 95% interval | covered |")

@@ -75,7 +75,7 @@ class Objective:
 
 def refine(objective: Objective, theta0: np.ndarray):
     """L-BFGS-B from ``theta0``: (theta, loss, converged)."""
-    bounds = objective.law.bounds(float(objective.log_y.min()))
+    bounds = objective.law.bounds()
     result = minimize(
         objective,
         theta0,
@@ -107,7 +107,8 @@ def multistart(objective: Objective, grid: np.ndarray, starts: int):
 
 
 def resample_plan(X: np.ndarray, units: np.ndarray, strata: str | None):
-    """[(rows of each unit of a stratum) per stratum]: the stratified resampling layout.
+    """(strata, by_x): the stratified resampling layout, [(rows of each unit of a stratum) per
+    stratum], and whether each stratum is one x (True) or all rows (False).
 
     ``strata`` "auto": each distinct x row is a stratum when every one holds two or more
     units, else one stratum of everything; "x": always by x; None: one stratum."""
@@ -120,19 +121,22 @@ def resample_plan(X: np.ndarray, units: np.ndarray, strata: str | None):
         rows = np.flatnonzero(x_key == s)
         layout.append([rows[units[rows] == u] for u in np.unique(units[rows])])
     if strata == "x" or (strata == "auto" and min(len(s) for s in layout) >= 2):
-        return layout
-    return [[np.flatnonzero(units == u) for u in np.unique(units)]]
+        return layout, True
+    return [[np.flatnonzero(units == u) for u in np.unique(units)]], False
 
 
-def draw_resample(layout, log_y: np.ndarray, rng: np.random.Generator):
-    """(row indices, their log y) of one stratified resample, deviations rescaled."""
+def draw_resample(layout, by_x: bool, log_y: np.ndarray, rng: np.random.Generator):
+    """(row indices, their log y) of one stratified resample. In strata of one x the
+    deviations from the stratum's mean are rescaled by sqrt(m/(m-1)); a stratum of all rows
+    (a case bootstrap) is left as drawn: its mean follows the law, not one value, so scaling
+    deviations from it would stretch the law itself."""
     rows, values = [], []
     for stratum in layout:
         m = len(stratum)
         chosen = [stratum[i] for i in rng.integers(0, m, size=m)]
         idx = np.concatenate(chosen)
         v = log_y[idx]
-        if m > 1:
+        if by_x and m > 1:
             centre = np.mean(log_y[np.concatenate(stratum)])
             v = centre + (v - centre) * np.sqrt(m / (m - 1))
         rows.append(idx)
@@ -358,9 +362,9 @@ def estimate(df, y, xs, law, groups, n_boot, level, huber_delta, strata, starts,
     theta, loss = best
     # integer codes of the groups (any dtype of labels); each row its own unit without groups
     units = pd.factorize(df[groups])[0] if groups else np.arange(len(df))
-    layout = resample_plan(X, units, strata)
+    layout, by_x = resample_plan(X, units, strata)
     rng = np.random.default_rng(seed)
-    resamples = [draw_resample(layout, log_y, rng) for _ in range(n_boot)]
+    resamples = [draw_resample(layout, by_x, log_y, rng) for _ in range(n_boot)]
     refits = bootstrap_refits(law.name, Z, resamples, theta, huber_delta, workers)
     draws = [refit for refit, ok in refits if ok]
     failed = n_boot - len(draws)
@@ -374,8 +378,14 @@ def estimate(df, y, xs, law, groups, n_boot, level, huber_delta, strata, starts,
     q = [(1 - level) / 2, (1 + level) / 2]
     bounds = np.quantile(boot, q, axis=0) if len(boot) else np.full((2, len(theta)), np.nan)
     residuals = log_y - law.log_predict(theta, Z)
-    box = law.bounds(float(log_y.min()))
-    limited = [i for i, (lo, hi) in enumerate(box) if hi == MAX_EXPONENT or i == law.floor]
+    box = law.bounds()
+    at_bound = [
+        law.params[i]
+        for i, (lo, hi) in enumerate(box)
+        if hi == MAX_EXPONENT and (theta[i] <= lo + 1e-9 or theta[i] >= hi - 1e-9)
+    ]
+    if law.floor is not None and theta[law.floor] <= 0:
+        at_bound.append(law.params[law.floor])  # no floor detected
     goodness = {
         "n": len(df),
         "n_params": len(theta),
@@ -388,12 +398,7 @@ def estimate(df, y, xs, law, groups, n_boot, level, huber_delta, strata, starts,
         "strata": len(layout),
         "x_range": {c: (float(X[:, i].min()), float(X[:, i].max())) for i, c in enumerate(xs)},
         "units": int(units.max() + 1),
-        "at_bound": [
-            law.params[i]
-            for i in limited
-            if theta[i] <= box[i][0] + 1e-9
-            or (box[i][1] is not None and theta[i] >= box[i][1] - 1e-9)
-        ],
+        "at_bound": at_bound,
     }
     return ScalingFit(
         form=law.name,

@@ -3,13 +3,22 @@
 Every form predicts ``log y`` from a parameter vector ``theta`` and the design matrix ``X``
 (rows = observations, columns = the law's variables) and gives the Jacobian of ``log y``
 with respect to ``theta``: the fit minimises a Huber loss on log residuals, so both are all it
-needs. Positive amplitudes and floors are optimised as logarithms (``A = exp(a)``) and sums
-of terms as a log-sum-exp, which keeps them positive and the optimisation well scaled over
-many decades of N, D or FLOPs.
+needs. Positive amplitudes are optimised as logarithms (``A = exp(a)``) and sums of power
+terms as a log-sum-exp, which keeps them positive and the optimisation well scaled over many
+decades of N, D or FLOPs.
+
+The floor E is optimised as itself and may be negative. A floor kept positive (as exp(e),
+as before 2026-11-24) piles its estimates on the boundary E = 0 whenever the data show no
+floor, and the bootstrap of an estimate on a boundary is inconsistent (Andrews 2000): a
+third of such fits' intervals missed the truth (docs/scaling-laws.md, "Coverage"). Left
+free, E's estimate and its resamples spread on both sides of 0 and the percentile intervals
+cover; E <= 0 reads "no floor detected" (``fit.goodness["at_bound"]``). Where E + the power
+terms is not positive (a negative floor far beyond the data), log y continues linearly below
+``RATIO_FLOOR`` of the power terms, so the loss stays finite and pushes back.
 
     power        y = A x^-alpha                      theta = (a, alpha)
-    power_floor  y = E + A x^-alpha                  theta = (a, alpha, e)
-    chinchilla   y = E + A N^-alpha + B D^-beta      theta = (a, alpha, b, beta, e)
+    power_floor  y = E + A x^-alpha                  theta = (a, alpha, E)
+    chinchilla   y = E + A N^-alpha + B D^-beta      theta = (a, alpha, b, beta, E)
     sigmoid      y = b + a / (1 + exp(-k (x - L0)))  theta = (log a, k, L0, log b)
 
 ``sigmoid`` maps a loss (x, not logged) to an accuracy (y); with accuracy falling as the loss
@@ -32,8 +41,8 @@ TERM_SHARES = (0.03, 0.1, 0.3, 1.0, 3.0)
 FLOOR_SHARES = (0.01, 0.3, 0.6, 0.9)
 """Starting floor E as a share of the smallest y."""
 MAX_EXPONENT = 10.0
-FLOOR_RANGE = 10.0
-"""How far (in log y) below the smallest observation the floor E may go."""
+RATIO_FLOOR = 1e-3
+"""Below this share of the power terms, (E + terms) / terms continues linearly in log y."""
 
 
 def log_sum_exp(terms: np.ndarray) -> np.ndarray:
@@ -71,16 +80,15 @@ class Law:
         """Positions of ``theta`` that hold logarithms of the reported parameter."""
         return {
             "power": (0,),
-            "power_floor": (0, 2),
-            "chinchilla": (0, 2, 4),
+            "power_floor": (0,),
+            "chinchilla": (0, 2),
             "sigmoid": (0, 3),
         }[self.name]
 
-    def bounds(self, min_log_y: float = 0.0) -> list[tuple[float | None, float | None]]:
-        """L-BFGS-B box: exponents in [0, MAX_EXPONENT] (the laws decay); a floor E at least
-        ``FLOOR_RANGE`` (e^-10) times the smallest y (``min_log_y``): below that the floor
-        is 0 for any data, and an unbounded log E only lets the optimiser wander."""
-        exponent, floor = (0.0, MAX_EXPONENT), (min_log_y - FLOOR_RANGE, None)
+    def bounds(self) -> list[tuple[float | None, float | None]]:
+        """L-BFGS-B box: exponents in [0, MAX_EXPONENT] (the laws decay); the floor is free
+        (module docstring)."""
+        exponent, floor = (0.0, MAX_EXPONENT), (None, None)
         return {
             "power": [(None, None), exponent],
             "power_floor": [(None, None), exponent, floor],
@@ -116,17 +124,33 @@ class Law:
                 return log_y, None
             return log_y, np.stack([np.ones_like(log_y), -z[0] * np.ones_like(log_y)], axis=-1)
         if self.name in ("power_floor", "chinchilla"):
-            # (amplitude, exponent, x column) of each power term; the floor is the last term.
+            # (amplitude, exponent, x column) of each power term; the floor is theta's last.
             pairs = [(0, 1, 0)] if self.name == "power_floor" else [(0, 1, 0), (2, 3, 1)]
-            terms = np.stack(np.broadcast_arrays(*[t[a] - t[e] * z[c] for a, e, c in pairs], t[-1]))
-            log_y = log_sum_exp(terms)
-            if not jacobian:
-                return log_y, None
-            weights = np.exp(terms - log_y)  # each term's share of y
+            terms = np.stack(np.broadcast_arrays(*[t[a] - t[e] * z[c] for a, e, c in pairs]))
+            log_s = log_sum_exp(terms)  # log of the power terms' sum S
+            floor = np.broadcast_to(t[-1], log_s.shape)
+            positive = floor > 0
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                # E > 0: log(S + E) as a log-sum-exp, exact at any scale; E <= 0: log S +
+                # log(y / S), continued linearly below RATIO_FLOOR (non-finite only where the
+                # power terms underflow, which the objective scores as an infinite loss).
+                ratio = 1 + floor * np.exp(-log_s)
+                below = np.log(np.maximum(ratio, RATIO_FLOOR))
+                below = below + np.minimum(ratio - RATIO_FLOOR, 0) / RATIO_FLOOR
+                log_y = np.where(
+                    positive, np.logaddexp(log_s, np.log(np.abs(floor))), log_s + below
+                )
+                if not jacobian:
+                    return log_y, None
+                slope = 1 / np.maximum(ratio, RATIO_FLOOR)  # d log(y/S) / d ratio, E <= 0
+                # d log y / d log S and d log y / d E
+                through_s = np.where(positive, np.exp(log_s - log_y), 1 - (ratio - 1) * slope)
+                d_floor = np.where(positive, np.exp(-log_y), slope * np.exp(-log_s))
+            weights = np.exp(terms - log_s)  # each power term's share of S
             columns = []
-            for (_, _, c), w in zip(pairs, weights, strict=False):
-                columns += [w, -w * z[c]]
-            columns.append(weights[-1])
+            for (_, _, c), w in zip(pairs, weights, strict=True):
+                columns += [through_s * w, -through_s * w * z[c]]
+            columns.append(d_floor)
             return log_y, np.stack(columns, axis=-1)
         la, k, x0, lb = t
         s = expit(k * (z[0] - x0))
@@ -155,7 +179,7 @@ class Law:
             return np.array(list(grid))
         centre = Z.mean(axis=0)
         term = [log_med + np.log(TERM_SHARES)]
-        floors = np.log(float(np.min(y)) * np.array(FLOOR_SHARES))
+        floors = float(np.min(y)) * np.array(FLOOR_SHARES)
         rows = []
         if self.name == "power":
             for c, alpha in itertools.product(term[0], EXPONENTS):
