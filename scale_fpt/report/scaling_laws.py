@@ -124,7 +124,10 @@ def law_table(points: pd.DataFrame, fits: dict) -> pd.DataFrame:
                 E=interval_text(fit.params["E"], fit.intervals["E"]),
                 A=f"{fit.params['A']:.3g}",
                 r2_log=f"{fit.goodness['r2_log']:.3f}",
-                note=", ".join(f"{p} at its bound" for p in fit.goodness["at_bound"]),
+                note=", ".join(
+                    "E <= 0 (no floor detected)" if p == "E" else f"{p} at its bound"
+                    for p in fit.goodness["at_bound"]
+                ),
             )
         rows.append(row)
     return pd.DataFrame(rows)
