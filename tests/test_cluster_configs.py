@@ -8,6 +8,7 @@ match the instance types, the image's Ray matches the installed one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import re
@@ -638,66 +639,76 @@ def node_processes(node: SshNode) -> set[str]:
     return names
 
 
+def busy_ports(ports) -> list[int]:
+    """Those of ``ports`` that a process of this machine listens on."""
+    import psutil
+
+    listening = {c.laddr.port for c in psutil.net_connections("tcp") if c.status == "LISTEN"}
+    return sorted(set(ports) & listening)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["local.yaml", "gpu.yaml"])
 def test_ray_up_submit_job_submit_down_over_ssh(tmp_path, ssh_node, name):
-    """The README's commands, for real, on this machine as the head of the config: `ray up`
-    syncs the laptop's checkout and runs the config's setup (its real `pip install -e`)
-    and start commands over SSH; `ray submit` of a sweep and `ray job submit` of the synced
-    copy's sweep both write rows that carry the laptop's commit to the shared path; `ray
-    down` stops the node's Ray. local.yaml's node defaults send a bare sweep's results and
-    Tune state to shared storage; gpu.yaml's come from its container (swapped out here), so
-    there the sweeps are given --results and --storage, as its header says."""
+    """The README's commands, for real, with this machine as the config's head: `ray up`
+    syncs a laptop's checkout and runs the config's setup (its real `pip install -e`) and
+    start commands over SSH; a sweep by `ray submit` and one of the synced copy by `ray job
+    submit` (at once, on the node's two CPUs) write rows that carry the laptop's commit to
+    the shared path; `ray down` stops the node's Ray. local.yaml's node defaults send a bare
+    sweep's results and Tune state to shared storage; gpu.yaml's come from its container
+    (swapped out here), so there the sweeps are given --results and --storage, as its
+    header says."""
     from scale_fpt.results import load_results
 
+    # The head takes Ray's default ports (GCS 6379, dashboard 8265, its agent 52365) and
+    # gpu.yaml's object manager port. A Ray an earlier test started in this process holds
+    # the agent's; another Ray on this machine may hold any of them.
+    ray.shutdown()
+    ports = [6379, 8265, 52365, 8076]
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: not busy_ports(ports), "Ray's default ports", timeout=15)
+    if busy := busy_ports(ports):
+        pytest.skip(f"port(s) {busy} of the config's head are taken on this machine")
     laptop, expected = laptop_checkout(tmp_path)
     config = _write(tmp_path, launch_config(name, ssh_node), name)
     validate_cluster_config(config)
-    results, storage = (
-        ssh_node.shared / "scale_fpt" / "results",
-        ssh_node.shared / "scale_fpt" / "ray",
-    )
+    shared = ssh_node.shared / "scale_fpt"
     sweep = SWEEP.split()
     if name == "gpu.yaml":
-        sweep += ["--results", str(results), "--storage", str(storage)]
-    (tmp_path / "launcher").mkdir()  # the launcher's state and config cache (TMPDIR)
+        sweep += ["--results", str(shared / "results"), "--storage", str(shared / "ray")]
+    (tmp_path / "launcher").mkdir()
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("SCALE_FPT_", "RAY_ADDRESS")) and k != "PYTHONPATH"
     }
-    env["TMPDIR"] = str(tmp_path / "launcher")
+    env["TMPDIR"] = str(tmp_path / "launcher")  # the launcher's cluster state and config cache
 
-    def ray(*args: str) -> str:
-        done = subprocess.run(
+    def ray_cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
             [RAY, *args], cwd=laptop, env=env, capture_output=True, text=True, timeout=600
         )
-        assert done.returncode == 0, (args[:2], done.stdout[-4000:], done.stderr[-4000:])
-        return done.stdout
 
-    ray("up", "-y", str(config))
+    def succeeds(*args: str) -> None:
+        done = ray_cli(*args)
+        assert done.returncode == 0, (args[:2], done.stdout[-4000:], done.stderr[-4000:])
+
+    succeeds("up", "-y", str(config))
     assert {"gcs_server", "raylet"} <= node_processes(ssh_node)
-    ray("submit", str(config), "sweeps/scale.py", "--", *sweep, "--name", "submitted")
     synced_script = ssh_node.home / SYNCED.removeprefix("~/") / "sweeps" / "scale.py"
-    ray(
-        "job",
-        "submit",
-        "--address",
-        DASHBOARD,
-        "--",
-        "python",
-        str(synced_script),
-        *sweep,
-        "--name",
-        "jobbed",
-    )
+    job = ["job", "submit", "--address", DASHBOARD, "--submission-id", "jobbed", "--no-wait"]
+    job += ["--", "python", str(synced_script), *sweep, "--name", "jobbed"]
+    # The dashboard's job agent answers a little after `ray start` returns.
+    wait_until(lambda: ray_cli(*job).returncode == 0, "the job server", timeout=60)
+    succeeds("submit", str(config), "sweeps/scale.py", "--", *sweep, "--name", "submitted")
+    succeeds("job", "logs", "--address", DASHBOARD, "--follow", "jobbed")
     for study in ("submitted", "jobbed"):
-        trials = load_results(results, study).trials
+        trials = load_results(shared / "results", study).trials
         assert trials["status"].tolist() == ["completed"], study
         assert trials["git_sha"].tolist() == [expected], study
-        assert (storage / study).is_dir(), study
+        assert (shared / "ray" / study).is_dir(), study
     assert not (ssh_node.home / "results").exists()
     assert not (ssh_node.home / ".ray" / "auth_token").exists()
 
-    ray("down", "-y", str(config))
+    succeeds("down", "-y", str(config))
     wait_until(lambda: not node_processes(ssh_node), "the node's Ray to stop", timeout=30)
