@@ -532,15 +532,16 @@ def sshd_command(base: Path, sshd_config: Path) -> str:
 
 
 def end_processes(matches) -> None:
-    """Kill this machine's processes for which ``matches(process)`` holds."""
+    """Kill this machine's processes for which ``matches(process)`` holds, and wait for them."""
     import psutil
 
+    killed = []
     for process in psutil.process_iter(["uids", "cmdline"]):
-        try:
+        with contextlib.suppress(psutil.Error):
             if matches(process):
                 process.kill()
-        except psutil.Error:
-            pass
+                killed.append(process)
+    psutil.wait_procs(killed, timeout=30)
 
 
 @pytest.fixture
@@ -603,10 +604,11 @@ def ssh_node():
             end_processes(lambda p: p.info["uids"].real == uid)
         # The launcher's SSH connections (their ssh client and sshd run as root).
         end_processes(lambda p: any(str(base) in arg for arg in p.info["cmdline"] or ()))
-        subprocess.run(["userdel", user], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
         if made_privsep:
             shutil.rmtree(privsep, ignore_errors=True)
+        if uid is not None:  # userdel refuses while a process of the user runs
+            subprocess.run(["userdel", user], check=True)
 
 
 def launch_config(name: str, node: SshNode) -> dict:
