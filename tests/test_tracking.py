@@ -186,13 +186,17 @@ def test_a_failing_logger_is_dropped_with_one_warning_and_the_others_go_on(tmp_p
         assert [(e.step, e.value) for e in events.Scalars("val/accuracy")] == [(10, value)]
 
 
-def test_logger_names_and_missing_packages_stop_the_command_before_ray(capsys, monkeypatch):
-    import ray
-
+def test_logger_names_and_missing_packages_stop_the_command_before_ray(
+    capsys, monkeypatch, tmp_path
+):
+    """Exit 2 and nothing written: ``run_sweep`` (which writes the results directory before
+    it starts Ray) was never reached."""
     from scale_fpt import cli
     from scale_fpt.sweep import tracking
 
+    results = tmp_path / "results"
     narrow = ["--tasks", "bit-xor", "--inits", "random", "--seeds", "0", "--steps", "4"]
+    narrow += ["--results", str(results)]
     assert cli.main(["sweep", "scale", "--logger", "wandb,tensorbored", *narrow]) == 2
     err = capsys.readouterr().err
     assert (
@@ -206,7 +210,7 @@ def test_logger_names_and_missing_packages_stop_the_command_before_ray(capsys, m
         "--logger wandb: the wandb_is_not_installed package is not installed; pip install wandb"
         in err
     )
-    assert not ray.is_initialized()
+    assert not results.exists()
 
 
 def test_plain_progress_lines_and_eta():
