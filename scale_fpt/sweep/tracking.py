@@ -153,6 +153,10 @@ class TensorBoardLogger(TrialLogger):
         self.writers.pop(trial_id).close()
 
 
+LOGIN_TIMEOUT_S = 60.0
+"""Seconds W&B's login prompt may hold the driver (online mode with no API key)."""
+
+
 class WandbLogger(TrialLogger):
     """One W&B run per member trial (id = trial id), its files under ``sweep_dir/wandb``."""
 
@@ -174,8 +178,11 @@ class WandbLogger(TrialLogger):
             resume="allow",
             reinit="create_new",  # the driver holds one run per running member trial
             # The driver's output is the sweep's, and one machine's statistics are not a
-            # member trial's: neither is captured.
-            settings=self.wandb.Settings(console="off", x_disable_stats=True, silent=True),
+            # member trial's: neither is captured. Without credentials, W&B's login prompt
+            # on the driver's terminal waits LOGIN_TIMEOUT_S, then the logger is dropped.
+            settings=self.wandb.Settings(
+                console="off", x_disable_stats=True, silent=True, login_timeout=LOGIN_TIMEOUT_S
+            ),
         )
 
     def log(self, trial_id, scalars, step):
