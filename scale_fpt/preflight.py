@@ -85,23 +85,30 @@ def hub_dataset_cached(hub_id: str) -> bool:
     return (hub.is_dir() and any(hub.iterdir())) or datasets_cache.is_dir()
 
 
-def weights_problem(config: TrialConfig) -> str:
-    """Why the trial cannot reach its weights, or (for a hub id) its architecture ('' when
-    it can). CPU presets' local backbones are made by the sweep itself before it starts."""
+def weights_needed(config: TrialConfig) -> tuple[str, bool]:
+    """(The hub id or directory whose files the trial reads, whether it reads only its
+    ``config.json``); ``("", False)`` when it reads none: the LSTM, an architecture built
+    from a preset's numbers, a CPU preset's local backbone (made by the sweep itself)."""
     from scale_fpt.models.backbones import CPU_PRESETS, LOCAL_CORPORA, weights_source
     from scale_fpt.scaling import GPT2_SIZES
 
     model = config.model
     if model.model == "lstm":
-        return ""
+        return "", False
     if model.init == "random":
-        if model.model in GPT2_SIZES:
-            return ""  # the architecture is built from the preset's numbers
-        source = model.model
-    elif model.model in CPU_PRESETS and model.weights in ("", *LOCAL_CORPORA):
+        return ("", False) if model.model in GPT2_SIZES else (model.model, True)
+    if model.model in CPU_PRESETS and model.weights in ("", *LOCAL_CORPORA):
+        return "", False
+    return weights_source(model), False
+
+
+def weights_problem(config: TrialConfig) -> str:
+    """Why the trial cannot reach its weights, or (for a hub id) its architecture ('' when
+    it can). CPU presets' local backbones are made by the sweep itself before it starts."""
+    model = config.model
+    source, _ = weights_needed(config)
+    if not source:
         return ""
-    else:
-        source = weights_source(model)
     if Path(source).is_dir():
         if (Path(source) / "config.json").is_file():
             return ""
