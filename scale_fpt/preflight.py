@@ -158,7 +158,9 @@ def preflight_problems(arms: list[dict]) -> list[str]:
     folders = ", ".join(sorted(set(DATA_FOLDERS.values())))
     return [
         *problems,
-        f"nothing was started; put the data where the trials look: --data-root DIR (DIR/<folder>"
-        f" for {folders}) or per task --set TASK.data_dir=DIR (where to get each: {DATA_DOC}); "
+        "nothing was started; `scale-fpt fetch` with this command's arguments downloads what "
+        "is missing (data into --data-root DIR, weights into the Hugging Face cache); data "
+        f"already on disk: --data-root DIR (DIR/<folder> for {folders}) or per task --set "
+        f"TASK.data_dir=DIR ({DATA_DOC}); "
         "or leave those arms out (--tasks, --models, --inits)",
     ]
