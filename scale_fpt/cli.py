@@ -126,6 +126,20 @@ def build_parser() -> Parser:
     presets = sorted({name for study in STUDIES.values() for name in study.presets})
     add_study_flags(sweep, presets, default_preset=None)
 
+    fetch = commands.add_parser(
+        "fetch",
+        help="download a sweep's data and weights to where the preflight looks",
+        description="Download what a sweep reads: its tasks' data into --data-root DIR "
+        "(DIR/<folder>, the layout the tasks read) and its models' weights into the Hugging "
+        "Face cache; what is there already is skipped. Takes the sweep's own arguments: "
+        "scale-fpt fetch STUDY [flags] fetches what scale-fpt sweep STUDY [flags] reads "
+        "(its other flags are accepted and ignored; docs/data.md). Exit 1 when something "
+        "could not be fetched.",
+    )
+    from scale_fpt import fetch as fetch_module
+
+    fetch_module.add_arguments(fetch)
+
     report = commands.add_parser("report", help="the study's tables and figures")
     report.add_argument("results_dir")
     report.add_argument("--out", default="", help="output directory (default: RESULTS_DIR/report)")
@@ -246,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
             return plan(config, gpu_plan(args, config))
         if args.command == "sweep":
             return run_sweep_target(args)
+        if args.command == "fetch":
+            from scale_fpt import fetch as fetch_module
+
+            return fetch_module.main(args)
         if args.command == "pretrain":
             from scale_fpt import pretrain as pretrain_module
 

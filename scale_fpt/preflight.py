@@ -85,23 +85,30 @@ def hub_dataset_cached(hub_id: str) -> bool:
     return (hub.is_dir() and any(hub.iterdir())) or datasets_cache.is_dir()
 
 
-def weights_problem(config: TrialConfig) -> str:
-    """Why the trial cannot reach its weights, or (for a hub id) its architecture ('' when
-    it can). CPU presets' local backbones are made by the sweep itself before it starts."""
+def weights_needed(config: TrialConfig) -> tuple[str, bool]:
+    """(The hub id or directory whose files the trial reads, whether it reads only its
+    ``config.json``); ``("", False)`` when it reads none: the LSTM, an architecture built
+    from a preset's numbers, a CPU preset's local backbone (made by the sweep itself)."""
     from scale_fpt.models.backbones import CPU_PRESETS, LOCAL_CORPORA, weights_source
     from scale_fpt.scaling import GPT2_SIZES
 
     model = config.model
     if model.model == "lstm":
-        return ""
+        return "", False
     if model.init == "random":
-        if model.model in GPT2_SIZES:
-            return ""  # the architecture is built from the preset's numbers
-        source = model.model
-    elif model.model in CPU_PRESETS and model.weights in ("", *LOCAL_CORPORA):
+        return ("", False) if model.model in GPT2_SIZES else (model.model, True)
+    if model.model in CPU_PRESETS and model.weights in ("", *LOCAL_CORPORA):
+        return "", False
+    return weights_source(model), False
+
+
+def weights_problem(config: TrialConfig) -> str:
+    """Why the trial cannot reach its weights, or (for a hub id) its architecture ('' when
+    it can). CPU presets' local backbones are made by the sweep itself before it starts."""
+    model = config.model
+    source, _ = weights_needed(config)
+    if not source:
         return ""
-    else:
-        source = weights_source(model)
     if Path(source).is_dir():
         if (Path(source) / "config.json").is_file():
             return ""
@@ -151,7 +158,9 @@ def preflight_problems(arms: list[dict]) -> list[str]:
     folders = ", ".join(sorted(set(DATA_FOLDERS.values())))
     return [
         *problems,
-        f"nothing was started; put the data where the trials look: --data-root DIR (DIR/<folder>"
-        f" for {folders}) or per task --set TASK.data_dir=DIR (where to get each: {DATA_DOC}); "
+        "nothing was started; `scale-fpt fetch` with this command's arguments downloads what "
+        "is missing (data into --data-root DIR, weights into the Hugging Face cache); data "
+        f"already on disk: --data-root DIR (DIR/<folder> for {folders}) or per task --set "
+        f"TASK.data_dir=DIR ({DATA_DOC}); "
         "or leave those arms out (--tasks, --models, --inits)",
     ]

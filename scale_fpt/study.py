@@ -148,10 +148,15 @@ def add_study_flags(
         help="retries per crashed trial; 0 = none (default: the preset's)",
     )
     p.add_argument(
+        "--logger",
         "--loggers",
+        dest="loggers",
         default="",
-        help="comma list of trackers fed with every evaluation: tensorboard (event files per "
-        "trial in RESULTS/<sweep>/tensorboard) or none (default: tensorboard)",
+        metavar="LIST",
+        help="comma list of trackers fed with every evaluation, one run per trial: "
+        "tensorboard (RESULTS/<sweep>/tensorboard), wandb (RESULTS/<sweep>/wandb; "
+        "WANDB_MODE=offline works without network), mlflow ($MLFLOW_TRACKING_URI, else "
+        "RESULTS/<sweep>/mlruns); or none (default: tensorboard)",
     )
     p.add_argument("--search-trials", type=int, default=0, help="Optuna trials per arm")
     p.add_argument("--asha", action="store_true", help="stop weak trials early (ASHA)")

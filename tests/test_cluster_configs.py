@@ -8,16 +8,24 @@ match the instance types, the image's Ray matches the installed one.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pwd
 import re
+import secrets
+import shlex
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import torch_extensions_dir
+from ray_clusters import wait_until
 
 from scale_fpt.cluster import load_cluster_config, validate_cluster_config
 from scale_fpt.config import ConfigError
@@ -425,31 +433,24 @@ def ray_shell(command: str, home: Path) -> subprocess.CompletedProcess:
     )
 
 
-def ray_up(config_path: Path, laptop: Path, home: Path, shared: Path, install: bool) -> dict:
-    """`ray up` of ``config_path`` onto one node simulated here: its home ``home``, its
-    /mnt/shared at ``shared``. The file mounts are copied as the launcher syncs them (.git
-    left out of the trees), and the head's setup commands run through ``ray_shell``.
-
-    ``install=True`` runs every setup command as shipped, its `pip install -e` included,
-    with this machine's Python first on PATH (what local.yaml asks of every machine) and pip
-    installing into the node's home (PIP_USER=1: ~/.local, the user site that Python puts
-    ahead of the system site-packages), so nothing of this machine's install changes.
-    ``install=False`` skips the pip and torch commands and puts the synced tree on PYTHONPATH
-    instead, for the tests that need only the synced files."""
+def set_up_by_hand(config_path: Path, laptop: Path, home: Path, shared: Path) -> dict:
+    """The files and setup of `ray up` of ``config_path`` onto a node simulated here, in
+    seconds: its home ``home``, its /mnt/shared at ``shared``. The file mounts are copied as
+    the launcher syncs them (.git left out of the trees) and the head's setup commands run
+    through ``ray_shell``, except the pip and torch ones: the synced tree goes on PYTHONPATH
+    instead. (``test_ray_up_submit_job_submit_down_over_ssh`` runs the real thing.)"""
     config = _prepare(config_path)
     home.mkdir()
     for remote, local in config["file_mounts"].items():
         target = home / remote.removeprefix("~/")
         shutil.copytree(laptop / local, target, ignore=shutil.ignore_patterns(".git"))
-    bashrc = f"export PATH={Path(sys.executable).parent}:$PATH\n"
-    if install:
-        bashrc += "export PIP_USER=1\n"
-    else:
-        bashrc += f"export PYTHONPATH={home / SYNCED.removeprefix('~/')}\n"
-    (home / ".bashrc").write_text(bashrc)
+    (home / ".bashrc").write_text(
+        f"export PATH={Path(sys.executable).parent}:$PATH\n"
+        f"export PYTHONPATH={home / SYNCED.removeprefix('~/')}\n"
+    )
     shared.mkdir()
     for command in config["head_setup_commands"]:
-        if not install and ("pip install" in command or "import torch" in command):
+        if "pip install" in command or "import torch" in command:
             continue
         done = ray_shell(command.replace(SHARED, str(shared)), home)
         assert done.returncode == 0, (command, done.stderr[-2000:])
@@ -462,34 +463,254 @@ def test_synced_nodes_record_the_commit_rows_carry(tmp_path, name):
     records the synced tree's SHA and dirty flag, which scale_fpt.trial.git_sha returns."""
     laptop, expected = laptop_checkout(tmp_path)
     home = tmp_path / "node"
-    ray_up(CLUSTER_DIR / name, laptop, home, tmp_path / "shared", install=False)
+    set_up_by_hand(CLUSTER_DIR / name, laptop, home, tmp_path / "shared")
     assert not (home / SYNCED.removeprefix("~/") / ".git").exists()
     done = ray_shell("python -c 'from scale_fpt.trial import git_sha; print(git_sha())'", home)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == expected
 
 
-@pytest.mark.slow
-def test_bare_ray_submit_writes_to_shared_storage_with_the_synced_commit(tmp_path):
-    """`ray submit cluster/local.yaml sweeps/scale.py` with no --results or --storage, on a
-    node set up by `ray up` with the config's real `pip install -e`: the script, run as
-    ~/scale.py, imports the installed package (not the synced folder beside it), the
-    sweep's rows and Ray Tune's state land on the shared path (not the node's ~/results),
-    and every row carries the laptop's commit."""
-    laptop, expected = laptop_checkout(tmp_path)
-    home, shared = tmp_path / "node", tmp_path / "shared"
-    ray_up(CLUSTER_DIR / "local.yaml", laptop, home, shared, install=True)
-    shutil.copy2(REPO / "sweeps" / "scale.py", home / "scale.py")  # what `ray submit` copies
-    flags = "--tasks bit-xor --inits random --seeds 0 --steps 4 --set eval_every=2"
-    flags += " --set test_batches=1 --name submitted"
-    done = ray_shell(f"python ~/scale.py {flags}", home)
-    assert done.returncode == 0, done.stderr[-3000:]
+# --- `ray up`, `ray submit`, `ray job submit`, `ray down` of each config, over SSH -----------
 
+SSHD = shutil.which("sshd", path=f"/usr/sbin:/usr/local/sbin:{os.environ.get('PATH', '')}")
+RAY = shutil.which("ray", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+DASHBOARD = "http://127.0.0.1:8265"  # the head's job server: Ray's default dashboard port
+SWEEP = "--tasks bit-xor --inits random --seeds 0 --steps 4 --set eval_every=2"
+SWEEP += " --set test_batches=1 --set val_batches=1"
+
+
+@dataclass
+class SshNode:
+    """A machine that Ray's local node provider reaches over SSH: this one, logged into as a
+    user of its own (so the node's `ray stop` can only stop the node's Ray, and its `pip
+    install` can only write to the node's home), through an sshd started per connection."""
+
+    user: str
+    """The node's login user (`auth.ssh_user`)."""
+    uid: int
+    """Its user id: the node's processes are the processes of this user."""
+    home: Path
+    """Its home directory (in a temporary directory)."""
+    shared: Path
+    """What the configs' /mnt/shared is on this node: a directory the user owns."""
+    key: Path
+    """The private key the launcher logs in with (`auth.ssh_private_key`)."""
+    sshd: Path
+    """`auth.ssh_proxy_command`: a script that runs this node's sshd in inetd mode on the
+    connection's stdin and stdout."""
+
+
+def sshd_command(base: Path, sshd_config: Path) -> str:
+    """The shell command that serves one SSH connection on stdin/stdout (``sshd -i``).
+
+    When this machine's Python lies under a directory other users cannot enter (pyenv in a
+    0700 /root), the node's user could not run it; the sshd then runs in a mount namespace of
+    its own in which that directory is an empty tmpfs holding only the Python tree (bound
+    in place). Nothing changes for the rest of the machine."""
+    serve = f"exec {shlex.quote(SSHD)} -i -f {shlex.quote(str(sshd_config))}"
+    python = Path(sys.prefix).resolve()
+    closed = [d for d in python.parents if not d.stat().st_mode & stat.S_IXOTH]
+    if not closed:
+        return serve
+    if len(closed) > 1:
+        pytest.skip(f"{python} lies under several directories other users cannot enter")
+    top = closed[0]
+    tree = top / python.relative_to(top).parts[0]
+    stage = base / "python"
+    stage.mkdir()
+    steps = [
+        ["mount", "--bind", str(tree), str(stage)],
+        ["mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", str(top)],
+        ["mkdir", str(tree)],
+        ["mount", "--move", str(stage), str(tree)],
+    ]
+    inner = " && ".join(shlex.join(step) for step in steps) + f" && {serve}"
+    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no mount namespace for the node's view of {top}: {probe.stderr.strip()}")
+    return f"exec unshare --mount --propagation private sh -c {shlex.quote(inner)}"
+
+
+def end_processes(matches) -> None:
+    """Kill this machine's processes for which ``matches(process)`` holds, and wait for them."""
+    import psutil
+
+    killed = []
+    for process in psutil.process_iter(["uids", "cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if matches(process):
+                process.kill()
+                killed.append(process)
+    psutil.wait_procs(killed, timeout=30)
+
+
+@pytest.fixture
+def ssh_node():
+    """A node for the launcher: a login user made for the test, its home and shared directory
+    under one temporary directory, a key pair, and its own sshd config and host key. This
+    machine's Python comes first on the node's PATH from ~/.bashrc, as local.yaml asks of
+    every machine; the node's Ray keeps its files (and its `ray_current_cluster`) in its own
+    temporary directory, apart from any other Ray here. The node starts with the fused
+    kernels this machine has built (a copy of its torch extension cache: the setup's
+    `scale_fpt.prebuild` then loads them instead of compiling for minutes). At the end every
+    process of the user is ended and the user and the directory removed."""
+    if SSHD is None:
+        pytest.skip("sshd is not installed (Debian: apt-get install openssh-server)")
+    if shutil.which("rsync") is None:
+        pytest.skip("rsync is not installed: Ray's launcher syncs file mounts with it")
+    if os.geteuid() != 0:
+        pytest.skip("the node's login user can only be added as root")
+    base = Path(tempfile.mkdtemp(prefix="sfn", dir="/tmp"))  # short: Ray's sockets go in it
+    base.chmod(0o755)
+    user = f"sfn{secrets.token_hex(4)}"
+    home = base / "home"
+    privsep = Path("/run/sshd")  # sshd's privilege separation directory, made by its service
+    made_privsep = not privsep.exists()
+    uid = None
+    try:
+        # No password, but not a locked account either (sshd refuses those without PAM).
+        useradd = ["useradd", "--create-home", "--home-dir", str(home), "--password", "*"]
+        subprocess.run([*useradd, "--shell", "/bin/bash", user], check=True)
+        uid = pwd.getpwnam(user).pw_uid
+        privsep.mkdir(mode=0o755, exist_ok=True)
+        key = base / "key"
+        for path in (key, base / "host_key"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)])
+        (home / ".ssh").mkdir(mode=0o700)
+        shutil.copy(f"{key}.pub", home / ".ssh" / "authorized_keys")
+        extensions = Path(torch_extensions_dir())
+        shutil.copytree(extensions, home / ".cache" / "torch_extensions" / extensions.name)
+        with open(home / ".bashrc", "a") as bashrc:
+            bashrc.write(f"export PATH={Path(sys.executable).parent}:$PATH TMPDIR={base}/tmp\n")
+        (base / "tmp").mkdir()
+        (base / "shared").mkdir()
+        for path in (home, base / "tmp", base / "shared"):
+            shutil.chown(path, user, user)
+            for root, dirs, files in os.walk(path):
+                for name in dirs + files:
+                    shutil.chown(Path(root) / name, user, user)
+        sshd_config = base / "sshd_config"
+        sshd_config.write_text(
+            f"HostKey {base}/host_key\nAllowUsers {user}\nAuthorizedKeysFile .ssh/authorized_keys\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
+            "LogLevel ERROR\n"
+        )
+        proxy = base / "sshd"
+        proxy.write_text(f"#!/bin/sh\n{sshd_command(base, sshd_config)}\n")
+        proxy.chmod(0o755)
+        yield SshNode(user, uid, home, base / "shared", key, proxy)
+    finally:
+        if uid is not None:
+            end_processes(lambda p: p.info["uids"].real == uid)
+        # The launcher's SSH connections (their ssh client and sshd run as root).
+        end_processes(lambda p: any(str(base) in arg for arg in p.info["cmdline"] or ()))
+        shutil.rmtree(base, ignore_errors=True)
+        if made_privsep:
+            shutil.rmtree(privsep, ignore_errors=True)
+        if uid is not None:  # userdel refuses while a process of the user runs
+            subprocess.run(["userdel", user], check=True)
+
+
+def launch_config(name: str, node: SshNode) -> dict:
+    """cluster/``name`` as shipped except what ties it to its machines: the provider (Ray's
+    local one: this machine as the head, no workers), `auth` (the node's user, key and sshd),
+    /mnt/shared (the node's shared directory) and, for gpu.yaml, its AWS and docker parts
+    (the EC2 node types, the EFS mount on the instance's host, the container)."""
+    text = (CLUSTER_DIR / name).read_text().replace(SHARED, str(node.shared))
+    config = yaml.safe_load(text)
+    config["provider"] = {"type": "local", "head_ip": "127.0.0.1", "worker_ips": []}
+    config["auth"] = {
+        "ssh_user": node.user,
+        "ssh_private_key": str(node.key),
+        "ssh_proxy_command": str(node.sshd),
+    }
+    for aws_or_docker in ("available_node_types", "head_node_type", "initialization_commands"):
+        config.pop(aws_or_docker, None)
+    config.pop("docker", None)
+    return config
+
+
+def node_processes(node: SshNode) -> set[str]:
+    """Names of the node's processes, but for the sshd of the launcher's open connections."""
+    import psutil
+
+    names = set()
+    for process in psutil.process_iter(["uids", "name"]):
+        if process.info["uids"].real == node.uid and process.info["name"] != "sshd":
+            names.add(process.info["name"])
+    return names
+
+
+def busy_ports(ports) -> list[int]:
+    """Those of ``ports`` that a process of this machine listens on."""
+    import psutil
+
+    listening = {c.laddr.port for c in psutil.net_connections("tcp") if c.status == "LISTEN"}
+    return sorted(set(ports) & listening)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["local.yaml", "gpu.yaml"])
+def test_ray_up_submit_job_submit_down_over_ssh(tmp_path, ssh_node, name):
+    """The README's commands, for real, with this machine as the config's head: `ray up`
+    syncs a laptop's checkout and runs the config's setup (its real `pip install -e`) and
+    start commands over SSH; a sweep by `ray submit` and one of the synced copy by `ray job
+    submit` (at once, on the node's two CPUs) write rows that carry the laptop's commit to
+    the shared path; `ray down` stops the node's Ray. local.yaml's node defaults send a bare
+    sweep's results and Tune state to shared storage; gpu.yaml's come from its container
+    (swapped out here), so there the sweeps are given --results and --storage, as its
+    header says."""
     from scale_fpt.results import load_results
 
-    trials = load_results(shared / "scale_fpt" / "results", "submitted").trials
-    assert trials["status"].tolist() == ["completed"]
-    assert trials["git_sha"].tolist() == [expected]
-    assert (shared / "scale_fpt" / "ray" / "submitted").is_dir()
-    assert not (home / "results").exists()
-    assert not (home / ".ray" / "auth_token").exists()  # RAY_AUTH_MODE set for every shell
+    # The head takes Ray's default ports (GCS 6379, dashboard 8265, its agent 52365) and
+    # gpu.yaml's object manager port. A Ray an earlier test started in this process holds
+    # the agent's; another Ray on this machine may hold any of them.
+    ray.shutdown()
+    ports = [6379, 8265, 52365, 8076]
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: not busy_ports(ports), "Ray's default ports", timeout=15)
+    if busy := busy_ports(ports):
+        pytest.skip(f"port(s) {busy} of the config's head are taken on this machine")
+    laptop, expected = laptop_checkout(tmp_path)
+    config = _write(tmp_path, launch_config(name, ssh_node), name)
+    validate_cluster_config(config)
+    shared = ssh_node.shared / "scale_fpt"
+    sweep = SWEEP.split()
+    if name == "gpu.yaml":
+        sweep += ["--results", str(shared / "results"), "--storage", str(shared / "ray")]
+    (tmp_path / "launcher").mkdir()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SCALE_FPT_", "RAY_ADDRESS")) and k != "PYTHONPATH"
+    }
+    env["TMPDIR"] = str(tmp_path / "launcher")  # the launcher's cluster state and config cache
+
+    def ray_cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [RAY, *args], cwd=laptop, env=env, capture_output=True, text=True, timeout=600
+        )
+
+    def succeeds(*args: str) -> None:
+        done = ray_cli(*args)
+        assert done.returncode == 0, (args[:2], done.stdout[-4000:], done.stderr[-4000:])
+
+    succeeds("up", "-y", str(config))
+    assert {"gcs_server", "raylet"} <= node_processes(ssh_node)
+    synced_script = ssh_node.home / SYNCED.removeprefix("~/") / "sweeps" / "scale.py"
+    job = ["job", "submit", "--address", DASHBOARD, "--submission-id", "jobbed", "--no-wait"]
+    job += ["--", "python", str(synced_script), *sweep, "--name", "jobbed"]
+    # The dashboard's job agent answers a little after `ray start` returns.
+    wait_until(lambda: ray_cli(*job).returncode == 0, "the job server", timeout=60)
+    succeeds("submit", str(config), "sweeps/scale.py", "--", *sweep, "--name", "submitted")
+    succeeds("job", "logs", "--address", DASHBOARD, "--follow", "jobbed")
+    for study in ("submitted", "jobbed"):
+        trials = load_results(shared / "results", study).trials
+        assert trials["status"].tolist() == ["completed"], study
+        assert trials["git_sha"].tolist() == [expected], study
+        assert (shared / "ray" / study).is_dir(), study
+    assert not (ssh_node.home / "results").exists()
+    assert not (ssh_node.home / ".ray" / "auth_token").exists()
+
+    succeeds("down", "-y", str(config))
+    wait_until(lambda: not node_processes(ssh_node), "the node's Ray to stop", timeout=30)

@@ -1,12 +1,15 @@
 """What a running sweep shows and leaves for trackers, through a real local Ray: progress
 lines on the driver (state, rate, ETA, best validation accuracy per arm), each failure in
-one line as it happens, and TensorBoard event files per member trial read back with
-TensorBoard's own reader."""
+one line as it happens, and the trackers' runs per member trial read back: TensorBoard's
+event files with TensorBoard's own reader, W&B's offline run files record by record, MLflow's
+file store with MlflowClient."""
 
 from __future__ import annotations
 
 import io
+import json
 import re
+import struct
 from pathlib import Path
 
 import pandas as pd
@@ -17,12 +20,14 @@ from scale_fpt.sweep import SweepConfig
 from scale_fpt.sweep.progress import SweepProgress
 
 
-def test_sweep_progress_errors_and_tensorboard(tmp_path, capsys, monkeypatch):
+def test_sweep_progress_errors_and_trackers(tmp_path, capsys, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from scale_fpt.sweep import run_sweep
 
     monkeypatch.setenv("SCALE_FPT_PROGRESS_EVERY", "0.2")
+    monkeypatch.setenv("WANDB_MODE", "offline")  # no network: W&B writes its files only
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     sweep = SweepConfig(
         name="watched",
         base={**TINY, "max_steps": 40, "eval_every": 20},
@@ -31,6 +36,7 @@ def test_sweep_progress_errors_and_tensorboard(tmp_path, capsys, monkeypatch):
         max_concurrent=2,
         max_failures=0,
         pack=1,
+        loggers=("tensorboard", "wandb", "mlflow"),
     )
     assert run_sweep(sweep).finished
     err = capsys.readouterr().err
@@ -67,6 +73,144 @@ def test_sweep_progress_errors_and_tensorboard(tmp_path, capsys, monkeypatch):
     assert hparams["task"].string_value == "bit-xor"
     assert hparams["lr"].number_value == pytest.approx(1e-3)
     assert hparams["max_steps"].number_value == 40
+
+    best = trials.loc["bit-xor", "best_val_accuracy"]
+    runs = {run["id"]: run for run in wandb_runs(tmp_path / "watched" / "wandb")}
+    assert sorted(runs) == sorted([xor, homology])
+    assert runs[homology]["summary"]["status"] == "failed" and runs[homology]["exit_code"] == 1
+    run = runs[xor]
+    assert run["config"]["task"] == "bit-xor"
+    assert run["config"]["lr"] == pytest.approx(1e-3)
+    history = [h for h in run["history"] if "val/accuracy" in h]
+    assert [h["_step"] for h in history] == [20, 40]
+    assert [h["val/accuracy"] for h in history] == pytest.approx(expected["val_accuracy"].tolist())
+    assert run["summary"]["status"] == "completed" and run["exit_code"] == 0
+    assert run["summary"]["test_accuracy"] == pytest.approx(trials.loc["bit-xor", "test_accuracy"])
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient((tmp_path / "watched" / "mlruns").as_uri())
+    ml_runs = client.search_runs([client.get_experiment_by_name("watched").experiment_id])
+    ml_runs = {r.data.tags["trial_id"]: r for r in ml_runs}
+    assert sorted(ml_runs) == sorted([xor, homology])
+    assert ml_runs[homology].info.status == "FAILED"
+    ml_run = ml_runs[xor]
+    assert ml_run.info.status == "FINISHED"
+    assert ml_run.data.params["task"] == "bit-xor" and ml_run.data.params["max_steps"] == "40"
+    val = client.get_metric_history(ml_run.info.run_id, "val/accuracy")
+    assert sorted((m.step, m.value) for m in val) == pytest.approx(
+        list(zip([20, 40], expected["val_accuracy"], strict=True))
+    )
+    assert ml_run.data.metrics["best_val_accuracy"] == pytest.approx(best)
+    assert ml_run.data.tags["status"] == "completed"
+
+
+def wandb_records(path: Path):
+    """The protobuf records of a W&B run file (``run-<id>.wandb``): after a 7-byte header
+    (``:W&B``, magic, version), LevelDB log blocks of 32 KiB, each record cut into chunks
+    with a 7-byte header (crc32, length, type: 1 full, 2 first, 3 middle, 4 last)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, position, pending = path.read_bytes(), 7, b""
+    assert data[:4] == b":W&B"
+    while position + 7 <= len(data):
+        if 32768 - position % 32768 < 7:  # a block's tail too short for a header: padding
+            position += 32768 - position % 32768
+            continue
+        _, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        pending += data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def wandb_runs(root: Path) -> list[dict]:
+    """Each offline run under ``root``: id, config, history rows, final summary, exit code."""
+    runs = []
+    for path in sorted(root.glob("offline-run-*/run-*.wandb")):
+        run = {"config": {}, "history": [], "summary": {}, "exit_code": None}
+        for record in wandb_records(path):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                run["id"] = record.run.run_id
+                run["config"] = {u.key: json.loads(u.value_json) for u in record.run.config.update}
+            elif kind == "history":
+                row = {
+                    "/".join(i.nested_key) or i.key: json.loads(i.value_json)
+                    for i in record.history.item
+                }
+                run["history"].append(row)
+            elif kind == "summary":
+                for u in record.summary.update:
+                    run["summary"]["/".join(u.nested_key) or u.key] = json.loads(u.value_json)
+            elif kind == "exit":
+                run["exit_code"] = record.exit.exit_code
+        runs.append(run)
+    return runs
+
+
+def test_a_failing_logger_is_dropped_with_one_warning_and_the_others_go_on(tmp_path, monkeypatch):
+    """A packed cohort's result (two member trials): each member gets its own TensorBoard run;
+    an MLflow tracking URI that no store serves fails the MLflow logger once, in one line."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from scale_fpt.sweep.tracking import Trackers
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuchstore://tracking")
+    warnings = []
+    trackers = Trackers(tmp_path, ("mlflow", "tensorboard"), "cohort", warn=warnings.append)
+    rows = [{"trial_id": t, "task": "bit-xor", "lr": lr} for t, lr in (("a", 1e-3), ("b", 1e-2))]
+    curves = [
+        {"trial_id": r["trial_id"], "step": 10, "val_accuracy": v}
+        for r, v in zip(rows, (0.5, 0.75), strict=True)
+    ]
+    trackers.write(
+        curves,
+        [{**r, "status": "running", "steps_done": 10, "best_val_accuracy": 0.5} for r in rows],
+    )
+    trackers.write([], [{**rows[0], "status": "completed", "steps_done": 10}])
+    assert trackers.open == {"b"}
+    trackers.close()
+    assert trackers.open == set()
+    (warning,) = warnings
+    assert warning.startswith(
+        "[scale-fpt] warning: the mlflow logger failed and is off for the rest of cohort ("
+    )
+    assert list(trackers.loggers) == ["tensorboard"]
+    for trial_id, value in (("a", 0.5), ("b", 0.75)):
+        events = EventAccumulator(str(tmp_path / "tensorboard" / trial_id))
+        events.Reload()
+        assert [(e.step, e.value) for e in events.Scalars("val/accuracy")] == [(10, value)]
+
+
+def test_logger_names_and_missing_packages_stop_the_command_before_ray(
+    capsys, monkeypatch, tmp_path
+):
+    """Exit 2 and nothing written: ``run_sweep`` (which writes the results directory before
+    it starts Ray) was never reached."""
+    from scale_fpt import cli
+    from scale_fpt.sweep import tracking
+
+    results = tmp_path / "results"
+    narrow = ["--tasks", "bit-xor", "--inits", "random", "--seeds", "0", "--steps", "4"]
+    narrow += ["--results", str(results)]
+    assert cli.main(["sweep", "scale", "--logger", "wandb,tensorbored", *narrow]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "--logger: unknown logger(s) tensorbored; expected a comma list of tensorboard, wandb, mlflow, or none"
+        in err
+    )
+    monkeypatch.setitem(tracking.PACKAGES, "wandb", "wandb_is_not_installed")
+    assert cli.main(["sweep", "scale", "--logger", "tensorboard,wandb", *narrow]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "--logger wandb: the wandb_is_not_installed package is not installed; pip install wandb"
+        in err
+    )
+    assert not results.exists()
 
 
 def test_plain_progress_lines_and_eta():

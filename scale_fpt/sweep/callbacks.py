@@ -147,7 +147,7 @@ def sweep_callbacks(sweep: SweepConfig, experiment: str = "", planned_steps: int
     it, and ``recovery`` re-derives lost rows from it), the live progress of ``experiment``
     (``planned_steps``: its member trial-steps, for the ETA) and the trackers of
     ``sweep.loggers``. (Tune's own TensorBoard and CSV loggers would only warn about the
-    nested row lists; ``tracking`` writes TensorBoard files per member trial instead.)"""
+    nested row lists; ``tracking`` logs per member trial instead.)"""
     from ray.tune.logger import JsonLoggerCallback
 
     from scale_fpt.sweep.progress import progress_callback_class
@@ -159,8 +159,9 @@ def sweep_callbacks(sweep: SweepConfig, experiment: str = "", planned_steps: int
         JsonLoggerCallback(),
         progress_callback_class()(experiment or sweep.name, planned_steps),
     ]
-    if "tensorboard" in sweep.loggers:
-        callbacks.append(tracking_callback_class()(str(sweep.sweep_dir)))
+    if set(sweep.loggers) - {"none"}:
+        name = experiment or sweep.name
+        callbacks.append(tracking_callback_class()(str(sweep.sweep_dir), sweep.loggers, name))
     return callbacks
 
 

@@ -101,8 +101,10 @@ class SweepConfig:
     source (the seeded generator for ListOps, the Hugging Face cache or hub for images).
     Empty: every task its default source or its ``data_dir``."""
     loggers: tuple[str, ...] = ("tensorboard",)
-    """Trackers the driver feeds with every evaluation (``sweep.tracking.LOGGERS``):
-    ``tensorboard`` writes event files per member trial in ``results_dir/name/tensorboard``;
+    """Trackers the driver feeds with every evaluation, one run per member trial
+    (``sweep.tracking``): ``tensorboard`` (event files in ``results_dir/name/tensorboard``),
+    ``wandb`` (``results_dir/name/wandb``; ``WANDB_MODE=offline`` needs no network),
+    ``mlflow`` (``$MLFLOW_TRACKING_URI``, else a file store ``results_dir/name/mlruns``);
     ``none``: only the Parquet rows."""
     reuse_actors: bool = True
     """Reuse trial processes (saves the import and start-up of torch and DeepSpeed)."""
@@ -385,11 +387,18 @@ def arm_label(flat: dict) -> str:
 
 
 def logger_problems(loggers) -> list[str]:
-    from scale_fpt.sweep.tracking import LOGGERS
+    """Unknown logger names, then chosen loggers whose package is missing."""
+    from scale_fpt.sweep.tracking import LOGGERS, missing_packages
 
-    if isinstance(loggers, list | tuple) and loggers and set(loggers) <= set(LOGGERS):
-        return []
-    return [f"loggers: {loggers!r}; a list of {', '.join(LOGGERS)}"]
+    choices = f"a comma list of {', '.join(n for n in LOGGERS if n != 'none')}, or none"
+    if not isinstance(loggers, list | tuple) or not loggers:
+        return [f"--logger: expected {choices}; got {loggers!r}"]
+    unknown = [str(n) for n in loggers if n not in LOGGERS]
+    if unknown:
+        return [f"--logger: unknown logger(s) {', '.join(unknown)}; expected {choices}"]
+    if "none" in loggers and len(loggers) > 1:
+        return [f"--logger: none turns tracking off and goes alone; got {','.join(loggers)}"]
+    return missing_packages(loggers)
 
 
 def placement_problems(sweep: SweepConfig) -> list[str]:

@@ -1,20 +1,46 @@
-"""Experiment trackers fed by the driver: TensorBoard event files per member trial.
+"""Experiment trackers fed by the driver: TensorBoard, Weights & Biases and MLflow, one run
+per member trial.
 
-The driver already receives every evaluation (``ResultsCallback``); the same rows go to
-``RESULTS/<sweep>/tensorboard/<trial_id>/``: one scalar per curve metric at its step, and
-the trial's config as TensorBoard hparams (with its best validation accuracy as the
-hparams metric), so ``tensorboard --logdir RESULTS/<sweep>/tensorboard`` shows the curves
-and compares arms in its HParams tab. Written on the driver, so it works the same on a
-cluster (the results directory is shared storage there).
+The driver already receives every evaluation (``ResultsCallback``); ``Trackers`` hands the
+same rows to each logger of ``SweepConfig.loggers`` through one interface (``TrialLogger``):
+a member trial starts with its flat config (TensorBoard hparams, W&B config, MLflow params),
+gets the curve scalars at each evaluated step (``CURVE_SCALARS`` as ``<split>/<metric>``,
+and ``val/best_accuracy``), and finishes with its status and final metrics (the trials
+table's columns, ``FINAL_COLUMNS``). Where they land:
+
+- tensorboard: ``RESULTS/<sweep>/tensorboard/<trial_id>/`` event files;
+- wandb: ``RESULTS/<sweep>/wandb/`` (W&B's run directories; ``WANDB_MODE=offline`` writes
+  them with no network, ``wandb sync`` uploads them later); project ``$WANDB_PROJECT`` or
+  the sweep's name, one group per arm;
+- mlflow: ``$MLFLOW_TRACKING_URI``, else a file store ``RESULTS/<sweep>/mlruns``; one
+  experiment per sweep, one run per member trial (tag ``trial_id``; a resumed trial goes on
+  in its run).
+
+Written on the driver, so it works the same on a cluster (the results directory is shared
+storage there). Ray Tune's own ``WandbLoggerCallback`` and ``MLflowLoggerCallback`` log one
+run per Tune trial from its flat result; here a Tune trial is often a packed cohort whose
+result holds lists of rows of several member trials, so those callbacks would merge the
+members into one run. A logger that fails (W&B cannot start, a tracking server is down) is
+dropped with one warning line; the trials and the other loggers go on.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
+import sys
+import time
 from pathlib import Path
 
-LOGGERS = ("tensorboard", "none")
+LOGGERS = ("tensorboard", "wandb", "mlflow", "none")
 """Values of ``SweepConfig.loggers``: ``none`` alone turns tracking off."""
+
+PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+"""The module each logger imports."""
+
+PIP_NAMES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow-skinny"}
+"""What ``pip install`` takes for each logger (also in the ``tracking`` extra)."""
 
 CURVE_SCALARS = (
     "train_loss",
@@ -25,10 +51,29 @@ CURVE_SCALARS = (
     "test_accuracy",
     "samples_per_s",
 )
-"""Curve columns written as TensorBoard scalars (tag ``<split>/<metric>``)."""
+"""Curve columns written as scalars (tag ``<split>/<metric>``)."""
 
 HPARAM_METRIC = "val/best_accuracy"
-"""The hparams metric tag: the member's best validation accuracy so far (never test)."""
+"""The member's best validation accuracy so far (never test): a scalar of every logger, and
+TensorBoard's hparams metric."""
+
+FINAL_COLUMNS = (
+    "steps_done",
+    "selected_step",
+    "val_accuracy",
+    "test_accuracy",
+    "best_val_accuracy",
+    "final_test_accuracy",
+    "best_test_accuracy",
+    "final_test_loss",
+    "trainable_params",
+    "total_params",
+    "wall_time_s",
+)
+"""Columns of the trials table a finished member trial reports to each logger, by the same
+names (``test_accuracy``: at the step of best validation accuracy)."""
+
+ENDED = ("completed", "diverged", "failed", "stopped")
 
 
 def scalar_tag(column: str) -> str:
@@ -36,8 +81,12 @@ def scalar_tag(column: str) -> str:
     return f"{split}/{metric}"
 
 
+def number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+
+
 def hparams_of(row: dict) -> dict:
-    """The trial config fields of a trial row, as TensorBoard hparams (scalars only)."""
+    """The trial config fields of a trial row (scalars only): hparams, config, params."""
     from scale_fpt.config import FIELD_TYPES
 
     return {
@@ -47,70 +96,270 @@ def hparams_of(row: dict) -> dict:
     }
 
 
-class TensorBoardWriters:
-    """One ``SummaryWriter`` per member trial under ``root``, opened on its first rows."""
+def final_values(row: dict) -> dict:
+    return {k: row[k] for k in FINAL_COLUMNS if number(row.get(k))}
 
-    def __init__(self, root: Path):
-        self.root = root
+
+def missing_packages(loggers) -> list[str]:
+    """One line per chosen logger whose package is not installed (checked before Ray)."""
+    return [
+        f"--logger {name}: the {PACKAGES[name]} package is not installed; pip install "
+        f"{PIP_NAMES[name]} (or pip install 'scale-fpt[tracking]')"
+        for name in loggers
+        if name in PACKAGES and importlib.util.find_spec(PACKAGES[name]) is None
+    ]
+
+
+class TrialLogger:
+    """One tracker's runs, one per member trial (``Trackers`` calls it)."""
+
+    def start(self, trial_id: str, config: dict, group: str) -> None:
+        """Open the run of ``trial_id`` with its flat ``config`` (``group``: its arm)."""
+
+    def log(self, trial_id: str, scalars: dict[str, float], step: int) -> None:
+        """Scalars of an open run at a training step."""
+
+    def finish(self, trial_id: str, status: str, final: dict) -> None:
+        """Close a run: its status (``ENDED``) and final metrics (``FINAL_COLUMNS``)."""
+
+    def close(self) -> None:
+        """Release what the logger holds (every run was finished before)."""
+
+
+class TensorBoardLogger(TrialLogger):
+    """One ``SummaryWriter`` per member trial under ``sweep_dir/tensorboard``."""
+
+    def __init__(self, sweep_dir: Path, experiment: str):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.root, self.new_writer = sweep_dir / "tensorboard", SummaryWriter
         self.writers: dict = {}
 
-    def writer(self, trial_id: str, row: dict | None):
-        if trial_id not in self.writers:
-            from torch.utils.tensorboard import SummaryWriter
-            from torch.utils.tensorboard.summary import hparams
+    def start(self, trial_id, config, group):
+        from torch.utils.tensorboard.summary import hparams
 
-            writer = SummaryWriter(log_dir=str(self.root / trial_id))
-            if row is not None:
-                # The hparams' session records the config; the metric itself is the scalar
-                # HPARAM_METRIC, written with every report.
-                for summary in hparams(hparams_of(row), {HPARAM_METRIC: 0.0}):
-                    writer.file_writer.add_summary(summary)
-            self.writers[trial_id] = writer
-        return self.writers[trial_id]
+        writer = self.writers[trial_id] = self.new_writer(log_dir=str(self.root / trial_id))
+        if config:
+            # The hparams' session records the config; the metric itself is the scalar
+            # HPARAM_METRIC, written with every report.
+            for summary in hparams(config, {HPARAM_METRIC: 0.0}):
+                writer.file_writer.add_summary(summary)
+
+    def log(self, trial_id, scalars, step):
+        for tag, value in scalars.items():
+            self.writers[trial_id].add_scalar(tag, value, step)
+
+    def finish(self, trial_id, status, final):
+        self.writers.pop(trial_id).close()
+
+
+LOGIN_TIMEOUT_S = 60.0
+"""Seconds W&B's login prompt may hold the driver (online mode with no API key)."""
+
+
+class WandbLogger(TrialLogger):
+    """One W&B run per member trial (id = trial id), its files under ``sweep_dir/wandb``."""
+
+    def __init__(self, sweep_dir: Path, experiment: str):
+        import wandb
+
+        self.wandb, self.dir = wandb, sweep_dir
+        self.project = os.environ.get("WANDB_PROJECT") or experiment
+        self.runs: dict = {}
+
+    def start(self, trial_id, config, group):
+        self.runs[trial_id] = self.wandb.init(
+            dir=str(self.dir),
+            project=self.project,
+            id=trial_id,
+            name=trial_id,
+            group=group or None,
+            config=config,
+            resume="allow",
+            reinit="create_new",  # the driver holds one run per running member trial
+            # The driver's output is the sweep's, and one machine's statistics are not a
+            # member trial's: neither is captured. Without credentials, W&B's login prompt
+            # on the driver's terminal waits LOGIN_TIMEOUT_S, then the logger is dropped.
+            settings=self.wandb.Settings(
+                console="off", x_disable_stats=True, silent=True, login_timeout=LOGIN_TIMEOUT_S
+            ),
+        )
+
+    def log(self, trial_id, scalars, step):
+        self.runs[trial_id].log(scalars, step=step)
+
+    def finish(self, trial_id, status, final):
+        run = self.runs.pop(trial_id)
+        run.summary.update({**final, "status": status})
+        run.finish(exit_code=0 if status in ("completed", "stopped") else 1)
+
+
+MLFLOW_STATUS = {
+    "completed": "FINISHED",
+    "stopped": "KILLED",
+    "diverged": "FAILED",
+    "failed": "FAILED",
+}
+"""The MLflow run status of each trial status."""
+
+
+class MlflowLogger(TrialLogger):
+    """One MLflow run per member trial in the experiment named after the sweep."""
+
+    def __init__(self, sweep_dir: Path, experiment: str):
+        from mlflow import MlflowClient
+
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            # MLflow 3 keeps its file store in maintenance mode behind this switch; a file
+            # store needs no server or database migrations (a SQLite store takes seconds
+            # to create) and is safe on a shared file system.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            uri = (sweep_dir / "mlruns").absolute().as_uri()
+        self.client = MlflowClient(uri)
+        found = self.client.get_experiment_by_name(experiment)
+        self.experiment_id = (
+            found.experiment_id if found else self.client.create_experiment(experiment)
+        )
+        self.runs: dict[str, str] = {}
+
+    def start(self, trial_id, config, group):
+        from mlflow.entities import Param
+
+        (earlier,) = self.client.search_runs(
+            [self.experiment_id], f"tags.trial_id = '{trial_id}'", max_results=1
+        ) or (None,)
+        if earlier is not None:  # a resumed or retried trial goes on in its run
+            self.runs[trial_id] = earlier.info.run_id
+            self.client.update_run(earlier.info.run_id, status="RUNNING")
+            return
+        run = self.client.create_run(
+            self.experiment_id, run_name=trial_id, tags={"trial_id": trial_id, "arm": group}
+        )
+        self.runs[trial_id] = run.info.run_id
+        params = [Param(k, str(v)) for k, v in config.items()]
+        for start in range(0, len(params), 100):  # MLflow takes 100 params per batch
+            self.client.log_batch(run.info.run_id, params=params[start : start + 100])
+
+    def log(self, trial_id, scalars, step):
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now, step) for k, v in scalars.items()]
+        self.client.log_batch(self.runs[trial_id], metrics=metrics)
+
+    def finish(self, trial_id, status, final):
+        from mlflow.entities import Metric, RunTag
+
+        run_id, now = self.runs.pop(trial_id), int(time.time() * 1000)
+        step = int(final.get("steps_done", 0))
+        self.client.log_batch(
+            run_id,
+            metrics=[Metric(k, float(v), now, step) for k, v in final.items()],
+            tags=[RunTag("status", status)],
+        )
+        self.client.set_terminated(run_id, MLFLOW_STATUS[status])
+
+
+LOGGER_CLASSES = {"tensorboard": TensorBoardLogger, "wandb": WandbLogger, "mlflow": MlflowLogger}
+
+
+class Trackers:
+    """The loggers of one experiment, fed with the rows the driver receives. A logger that
+    raises is dropped with one warning line (``warn``); the sweep never fails for it."""
+
+    def __init__(self, sweep_dir: Path, names, experiment: str, warn=None):
+        self.sweep_dir, self.experiment = sweep_dir, experiment
+        self.loggers: dict[str, TrialLogger | None] = {n: None for n in names if n != "none"}
+        self.warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.open: set[str] = set()
+        """Member trials whose runs are open."""
+
+    def each(self, method: str, *args) -> None:
+        for name in list(self.loggers):
+            try:
+                logger = self.loggers[name]
+                if logger is None and method == "close":
+                    continue
+                if logger is None:
+                    logger = self.loggers[name] = LOGGER_CLASSES[name](
+                        self.sweep_dir, self.experiment
+                    )
+                getattr(logger, method)(*args)
+            except Exception as e:  # any tracker error: recorded, never the trial's failure
+                del self.loggers[name]
+                self.warn(
+                    f"[scale-fpt] warning: the {name} logger failed and is off for the rest of "
+                    f"{self.experiment} ({type(e).__name__}: {str(e).strip()[:300]})"
+                )
+
+    def start(self, trial_id: str, row: dict | None) -> None:
+        if trial_id not in self.open:
+            from scale_fpt.sweep.progress import arm_of
+
+            self.open.add(trial_id)
+            self.each("start", trial_id, hparams_of(row or {}), arm_of(row or {}))
 
     def write(self, curve_rows: list[dict], trial_rows: list[dict]) -> None:
         configs = {row["trial_id"]: row for row in trial_rows}
         for row in curve_rows:
-            writer = self.writer(row["trial_id"], configs.get(row["trial_id"]))
-            for column in CURVE_SCALARS:
-                value = row.get(column)
-                if isinstance(value, int | float) and not math.isnan(value):
-                    writer.add_scalar(scalar_tag(column), value, row["step"])
+            self.start(row["trial_id"], configs.get(row["trial_id"]))
+            scalars = {scalar_tag(c): row[c] for c in CURVE_SCALARS if number(row.get(c))}
+            self.each("log", row["trial_id"], scalars, int(row["step"]))
         for row in trial_rows:
-            best = row.get("best_val_accuracy")
-            if isinstance(best, int | float) and not math.isnan(best):
+            self.start(row["trial_id"], row)
+            if number(row.get("best_val_accuracy")):
                 step = int(row.get("steps_done") or 0)
-                self.writer(row["trial_id"], row).add_scalar(HPARAM_METRIC, best, step)
-            if row.get("status") in ("completed", "diverged", "failed", "stopped"):
-                self.close(row["trial_id"])
+                self.each("log", row["trial_id"], {HPARAM_METRIC: row["best_val_accuracy"]}, step)
+            if row.get("status") in ENDED:
+                self.finish(row["trial_id"], row["status"], row)
 
-    def close(self, trial_id: str | None = None) -> None:
-        for key in [trial_id] if trial_id else list(self.writers):
-            writer = self.writers.pop(key, None)
-            if writer is not None:
-                writer.close()
+    def finish(self, trial_id: str, status: str, row: dict | None = None) -> None:
+        if trial_id in self.open:
+            self.open.discard(trial_id)
+            self.each("finish", trial_id, status, final_values(row or {}))
+
+    def close(self) -> None:
+        """Finish runs left open (an interrupted sweep: ``stopped``), then the loggers."""
+        for trial_id in sorted(self.open):
+            self.finish(trial_id, "stopped")
+        self.each("close")
 
 
 def tracking_callback_class():
     from ray import tune
 
-    class TensorBoardCallback(tune.Callback):
-        """Writes each reported evaluation's rows as TensorBoard event files."""
+    class TrackingCallback(tune.Callback):
+        """Feeds each reported evaluation's rows to the sweep's loggers (``Trackers``)."""
 
-        def __init__(self, sweep_dir: str):
-            self.sweep_dir = sweep_dir
-            self.writers = TensorBoardWriters(Path(sweep_dir) / "tensorboard")
+        def __init__(self, sweep_dir: str, loggers: tuple[str, ...], experiment: str):
+            self.args = (sweep_dir, tuple(loggers), experiment)
+            self.trackers = Trackers(Path(sweep_dir), loggers, experiment)
+            self.members: dict[str, set[str]] = {}
+            """Tune trial id -> the member trials its rows named."""
 
-        def __getstate__(self):  # Tune pickles callbacks; open files do not pickle
-            return {"sweep_dir": self.sweep_dir}
+        def __getstate__(self):  # Tune pickles callbacks; open runs do not pickle
+            return {"args": self.args}
 
         def __setstate__(self, state):
-            self.__init__(state["sweep_dir"])
+            self.__init__(*state["args"])
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            self.writers.write(result.get("curve_rows", []), result.get("trial_rows", []))
+            rows = result.get("trial_rows", [])
+            self.members.setdefault(trial.trial_id, set()).update(r["trial_id"] for r in rows)
+            self.trackers.write(result.get("curve_rows", []), rows)
+
+        def end_members(self, trial, status: str) -> None:
+            for trial_id in sorted(self.members.pop(trial.trial_id, ())):
+                self.trackers.finish(trial_id, status)
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self.end_members(trial, "stopped")  # still open: stopped by the scheduler
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self.end_members(trial, "failed")
 
         def on_experiment_end(self, trials, **info):
-            self.writers.close()
+            self.trackers.close()
 
-    return TensorBoardCallback
+    return TrackingCallback
