@@ -14,6 +14,7 @@ and Hoffmann et al.'s. No groups: each point is its own bootstrap unit (as their
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -39,8 +40,12 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=2, help="processes for the resamples")
     args = p.parse_args(argv)
     path = args.data or data_path()
-    if path is None:
-        print(f"no data: pass --data or set {DATA_ENV} (scale_fpt/analysis/chinchilla.py)")
+    if path is None or not os.path.isfile(path):
+        print(
+            f"no data at {path}: pass --data or set {DATA_ENV} to Besiroglu et al.'s "
+            "svg_extracted_data.csv (scale_fpt/analysis/chinchilla.py)",
+            file=sys.stderr,
+        )
         return 2
     print_header()
     points = load_points(path)

@@ -190,8 +190,8 @@ class ScalingFit:
     """Coverage of the intervals (0.95)."""
     goodness: dict
     """n, n_params, loss (mean Huber / delta), rmse_log, r2_log, mape, n_boot, n_failed,
-    strata, units, x_range ({column: (min, max)}), at_bound (parameters on a bound of the
-    search box)."""
+    strata, units, x_range ({column: (min, max)}), at_bound (exponents on a bound of the
+    search box, and the floor E when it is <= 0: no floor detected)."""
     theta: np.ndarray = field(repr=False)
     """The point estimate in the law's coordinates (``laws`` module docstring)."""
     draws: np.ndarray = field(repr=False)
