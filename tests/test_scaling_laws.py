@@ -94,8 +94,8 @@ def test_power_floor_coverage_of_95_percent_intervals():
     """40 seeded studies of 6 sizes x 4 seeds (E + A x^-alpha, floor a tenth of the smallest
     error, log-normal seed noise 0.05), 40 resamples each: per parameter, the count of 95%
     intervals covering the truth must not be below the 0.1% quantile of Binomial(40, 0.95),
-    i.e. 33 of 40 (a calibrated interval fails this one time in a thousand). Before the floor
-    was freed (scale_fpt/analysis/laws.py) E's intervals covered 87 of 100 studies: intervals
+    i.e. 33 of 40 (a calibrated interval fails this less than one time in a thousand). Before the floor
+    was freed (scale_fpt/analysis/laws.py) E's intervals covered 89 of 100 studies: intervals
     stuck on E = 0 missed whenever the data showed no floor. The studies are seeded, so the
     counts are fixed: recorded 2026-11-24, A 37, alpha 37, E 36; 11 studies estimated E <= 0."""
     draws = 40

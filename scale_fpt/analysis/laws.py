@@ -9,9 +9,9 @@ decades of N, D or FLOPs.
 
 The floor E is optimised as itself and may be negative. A floor kept positive (as exp(e),
 as before 2026-11-24) piles its estimates on the boundary E = 0 whenever the data show no
-floor, and the bootstrap of an estimate on a boundary is inconsistent (Andrews 2000): a
-third of such fits' intervals missed the truth (docs/scaling-laws.md, "Coverage"). Left
-free, E's estimate and its resamples spread on both sides of 0 and the percentile intervals
+floor, and the bootstrap of an estimate on a boundary is inconsistent (Andrews 2000): E's
+interval missed the truth in 11 of 13 such fits among 100 studies (docs/scaling-laws.md,
+"Why the floor is free"). Left free, E's estimate and its resamples spread on both sides of 0 and the percentile intervals
 cover; E <= 0 reads "no floor detected" (``fit.goodness["at_bound"]``). Where E + the power
 terms is not positive (a negative floor far beyond the data), log y continues linearly below
 ``RATIO_FLOOR`` of the power terms, so the loss stays finite and pushes back.
