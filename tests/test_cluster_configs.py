@@ -657,9 +657,11 @@ def test_ray_up_submit_job_submit_down_over_ssh(tmp_path, ssh_node, name):
     start commands over SSH; a sweep by `ray submit` and one of the synced copy by `ray job
     submit` (at once, on the node's two CPUs) write rows that carry the laptop's commit to
     the shared path; `ray down` stops the node's Ray. local.yaml's node defaults send a bare
-    sweep's results and Tune state to shared storage; gpu.yaml's come from its container
-    (swapped out here), so there the sweeps are given --results and --storage, as its
-    header says."""
+    sweep's results and Tune state to shared storage. gpu.yaml's come from its container
+    (swapped out here), and its node runs the same code as local.yaml's, so there both
+    commands run the sweep's ``--plan`` (the script's imports, the planner and the preflight
+    on the node: no training, ~2 minutes less) and `ray exec` reads the commit rows would
+    carry."""
     from scale_fpt.results import load_results
 
     # The head takes Ray's default ports (GCS 6379, dashboard 8265, its agent 52365) and
@@ -676,8 +678,9 @@ def test_ray_up_submit_job_submit_down_over_ssh(tmp_path, ssh_node, name):
     validate_cluster_config(config)
     shared = ssh_node.shared / "scale_fpt"
     sweep = SWEEP.split()
-    if name == "gpu.yaml":
-        sweep += ["--results", str(shared / "results"), "--storage", str(shared / "ray")]
+    planned = name == "gpu.yaml"
+    if planned:
+        sweep += ["--plan"]
     (tmp_path / "launcher").mkdir()
     env = {
         k: v
@@ -691,9 +694,10 @@ def test_ray_up_submit_job_submit_down_over_ssh(tmp_path, ssh_node, name):
             [RAY, *args], cwd=laptop, env=env, capture_output=True, text=True, timeout=600
         )
 
-    def succeeds(*args: str) -> None:
+    def succeeds(*args: str) -> str:
         done = ray_cli(*args)
         assert done.returncode == 0, (args[:2], done.stdout[-4000:], done.stderr[-4000:])
+        return done.stdout
 
     succeeds("up", "-y", str(config))
     assert {"gcs_server", "raylet"} <= node_processes(ssh_node)
@@ -702,13 +706,22 @@ def test_ray_up_submit_job_submit_down_over_ssh(tmp_path, ssh_node, name):
     job += ["--", "python", str(synced_script), *sweep, "--name", "jobbed"]
     # The dashboard's job agent answers a little after `ray start` returns.
     wait_until(lambda: ray_cli(*job).returncode == 0, "the job server", timeout=60)
-    succeeds("submit", str(config), "sweeps/scale.py", "--", *sweep, "--name", "submitted")
-    succeeds("job", "logs", "--address", DASHBOARD, "--follow", "jobbed")
-    for study in ("submitted", "jobbed"):
-        trials = load_results(shared / "results", study).trials
-        assert trials["status"].tolist() == ["completed"], study
-        assert trials["git_sha"].tolist() == [expected], study
-        assert (shared / "ray" / study).is_dir(), study
+    submitted = succeeds(
+        "submit", str(config), "sweeps/scale.py", "--", *sweep, "--name", "submitted"
+    )
+    logs = succeeds("job", "logs", "--address", DASHBOARD, "--follow", "jobbed")
+    if planned:
+        for study, output in (("submitted", submitted), ("jobbed", logs)):
+            assert f"{study}: 1 arms x 1 trial(s)" in output, output[-3000:]
+        read_commit = "python -c 'from scale_fpt.trial import git_sha; print(git_sha())'"
+        assert succeeds("exec", str(config), read_commit).splitlines()[-1] == expected
+        assert not shared.exists()  # a plan writes nothing
+    else:
+        for study in ("submitted", "jobbed"):
+            trials = load_results(shared / "results", study).trials
+            assert trials["status"].tolist() == ["completed"], study
+            assert trials["git_sha"].tolist() == [expected], study
+            assert (shared / "ray" / study).is_dir(), study
     assert not (ssh_node.home / "results").exists()
     assert not (ssh_node.home / ".ray" / "auth_token").exists()
 
