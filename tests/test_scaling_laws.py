@@ -255,3 +255,14 @@ def test_workers_give_the_same_intervals():
     one = fit_scaling_law(rows, "error", "N", "power", groups="seed", n_boot=8)
     two = fit_scaling_law(rows, "error", "N", "power", groups="seed", n_boot=8, workers=2)
     np.testing.assert_array_equal(one.draws, two.draws)
+
+
+def test_a_floor_below_zero_is_fitted_free_and_flagged():
+    """Data whose law has its floor below zero (errors still positive over these sizes): the
+    floor is estimated below zero, not held at a bound, and the fit says no floor was found."""
+    law = lambda n: -0.02 + 2.0 * n**-0.2  # noqa: E731
+    rows = seeded_rows(np.random.default_rng(3), law, sigma=0.005)
+    fit = fit_scaling_law(rows, "error", "N", "power_floor", groups="seed", n_boot=40)
+    assert fit.params["E"] == pytest.approx(-0.02, abs=0.01)
+    assert fit.intervals["E"][1] < 0
+    assert fit.goodness["at_bound"] == ["E"]
