@@ -973,7 +973,7 @@ def test_killed_worker_node_trials_resume_elsewhere_from_checkpoints(ray_cluster
         "base: {task: bit-xor, model: gpt2-tiny, init: random, test_batches: 2,\n"
         "       accelerator: cpu, max_steps: 60, eval_every: 5}\n"
         "grid: {lr: [0.001, 0.002]}\n"
-        "max_concurrent: 2\nmax_failures: 2\n"
+        "max_concurrent: 2\nmax_failures: 2\npack: 1\n"  # a Tune trial each: one per node
     )
     results = tmp_path / "results"
     sweep = dataclasses.replace(SweepConfig.from_yaml(sweep_file), results_dir=str(results))
@@ -1006,7 +1006,11 @@ def test_killed_worker_node_trials_resume_elsewhere_from_checkpoints(ray_cluster
             return None
 
         driver_done = SimpleNamespace(is_set=lambda: driver.poll() is not None)
-        trial_dir, pid, lr = wait_until(trial_on_worker_node, "a trial on the worker", driver_done)
+        try:
+            found = wait_until(trial_on_worker_node, "a trial on the worker", driver_done)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the driver printed:\n{driver.stdout.read()[-3000:]}") from e
+        trial_dir, pid, lr = found
         killed = ray_cluster.kill(worker_node)
         output, _ = driver.communicate(timeout=400)
     finally:
