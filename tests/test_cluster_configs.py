@@ -661,7 +661,8 @@ def test_ray_up_submit_job_submit_down_over_ssh(tmp_path, ssh_node, name):
     (swapped out here), and its node runs the same code as local.yaml's, so there both
     commands run the sweep's ``--plan`` (the script's imports, the planner and the preflight
     on the node: no training, ~2 minutes less) and `ray exec` reads the commit rows would
-    carry."""
+    carry. On local.yaml, the job's logs show the sweep's progress, `ray job status` its end,
+    and `ray job stop` stops a second, endless one."""
     from scale_fpt.results import load_results
 
     # The head takes Ray's default ports (GCS 6379, dashboard 8265, its agent 52365) and
@@ -699,11 +700,18 @@ def test_ray_up_submit_job_submit_down_over_ssh(tmp_path, ssh_node, name):
         assert done.returncode == 0, (args[:2], done.stdout[-4000:], done.stderr[-4000:])
         return done.stdout
 
+    def job_status(job: str) -> str:
+        """The job server's status name of ``job`` (RUNNING, STOPPED, ...)."""
+        from ray.job_submission import JobSubmissionClient
+
+        return str(JobSubmissionClient(DASHBOARD).get_job_status(job).value)
+
     succeeds("up", "-y", str(config))
     assert {"gcs_server", "raylet"} <= node_processes(ssh_node)
     synced_script = ssh_node.home / SYNCED.removeprefix("~/") / "sweeps" / "scale.py"
     job = ["job", "submit", "--address", DASHBOARD, "--submission-id", "jobbed", "--no-wait"]
-    job += ["--", "python", str(synced_script), *sweep, "--name", "jobbed"]
+    job += ["--", "env", "SCALE_FPT_PROGRESS_EVERY=1", "python", str(synced_script)]
+    job += [*sweep, "--name", "jobbed"]
     # The dashboard's job agent answers a little after `ray start` returns.
     wait_until(lambda: ray_cli(*job).returncode == 0, "the job server", timeout=60)
     submitted = succeeds(
@@ -722,6 +730,16 @@ def test_ray_up_submit_job_submit_down_over_ssh(tmp_path, ssh_node, name):
             assert trials["status"].tolist() == ["completed"], study
             assert trials["git_sha"].tolist() == [expected], study
             assert (shared / "ray" / study).is_dir(), study
+        # The job's logs carry the sweep's progress lines and summary; status and stop work.
+        assert "[scale-fpt] jobbed: trials 1 done, 0 running, 0 pending, 0 failed" in logs
+        assert "jobbed: test accuracy at the step of best validation accuracy" in logs
+        assert "succeeded" in succeeds("job", "status", "--address", DASHBOARD, "jobbed")
+        endless = [{"4": "1000000"}.get(flag, flag) for flag in sweep]
+        long_job = ["job", "submit", "--address", DASHBOARD, "--submission-id", "stopme"]
+        succeeds(*long_job, "--no-wait", "--", "python", str(synced_script), *endless)
+        wait_until(lambda: job_status("stopme") == "RUNNING", "the job to run", timeout=60)
+        succeeds("job", "stop", "--address", DASHBOARD, "stopme")
+        wait_until(lambda: job_status("stopme") == "STOPPED", "the stop", timeout=60)
     assert not (ssh_node.home / "results").exists()
     assert not (ssh_node.home / ".ray" / "auth_token").exists()
 
