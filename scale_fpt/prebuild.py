@@ -43,20 +43,23 @@ def node_build_lock():
 
 
 @functools.cache
-def prebuild_ops() -> None:
-    """Build (or load) DeepSpeed's CPU op and the fused CPU kernels under the node's build
-    lock; once per process. A process that sees CUDA needs neither."""
+def prebuild_ops(deepspeed: bool = True) -> None:
+    """Build (or load) the fused CPU kernels, and DeepSpeed's CPU op unless ``deepspeed`` is
+    False, under the node's build lock; once per process. A process that trains no DeepSpeed
+    engine (a cohort) never imports DeepSpeed, whose import alone takes seconds of each
+    trial process's start-up. A process that sees CUDA needs neither."""
     import torch
 
     if torch.cuda.is_available():
         return
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from deepspeed.ops.op_builder import ShareMemCommBuilder
-
     from scale_fpt.models.ops import fused_kernels
 
     with node_build_lock():
-        ShareMemCommBuilder().load(verbose=False)
+        if deepspeed:
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+            from deepspeed.ops.op_builder import ShareMemCommBuilder
+
+            ShareMemCommBuilder().load(verbose=False)
         fused_kernels()
 
 

@@ -1,5 +1,5 @@
 """Trials over several workers: a world of 2 (gloo on CPU, real Ray, real DeepSpeed) trains
-as a world of 1 does at ZeRO stages 0, 2 and 3; a 2-worker trial whose worker process is
+as a world of 1 does at ZeRO stages 0 and 3; a 2-worker trial whose worker process is
 SIGKILLed resumes from its checkpoint with the curve of an uninterrupted run; ZeRO-Offload
 and activation checkpointing leave the curve unchanged; the rules that split a trial.
 
@@ -187,15 +187,17 @@ def rank_worker_actors(state: str | None = None) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_world_of_two_trains_as_world_of_one_at_zero_0_2_3(ray_4_cpus, tmp_path):
-    """Three 2-worker trials (ZeRO 0, 2, 3) through a real sweep: each ran as 2 processes,
-    has the rows of a one-process trial, and its curve equals a world of one's (here, in
-    this process) up to float rounding."""
+def test_world_of_two_trains_as_world_of_one_at_zero_0_and_3(ray_4_cpus, tmp_path):
+    """Two 2-worker trials (ZeRO 0: gradients all-reduced; ZeRO 3: parameters, gradients
+    and optimizer state partitioned, what ZeRO 2 partitions and more) through a real sweep:
+    each ran as 2 processes, has the rows of a one-process trial, and its curve equals a
+    world of one's (here, in this process) up to float rounding. ZeRO 2 over 2 workers
+    trains, checkpoints and resumes in the killed-worker test below."""
     sweep = sweep_config(
         tmp_path,
         "world2",
         base={**EQUIVALENT, "workers": 2},
-        grid={"zero_stage": [0, 2, 3]},
+        grid={"zero_stage": [0, 3]},
         max_concurrent=2,
     )
     from scale_fpt.sweep import run_sweep
@@ -205,15 +207,15 @@ def test_world_of_two_trains_as_world_of_one_at_zero_0_2_3(ray_4_cpus, tmp_path)
 
     results = load_results(sweep.results_dir, sweep.name)
     trials = results.trials.set_index("zero_stage")
-    assert sorted(trials.index) == [0, 2, 3]
+    assert sorted(trials.index) == [0, 3]
     assert (trials["status"] == "completed").all() and (trials["workers"] == 2).all()
     assert (trials["steps_done"] == 10).all() and (trials["samples_seen"] == 80).all()
     curves = rows_by(results.curves, "trial_id")
     workers = rank_worker_actors()
-    assert len(workers) == 3  # one rank-1 actor per trial, each named after its trial
+    assert len(workers) == 2  # one rank-1 actor per trial, each named after its trial
     assert {a["Name"].split("/")[0] for a in workers} == set(trials["trial_id"])
     assert all(a["State"] == "DEAD" for a in workers)
-    for stage in (0, 2, 3):
+    for stage in (0, 3):
         world2 = curves[trials.loc[stage, "trial_id"]]
         assert world2["step"].tolist() == [5, 10]
         world1 = curve_of({**EQUIVALENT, "zero_stage": stage})

@@ -264,36 +264,32 @@ def test_step_kind_of_each_config(base):
 
 @pytest.mark.slow
 def test_tune_cohort_writes_every_member_once(base, tmp_path, monkeypatch):
-    ray = pytest.importorskip("ray")
     import pandas as pd
     from ray import tune
 
-    from scale_fpt.sweep import results_callback_class, tune_trial
+    from scale_fpt.models.backbones import scale_fpt_home
+    from scale_fpt.sweep import connect_ray, results_callback_class, tune_trial
 
     monkeypatch.setenv("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     flat = {**base, "max_steps": 6, "eval_every": 3}
     packed = [{**flat, **m} for m in MEMBERS]
     unpackable = [{**flat, **MEMBERS[0], "finetune": "fpt+ff"}]  # alone, on an engine
     results_dir = tmp_path / "results"
-    started_here = not ray.is_initialized()  # another test module may have started it
-    if started_here:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        tuner = tune.Tuner(
-            tune.with_resources(tune_trial, {"cpu": 1}),
-            param_space={"sweep": SWEEP, "members": tune.grid_search([packed, unpackable])},
-            tune_config=tune.TuneConfig(reuse_actors=True),
-            run_config=tune.RunConfig(
-                name="packing",
-                storage_path=str(tmp_path / "ray"),
-                callbacks=[results_callback_class()(str(results_dir), SWEEP)],
-                verbose=0,
-            ),
-        )
-        grid = tuner.fit()
-    finally:
-        if started_here:
-            ray.shutdown()
+    # The local Ray run_sweep would start, left up for the modules after this one (their
+    # sweeps attach to it instead of starting their own); another module's, if it is up.
+    connect_ray(runtime_env={"env_vars": {"SCALE_FPT_HOME": str(scale_fpt_home())}})
+    tuner = tune.Tuner(
+        tune.with_resources(tune_trial, {"cpu": 1}),
+        param_space={"sweep": SWEEP, "members": tune.grid_search([packed, unpackable])},
+        tune_config=tune.TuneConfig(reuse_actors=True),
+        run_config=tune.RunConfig(
+            name="packing",
+            storage_path=str(tmp_path / "ray"),
+            callbacks=[results_callback_class()(str(results_dir), SWEEP)],
+            verbose=0,
+        ),
+    )
+    grid = tuner.fit()
     assert grid.num_errors == 0
     trials = pd.read_parquet(results_dir / SWEEP / "trials")
     curves = pd.read_parquet(results_dir / SWEEP / "curves")

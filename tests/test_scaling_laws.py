@@ -266,3 +266,21 @@ def test_a_floor_below_zero_is_fitted_free_and_flagged():
     assert fit.params["E"] == pytest.approx(-0.02, abs=0.01)
     assert fit.intervals["E"][1] < 0
     assert fit.goodness["at_bound"] == ["E"]
+
+
+def test_floor_or_power_keeps_a_floor_the_data_show_and_drops_one_they_do_not():
+    """A law with a floor keeps it; errors that bend down in log-log (falling ever faster,
+    as the local ladder's random arm does) have no floor to find: the plain power law, with
+    the reason, and the held-out check on the same choice."""
+    from scale_fpt.analysis import fit_floor_or_power
+
+    rng = np.random.default_rng(7)
+    floored = seeded_rows(rng, lambda n: 0.1 + 5.0 * n**-0.3, seeds=3, sigma=0.01)
+    fit = fit_floor_or_power(floored, "error", "N", groups="seed", n_boot=10)
+    assert fit.form == "power_floor" and fit.params["E"] == pytest.approx(0.1, abs=0.02)
+    bending = seeded_rows(rng, lambda n: 0.7 - 0.05 * np.log10(n), seeds=3, sigma=0.02)
+    fit = fit_floor_or_power(bending, "error", "N", groups="seed", n_boot=10)
+    assert fit.form == "power" and set(fit.params) == {"A", "alpha"}
+    assert fit.goodness["no_floor"]  # why the floor was dropped, in words
+    check = holdout_check(bending, "error", "N", "floor_or_power", groups="seed", n_boot=10)
+    assert check.fit.form == "power"

@@ -238,10 +238,13 @@ def test_packed_search_end_to_end_trains_every_seed_and_continues(tmp_path, tiny
 
 @pytest.mark.slow
 @pytest.mark.faults
-def test_interrupted_search_resumes_and_tells_each_configuration_once(tmp_path):
+def test_interrupted_search_resumes_tells_each_configuration_once_and_continues(tmp_path):
     """Ctrl-C mid-search (one seed's Tune trial running, the configuration half scored):
     --resume restores the searcher, finishes the seeds, and every configuration is told
-    once, its seed mean, with each (configuration, seed) one row."""
+    once, its seed mean, with each (configuration, seed) one row (a Tune trial per seed:
+    unpacked). A later run continues the same Optuna study in its SQLite storage, with new
+    configurations (none replayed), each seed's value and row kept as user attributes."""
+    import dataclasses
     import os
     import signal
     import threading
@@ -280,7 +283,8 @@ def test_interrupted_search_resumes_and_tells_each_configuration_once(tmp_path):
     study = optuna.load_study(study_name=summary.study_name, storage=storage)
     assert [t.state.name for t in study.trials] == ["RUNNING"]  # seed 1 still out
 
-    assert run_sweep(sweep, resume=True).finished
+    resumed = run_sweep(sweep, resume=True)
+    assert resumed.finished and resumed.experiments == interrupted.experiments
     trials = load_results(tmp_path, "cut").trials
     assert len(trials) == 4 and (trials["status"] == "completed").all()
     assert trials.groupby("search_config")["seed"].apply(sorted).tolist() == [[0, 1], [0, 1]]
@@ -289,6 +293,26 @@ def test_interrupted_search_resumes_and_tells_each_configuration_once(tmp_path):
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
     for trial in study.trials:
         assert trial.value == pytest.approx(means[trial.number])
+
+    later = run_sweep(dataclasses.replace(sweep, search_trials=1))  # the same study continues
+    assert later.finished and later.experiments == interrupted.experiments
+    assert len(optuna.get_all_study_summaries(storage)) == 1
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
+    lrs = [t.params["lr"] for t in study.trials]
+    assert len(set(lrs)) == 3, "the continued study replayed earlier suggestions"
+    trials = load_results(tmp_path, "cut").trials
+    assert sorted(trials["lr"]) == sorted(lrs * 2)  # every Optuna trial: a row per seed
+    means = trials.groupby("search_config")[sweep.metric].mean()
+    rows = trials.set_index("trial_id")
+    for trial in study.trials:
+        assert trial.value == pytest.approx(means[trial.number])
+        # each seed's value and Parquet row, as user attributes
+        ids, values = trial.user_attrs["trial_ids"], trial.user_attrs["seed_values"]
+        assert sorted(ids) == sorted(values) == ["0", "1"]
+        for seed, trial_id in ids.items():
+            assert rows.loc[trial_id, "seed"] == int(seed)
+            assert values[seed] == pytest.approx(rows.loc[trial_id, sweep.metric])
 
 
 def test_arm_searchers_interleave_arms_and_route_results(tmp_path):

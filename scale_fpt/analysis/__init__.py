@@ -6,12 +6,13 @@
 
 - ``laws``: the forms (``power``, ``power_floor``, ``chinchilla``, ``sigmoid``);
 - ``fit``: Huber loss on log residuals, L-BFGS-B from a screened grid, grouped stratified
-  bootstrap (``fit_scaling_law``, ``ScalingFit``);
+  bootstrap (``fit_scaling_law``, ``ScalingFit``); ``fit_floor_or_power``: the floored law
+  where the data show a floor, else the plain power law;
 - ``predict``: held-out check, exponent differences, size -> loss -> accuracy, effective
   data transferred.
 """
 
-from scale_fpt.analysis.fit import ScalingFit, fit_scaling_law
+from scale_fpt.analysis.fit import ScalingFit, fit_floor_or_power, fit_scaling_law
 from scale_fpt.analysis.laws import LAWS
 from scale_fpt.analysis.predict import (
     HoldoutCheck,
@@ -29,6 +30,7 @@ __all__ = [
     "TwoStepFit",
     "compare_exponents",
     "effective_data",
+    "fit_floor_or_power",
     "fit_scaling_law",
     "holdout_check",
     "two_step_fit",

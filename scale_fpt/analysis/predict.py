@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from scale_fpt.analysis.fit import ScalingFit, as_columns, fit_scaling_law
+from scale_fpt.analysis.fit import ScalingFit, as_columns, fit_floor_or_power, fit_scaling_law
 
 MIN_HOLDOUT_SIZES = 4
 """Sizes needed for a held-out check: three to fit a floored law, one to predict."""
@@ -49,7 +49,8 @@ def holdout_check(
 ) -> HoldoutCheck:
     """Fit on every value of ``size`` (default: the first x column) but the largest, predict
     the largest, and say whether its observed mean lies inside the prediction interval.
-    Raises ValueError when the data hold fewer than ``MIN_HOLDOUT_SIZES`` sizes."""
+    ``form`` is a law of ``LAWS`` or ``"floor_or_power"`` (``fit_floor_or_power``). Raises
+    ValueError when the data hold fewer than ``MIN_HOLDOUT_SIZES`` sizes."""
     xs = as_columns(x)
     size = size or xs[0]
     if size not in df:
@@ -61,7 +62,11 @@ def holdout_check(
             f"least {MIN_HOLDOUT_SIZES} (fit on all but the largest, predict the largest)"
         )
     largest = sizes[-1]
-    fit = fit_scaling_law(df[df[size] < largest], y, xs, form, **fit_kw)
+    kept = df[df[size] < largest]
+    if form == "floor_or_power":
+        fit = fit_floor_or_power(kept, y, xs, **fit_kw)
+    else:
+        fit = fit_scaling_law(kept, y, xs, form, **fit_kw)
     held = df[df[size] == largest].groupby(xs, as_index=False)[y].agg(["mean", "count"])
     rows = []
     for record in held.to_dict("records"):

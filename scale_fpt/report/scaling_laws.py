@@ -1,8 +1,9 @@
 """The report's scaling laws: the study's questions answered with fitted laws and intervals.
 
 Each arm (task x init x trained groups, transformers only, one learning rate per arm as in
-the paper tables) with three or more model sizes is fitted as ``error = E + A x^-alpha``
-(``scale_fpt.analysis``: Huber on log residuals, L-BFGS-B, seeds resampled within each size)
+the paper tables) with three or more model sizes is fitted as ``error = E + A x^-alpha``,
+or as ``A x^-alpha`` where the data show no floor (``analysis.fit_floor_or_power``; Huber
+on log residuals, L-BFGS-B, seeds resampled within each size)
 on three axes: total parameters, trained parameters and training FLOPs (this project's
 accounting: 4N + attention per token for a frozen body, 6N when the body trains; the
 ``total_flops`` column). ``error`` is 1 - the report's metric. From the fits:
@@ -23,7 +24,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from scale_fpt.analysis import compare_exponents, effective_data, fit_scaling_law, holdout_check
+from scale_fpt.analysis import compare_exponents, effective_data, fit_floor_or_power, holdout_check
 from scale_fpt.analysis.predict import MIN_HOLDOUT_SIZES
 from scale_fpt.report import tables
 
@@ -82,9 +83,7 @@ def fit_arm(group: pd.DataFrame, axis: str, n_boot: int):
     if (group["error"] <= 0).any():
         return None, "error reaches 0 (accuracy 100%): no power law to fit"
     try:
-        return fit_scaling_law(
-            group, "error", axis, "power_floor", groups="seed", n_boot=n_boot
-        ), None
+        return fit_floor_or_power(group, "error", axis, groups="seed", n_boot=n_boot), None
     except ValueError as e:
         return None, str(e).removeprefix("fit_scaling_law: ")
 
@@ -119,14 +118,15 @@ def law_table(points: pd.DataFrame, fits: dict) -> pd.DataFrame:
         if fit is None:
             row.update(alpha="", E="", A="", r2_log="", note=reason)
         else:
+            floored = "E" in fit.params
             row.update(
                 alpha=interval_text(fit.params["alpha"], fit.intervals["alpha"]),
-                E=interval_text(fit.params["E"], fit.intervals["E"]),
+                E=interval_text(fit.params["E"], fit.intervals["E"]) if floored else "0",
                 A=f"{fit.params['A']:.3g}",
                 r2_log=f"{fit.goodness['r2_log']:.3f}",
                 note=", ".join(
-                    "E <= 0 (no floor detected)" if p == "E" else f"{p} at its bound"
-                    for p in fit.goodness["at_bound"]
+                    ([] if floored else [f"no floor ({fit.goodness['no_floor']}): E = 0"])
+                    + [f"{p} at its bound" for p in fit.goodness["at_bound"]]
                 ),
             )
         rows.append(row)
@@ -228,7 +228,12 @@ def holdout_rows(points: pd.DataFrame, n_boot: int | None = None) -> tuple[pd.Da
             continue
         try:
             check = holdout_check(
-                group, "error", "total_params", groups="seed", n_boot=n_boot or REPORT_BOOT
+                group,
+                "error",
+                "total_params",
+                "floor_or_power",
+                groups="seed",
+                n_boot=n_boot or REPORT_BOOT,
             )
         except ValueError as e:
             rows.append({"task": task, "arm": arm, "note": str(e)})

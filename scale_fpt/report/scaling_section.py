@@ -13,8 +13,9 @@ from scale_fpt.report.figures import task_order
 
 INTRO = (
     "Each arm (task · init · trained groups, transformers, one learning rate per arm) with "
-    f"{laws.MIN_SIZES}+ model sizes is fitted as error = E + A·x^(-alpha) on total "
-    "parameters, trained parameters and training FLOPs (frozen body: 4N + attention per "
+    f"{laws.MIN_SIZES}+ model sizes is fitted as error = E + A·x^(-alpha), or as the plain "
+    "power law A·x^(-alpha) where the data show no floor (E = 0; the table's note says why), "
+    "on total parameters, trained parameters and training FLOPs (frozen body: 4N + attention per "
     "token; full: 6N), by Huber loss on log residuals with L-BFGS-B from a grid of starts "
     "(scale_fpt.analysis). Intervals (95%): percentile bootstrap over "
     f"{laws.REPORT_BOOT} resamples of the seeds within each size. A larger alpha means the "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.distributed import rank_workers, train_rank
+from scale_fpt.packing import step_kind
 from scale_fpt.prebuild import prebuild_ops
 from scale_fpt.sweep.config import VALIDATION_METRICS
 from scale_fpt.trial import (
@@ -57,7 +58,6 @@ def tune_trial(tune_config: dict) -> None:
     from ray import tune
 
     sweep, members = tune_members(tune_config)
-    prebuild_ops()  # the first trial on a node builds its kernels; the others wait for it
     failed: list[dict] = []
     configs: list[tuple[dict, TrialConfig]] = []
     for member in members:
@@ -68,6 +68,10 @@ def tune_trial(tune_config: dict) -> None:
     if not configs:
         report_placed({"step": 0, **report_metrics(failed), "trial_rows": failed, "final": True})
         return
+    lone = configs[0][1] if len(configs) == 1 else None  # only a lone trial spans workers
+    # The first trial on a node builds its kernels; the others wait for it. DeepSpeed's op
+    # only for a trial on an engine: a cohort never imports DeepSpeed.
+    prebuild_ops(deepspeed=lone is not None and step_kind(lone) == "engine")
     checkpoint = tune.get_checkpoint()
     reported_final = False
 
@@ -85,7 +89,6 @@ def tune_trial(tune_config: dict) -> None:
             checkpoint=tune.Checkpoint.from_directory(directory),
         )
 
-    lone = configs[0][1] if len(configs) == 1 else None  # only a lone trial spans workers
     try:
         with rank_workers(lone, sweep, checkpoint) as (world, staging):
             run = TrialRun([c for _, c in configs], sweep=sweep, world=world)
