@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import collections
 import contextlib
 import fcntl
 import json
@@ -163,10 +164,7 @@ def python_docstrings(limit: int) -> bytes:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
-        nodes = [tree] + [
-            n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef)
-        ]
-        for node in nodes:
+        for node in [tree, *documented_definitions(tree)]:
             doc = ast.get_docstring(node)
             if doc and len(doc) > 80:
                 chunk = doc.encode("utf-8", "ignore")
@@ -175,6 +173,25 @@ def python_docstrings(limit: int) -> bytes:
         if size >= limit:
             break
     return b"\n\n".join(chunks)[:limit]
+
+
+STATEMENT_LIKE = (ast.stmt, ast.ExceptHandler, ast.match_case)
+"""Nodes whose descendants may hold a statement (a handler's or a case's body)."""
+
+
+def documented_definitions(tree: ast.Module) -> list[ast.FunctionDef | ast.ClassDef]:
+    """The module's functions and classes in ``ast.walk``'s order (breadth first), walking
+    statements only: a definition is a statement, and expressions, which hold none, are most
+    of a tree's nodes (a full walk cost as much as the parse)."""
+    found, queue = [], collections.deque([tree])
+    while queue:
+        node = queue.popleft()
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            found.append(node)
+        queue.extend(
+            child for child in ast.iter_child_nodes(node) if isinstance(child, STATEMENT_LIKE)
+        )
+    return found
 
 
 def pretrain_language(preset, text: bytes, steps, batch_size, seq_len, lr, seed):

@@ -69,6 +69,8 @@ BIT_XOR = [
     "cpu",
     "--no-progress",
 ]
+SMALL_EVALUATIONS = ["--test-batches", "2", "--val-batches", "2"]
+"""Two test and two validation batches per evaluation (the default is 25 of each)."""
 
 
 @pytest.fixture(autouse=True)
@@ -99,19 +101,20 @@ def without_wall_time(summary: dict) -> dict:
 
 @pytest.mark.slow
 def test_train_prints_summary_writes_parquet_and_repeats_exactly(capsys, tmp_path):
-    args = [*BIT_XOR, "--steps", "200", "--eval-every", "100"]
+    args = [*BIT_XOR, *SMALL_EVALUATIONS, "--steps", "150", "--eval-every", "60"]
     code, out, _ = run_main(capsys, "train", *args, "--results", tmp_path / "a")
     assert code == 0
     summary = last_json(out)
     assert list(summary) == list(cli.SUMMARY_KEYS)
-    assert summary["status"] == "completed" and summary["steps_done"] == 200
+    assert summary["status"] == "completed" and summary["steps_done"] == 150
 
     trials = pd.read_parquet(tmp_path / "a" / "train" / "trials")
     curves = pd.read_parquet(tmp_path / "a" / "train" / "curves")
     assert set(TRIAL_COLUMNS) <= set(trials.columns)
     assert set(CURVE_COLUMNS) <= set(curves.columns)
-    # every --eval-every steps and at the log-spaced 150 (--log-evals is on by default)
-    assert len(trials) == 1 and curves["step"].tolist() == [100, 150, 200]
+    # every --eval-every steps, the last step and the log-spaced 100 (--log-evals is on by
+    # default)
+    assert len(trials) == 1 and curves["step"].tolist() == [60, 100, 120, 150]
     row = trials.iloc[0]
     assert row["trial_id"] == summary["trial_id"] and row["sweep"] == "train"
     assert (row["task"], row["model"], row["init"], row["finetune"]) == (
@@ -120,7 +123,7 @@ def test_train_prints_summary_writes_parquet_and_repeats_exactly(capsys, tmp_pat
         "random",
         "fpt",
     )
-    assert (row["max_steps"], row["steps_done"], row["status"]) == (200, 200, "completed")
+    assert (row["max_steps"], row["steps_done"], row["status"]) == (150, 150, "completed")
     assert row["device"] == "cpu" and pd.isna(row["error"])
     assert row["final_test_loss"] == summary["final_test_loss"] == curves["test_loss"].iloc[-1]
     assert row["trainable_params"] == summary["trainable_params"] < summary["total_params"]
@@ -313,7 +316,7 @@ KILL_AT_STEP_30 = textwrap.dedent(
 
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_uninterrupted_curve(capsys, tmp_path):
-    args = [*BIT_XOR, "--steps", "40", "--eval-every", "20", "--lr", "0.01"]
+    args = [*BIT_XOR, *SMALL_EVALUATIONS, "--steps", "40", "--eval-every", "20", "--lr", "0.01"]
     checkpoints, results = tmp_path / "checkpoints", tmp_path / "resumed"
     resumable = [*args, "--checkpoint-dir", str(checkpoints), "--results", str(results)]
 
@@ -346,7 +349,8 @@ def test_killed_run_resumes_to_the_uninterrupted_curve(capsys, tmp_path):
 
 
 def test_checkpoint_dir_is_not_shared_between_trials(capsys, tmp_path):
-    base = [*BIT_XOR, "--steps", "4", "--eval-every", "2", "--checkpoint-dir", tmp_path / "ck"]
+    base = [*BIT_XOR, *SMALL_EVALUATIONS, "--steps", "4", "--eval-every", "2"]
+    base += ["--checkpoint-dir", tmp_path / "ck"]
     code, out, _ = run_main(capsys, "train", *base, "--results", tmp_path / "r")
     assert code == 0
     first = last_json(out)

@@ -19,11 +19,12 @@ from scale_fpt.tasks import task_spec
 
 
 def test_default_corpus_is_english_text_from_the_standard_library():
-    text = python_docstrings(200_000).decode("utf-8")
+    corpus = python_docstrings(200_000)
+    text = corpus.decode("utf-8")
     assert len(text) > 100_000
     words = text.lower().split()
     assert words.count("the") > 0.02 * len(words)  # prose, not code
-    assert python_docstrings(200_000) == python_docstrings(200_000)  # deterministic
+    assert python_docstrings(200_000) == corpus  # deterministic
 
 
 def test_corpus_from_a_text_directory(tmp_path):

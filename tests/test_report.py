@@ -501,7 +501,17 @@ def test_missing_checkpoint_is_reported_not_fatal(tmp_path):
 # --------------------------------------------------------------------------- end to end
 
 
-def test_cli_report_writes_every_table_and_figure(results_dir, tmp_path, capsys):
+@pytest.fixture
+def few_resamples(monkeypatch):
+    """20 bootstrap resamples per scaling fit instead of the report's 200: these tests read
+    the report's shape, not its intervals (test_report_scaling.py reads those), and the
+    resamples were two thirds of each report's time."""
+    from scale_fpt.report import scaling_laws
+
+    monkeypatch.setattr(scaling_laws, "REPORT_BOOT", 20)
+
+
+def test_cli_report_writes_every_table_and_figure(results_dir, tmp_path, capsys, few_resamples):
     out = tmp_path / "report"
     assert cli.main(["report", str(results_dir), "--out", str(out)]) == 0
     assert capsys.readouterr().out.strip() == str(out / "report.md")
@@ -530,7 +540,7 @@ def test_cli_report_writes_every_table_and_figure(results_dir, tmp_path, capsys)
     assert "data:image/png;base64," in (out / "report.html").read_text()
 
 
-def test_cli_report_options_and_errors(results_dir, tmp_path, capsys):
+def test_cli_report_options_and_errors(results_dir, tmp_path, capsys, few_resamples):
     out = tmp_path / "r"
     args = ["report", str(results_dir), "--out", str(out), "--threshold", "bit-xor=0.99"]
     assert cli.main([*args, "--metric", "val_accuracy", "--no-attention"]) == 0

@@ -146,9 +146,10 @@ RESUME_CASES = [
 
 @pytest.mark.parametrize(("zero_stage", "precision"), RESUME_CASES)
 def test_resume_mid_way_is_identical_to_uninterrupted(tmp_path, zero_stage, precision):
-    cfg = config(zero_stage=zero_stage, precision=precision, dropout=0.1)
+    # 20 steps: the checkpoint of step 10, then a segment trained after the restore
+    cfg = config(zero_stage=zero_stage, precision=precision, dropout=0.1, max_steps=20)
     _, uninterrupted = run(cfg, kind="engine")
-    assert [e.step for e in uninterrupted.history] == [10, 20, 30]
+    assert [e.step for e in uninterrupted.history] == [10, 20]
 
     # B: checkpoints at step 10, then its process "dies".
     checkpoint = str(tmp_path / "ckpt")
@@ -192,7 +193,7 @@ def test_resume_mid_way_is_identical_to_uninterrupted(tmp_path, zero_stage, prec
     finally:
         resumed.close()
     assert curve(state) == curve(uninterrupted)
-    assert row["status"] == "completed" and row["steps_done"] == 30
+    assert row["status"] == "completed" and row["steps_done"] == 20
     # Time is summed over both attempts, not restarted.
     assert state.history[-1].wall_time_s > state.history[0].wall_time_s > 0
 
@@ -413,8 +414,8 @@ def test_evaluation_schedule_is_regular_plus_log_spaced():
 def test_every_evaluation_measures_validation_and_test(kind):
     """Both splits are measured at every scheduled step, log-spaced ones included, and the
     row selects on validation."""
-    row, state = run(config(max_steps=200, eval_every=200, log_evals=True), kind=kind)
-    assert [e.step for e in state.history] == [100, 150, 200]
+    row, state = run(config(max_steps=150, eval_every=150, log_evals=True), kind=kind)
+    assert [e.step for e in state.history] == [100, 150]  # 100: log-spaced only
     for e in state.history:
         assert 0.0 <= e.val_accuracy <= 1.0 and 0.0 <= e.test_accuracy <= 1.0
         assert math.isfinite(e.val_loss) and math.isfinite(e.test_loss)
