@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -133,3 +135,19 @@ def write_long_proteins(directory, length: int = 1024, n_train: int = 8) -> str:
 def long_proteins_dir(tmp_path_factory) -> str:
     """A homology ``--data-dir`` of 1024-residue sequences (``write_long_proteins``)."""
     return write_long_proteins(tmp_path_factory.mktemp("long-proteins"))
+
+
+def run_pytest_child(path: str, env: dict, *args: str) -> str:
+    """``pytest -q -x ARGS PATH`` in a fresh process with ``env`` added to this one's, for
+    tests that must run where nothing of this process is (Triton decides at import whether it
+    interprets; memory measurements need no foreign threads). Asserts it passed; returns
+    its output."""
+    child = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *args, path],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
+    return child.stdout

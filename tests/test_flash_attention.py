@@ -13,13 +13,13 @@ any other process they are skipped.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
+
+from conftest import run_pytest_child
 
 from scale_fpt.keyed_random import keep_mask_rows
 from scale_fpt.models import ops
@@ -33,15 +33,8 @@ interpreted = pytest.mark.skipif(
 
 @pytest.mark.skipif(INTERPRETING, reason="the child itself")
 def test_kernels_in_tritons_interpreter():
-    child = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
-    assert "\n6 passed, 1 skipped in" in child.stdout  # every check ran
+    output = run_pytest_child(__file__, {"TRITON_INTERPRET": "1"})
+    assert "\n6 passed, 1 skipped in" in output  # every check ran
 
 
 @pytest.fixture

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
+from conftest import run_pytest_child
 
 from scale_fpt import planner, scaling
 from scale_fpt.config import ConfigError, TrialConfig
@@ -179,7 +178,6 @@ def bytes_beyond(earlier: dict) -> int:
     return sum(s.nbytes() for ptr, s in live_storages().items() if ptr not in earlier)
 
 
-PYTEST = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
 ALONE = os.environ.get("SCALE_FPT_TEST_ALONE") == "1"
 """Set in the child that ``test_memory_measurements_in_a_fresh_process`` starts."""
 alone = pytest.mark.skipif(
@@ -192,15 +190,8 @@ def test_memory_measurements_in_a_fresh_process():
     """Host memory is measured in a process of its own: threads that earlier tests leave
     running (Ray's, TensorBoard writers) allocate at random into a measured window, and
     under load they did so into every one of three steps (204.5 MB measured for 189.2)."""
-    child = subprocess.run(
-        [*PYTEST, "-k", "on_the_cpu", __file__],
-        env={**os.environ, "SCALE_FPT_TEST_ALONE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
-    assert "\n2 passed, " in child.stdout  # both measurements ran
+    output = run_pytest_child(__file__, {"SCALE_FPT_TEST_ALONE": "1"}, "-k", "on_the_cpu")
+    assert "\n2 passed, " in output  # both measurements ran
 
 
 @alone
