@@ -11,11 +11,11 @@ of time: ``make`` runs it after installing, and ``cluster/local.yaml`` in a node
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import os
 from pathlib import Path
+
+from filelock import FileLock
 
 BUILD_LOCK = "scale_fpt_build.lock"
 """File in the torch extensions directory that serialises builds on one node."""
@@ -28,18 +28,12 @@ def extensions_dir() -> Path:
     return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
 
 
-@contextlib.contextmanager
-def node_build_lock():
-    """Hold the node's build lock (an exclusive ``fcntl`` lock; released if the process
-    dies, so a killed build never blocks the node)."""
+def node_build_lock() -> FileLock:
+    """The node's build lock: an OS file lock, released if the process dies, so a killed
+    build never blocks the node."""
     directory = extensions_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / BUILD_LOCK, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return FileLock(directory / BUILD_LOCK)
 
 
 @functools.cache

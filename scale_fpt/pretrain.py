@@ -14,7 +14,6 @@ import argparse
 import ast
 import collections
 import contextlib
-import fcntl
 import json
 import sysconfig
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from filelock import FileLock
 
 from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.models.backbones import (
@@ -95,8 +95,7 @@ def ensure_backbone(
     callers wait for one build instead of racing)."""
     target = Path(out) if out else local_backbone_dir(preset, corpus_name(corpus))
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with FileLock(target.parent / f".{target.name}.lock"):
         if force or not (target / "pretrain.json").exists():
             build_backbone_dir(preset, corpus, target, **kw)
     return str(target)
