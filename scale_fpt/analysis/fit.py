@@ -347,28 +347,6 @@ def fit_scaling_law(
         )
 
 
-def fit_floor_or_power(df: pd.DataFrame, y: str, x: str | list[str], **fit_kw) -> ScalingFit:
-    """``power_floor`` where the data show a floor, else the plain ``power`` law (its
-    nested model, E = 0): the floored fit is kept when it converges, its bootstrap too, with
-    E > 0. Data that bend down rather than level off (no start converges), a floor that
-    is not identified (too many bootstrap refits fail) or one at or below zero fall back to
-    ``power``, whose ``goodness["no_floor"]`` says why. The intervals are those of the law
-    kept (they do not count the choice). Raises the plain law's ValueError when neither
-    fits."""
-    try:
-        # The point fit alone first (~0.1 s): a floor at or below 0 needs no bootstrap.
-        point = fit_scaling_law(df, y, x, "power_floor", **{**fit_kw, "n_boot": 0})
-        if point.params["E"] <= 0:
-            why = f"the floor's estimate E = {point.params['E']:.3g} is not above 0"
-        else:
-            return fit_scaling_law(df, y, x, "power_floor", **fit_kw)
-    except ValueError as e:
-        why = str(e).removeprefix("fit_scaling_law: ")
-    plain = fit_scaling_law(df, y, x, "power", **fit_kw)
-    plain.goodness["no_floor"] = why
-    return plain
-
-
 def estimate(df, y, xs, law, groups, n_boot, level, huber_delta, strata, starts, seed, workers):
     """The fit itself, on validated inputs (``fit_scaling_law``)."""
     X = df[xs].to_numpy(dtype=float)
