@@ -37,7 +37,10 @@ from threadpoolctl import threadpool_limits
 from scale_fpt.analysis.laws import LAWS, MAX_EXPONENT, Law
 
 DEFAULT_DELTA = 1e-3
-"""Huber threshold on log residuals (Hoffmann et al. 2022; Besiroglu et al. 2024)."""
+"""Huber threshold on log residuals (Hoffmann et al. 2022; Besiroglu et al. 2024), kept for
+their data (one run per point, residuals ~1e-2). On seeded studies it acts as least absolute
+deviations (~64% efficiency under normal noise): pass about 1.345 x the residual sd in log y
+there for 95% efficiency (docs/scaling-laws.md, "Huber's delta")."""
 LINE_SEARCH_STOP = 2
 """L-BFGS-B's status when its line search finds no decrease: near a Huber optimum the
 curvature jumps (residuals crossing delta) and the search can stop there; it counts as
