@@ -129,6 +129,9 @@ SCENARIOS = (
 )
 """Seed noise (sd of log y between seeds) and a deviation of each size from the law (sd of
 log y shared by a size's seeds): the issue's size effect of sd 0.03, and none."""
+UNEQUAL_ARMS = ({"seed_sd": 0.02, "size_sd": 0.0}, {"seed_sd": 0.06, "size_sd": 0.03})
+"""Two arms of an exponent difference that differ in noise (the second three times noisier
+between seeds, and off the law per size): its interval keeps each arm's own variance."""
 NOMINAL = 0.95
 TOLERANCE = 0.005
 """An interval is calibrated at a design when its covering count is not below the 0.5%
@@ -251,8 +254,11 @@ def law_checks(
                     )
                 )
         rows.append(band_row(profile, sizes, z_ref, truth, k - p, design, tag))
-        rows.append(difference_row(profile, sizes, design, scenario, form, n_studies, rng, tag))
+        rows.append(difference_row(sizes, design, scenario, scenario, form, n_studies, rng, tag))
         rows.append(holdout_row(draws, sizes, truth, design, form, scenario, tag))
+    a, b = UNEQUAL_ARMS
+    tag = f"arms of seed sd {a['seed_sd']} and {b['seed_sd']} with size sd {b['size_sd']}"
+    rows.append(difference_row(sizes, design, a, b, form, n_studies, rng, tag))
     return rows
 
 
@@ -272,17 +278,19 @@ def band_row(profile, sizes, z_ref, truth, df, design, tag) -> dict:
     return check_row(name, design, (lo[:, 0] <= target) & (target <= hi[:, 0]))
 
 
-def difference_row(profile_a, sizes, design, scenario, form, n, rng, tag) -> dict:
-    """alpha(a) - alpha(b) of two arms at this design (alpha 0.3 vs 0.2, independent)."""
+def difference_row(sizes, design, scenario_a, scenario_b, form, n, rng, tag) -> dict:
+    """alpha(a) - alpha(b) of two independent arms at this design (alpha 0.3 vs 0.2), each
+    drawn with its own scenario."""
     name = f"alpha difference, {tag}"
     k, p = len(sizes), len(LAWS[form].params)
     if k <= p:
         return no_df_row(name, design)
     truth_a = truth_params(form, sizes, TRUTH["alpha"])
     truth_b = truth_params(form, sizes, TRUTH["alpha_b"])
-    draws_b, _ = simulate(truth_b, sizes, design.seeds, scenario, n, rng)
-    profile_b, _ = profiles(draws_b, sizes, form)
-    _, lo, hi = exponent_difference_arrays(profile_a, profile_b, 2 * (k - p), NOMINAL)
+    draws_a, _ = simulate(truth_a, sizes, design.seeds, scenario_a, n, rng)
+    draws_b, _ = simulate(truth_b, sizes, design.seeds, scenario_b, n, rng)
+    (profile_a, _), (profile_b, _) = profiles(draws_a, sizes, form), profiles(draws_b, sizes, form)
+    _, lo, hi = exponent_difference_arrays(profile_a, profile_b, k - p, k - p, NOMINAL)
     d = truth_a["alpha"] - truth_b["alpha"]
     return check_row(name, design, (lo <= d) & (d <= hi), np.isfinite(lo) & np.isfinite(hi))
 

@@ -388,20 +388,48 @@ def difference_profile(rss_a: np.ndarray, rss_b: np.ndarray) -> np.ndarray:
     return out
 
 
-def exponent_difference_arrays(a: Profile, b: Profile, df: int, level: float):
-    """(estimate, lo, hi) of alpha_a - alpha_b per study: the profile of the joint fit of
-    both arms (their own E, A, alpha; one relative variance, pooled over df = both arms'
-    residual degrees of freedom). ±inf at an end reached only at the grid's edge."""
+def alpha_variance(rss: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Each study's variance of alpha-hat, v · 2 / RSS''(alpha-hat) from the profile's
+    curvature on the grid; inf where the minimum lies on the grid's edge or the profile is
+    flat there (the data do not pin alpha down)."""
+    i = np.argmin(rss, axis=1)
+    inner = (i > 0) & (i < len(ALPHA_GRID) - 1)
+    j = np.clip(i, 1, len(ALPHA_GRID) - 2)
+    rows = np.arange(len(rss))
+    curvature = (rss[rows, j - 1] - 2 * rss[rows, j] + rss[rows, j + 1]) / ALPHA_STEP**2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(inner & (curvature > 0), 2 * v / curvature, np.inf)
+
+
+def exponent_difference_arrays(a: Profile, b: Profile, df_a: int, df_b: int, level: float):
+    """(estimate, lo, hi) of alpha_a - alpha_b per study. Each arm keeps its own relative
+    variance v (its RSS_min / df): the statistic is min over alpha_a of
+    (RSS_a(alpha_a) - RSS_a,min) / v_a + (RSS_b(alpha_a - d) - RSS_b,min) / v_b, compared
+    with F(1, nu), nu Welch-Satterthwaite's degrees of freedom from the two arms' variances of
+    alpha-hat (``alpha_variance``), so an arm noisier than the other widens the interval as
+    it should. ±inf at an end reached only at the grid's edge; nan when an arm has no
+    degree of freedom."""
     G = len(ALPHA_GRID)
-    profile = difference_profile(a.rss, b.rss)
-    rss_min = profile.min(axis=1)
-    thr = threshold(rss_min, df, level)
-    excess = profile - rss_min[:, None] - thr[:, None]
+    rss_a, rss_b = a.rss.min(axis=1), b.rss.min(axis=1)
+    if df_a < 1 or df_b < 1:
+        nan = np.full_like(rss_a, np.nan)
+        return nan, nan, nan
+    v_a, v_b = rss_a / df_a, rss_b / df_b
+    scaled_a = (a.rss - rss_a[:, None]) / v_a[:, None]
+    scaled_b = (b.rss - rss_b[:, None]) / v_b[:, None]
+    profile = difference_profile(scaled_a, scaled_b)
+    var_a, var_b = alpha_variance(a.rss, v_a), alpha_variance(b.rss, v_b)
+    with np.errstate(invalid="ignore"):
+        share_a = np.where(np.isinf(var_a), 1.0, var_a / (var_a + var_b))
+    share_a = np.where(np.isinf(var_b) & np.isfinite(var_a), 0.0, share_a)
+    nu = 1 / (share_a**2 / df_a + (1 - share_a) ** 2 / df_b)
+    thr = f_dist.ppf(level, 1, nu)
+    excess = profile - profile.min(axis=1, keepdims=True) - thr[:, None]
     inside = excess <= 0
     d_grid = np.arange(-(G - 1), G) * ALPHA_STEP
     first = np.argmax(inside, axis=1)
     last = 2 * G - 2 - np.argmax(inside[:, ::-1], axis=1)
-    rows = np.arange(len(rss_min))
+    rows = np.arange(len(rss_a))
     lo = np.where(first == 0, -np.inf, d_grid[first] - ALPHA_STEP)
     hi = np.where(last == 2 * G - 2, np.inf, d_grid[last] + ALPHA_STEP)
     inner = first > 0
@@ -416,8 +444,6 @@ def exponent_difference_arrays(a: Profile, b: Profile, df: int, level: float):
     hi = np.where(hi >= reach, np.inf, hi)
     _, alpha_a = refine_minimum(a.rss)
     _, alpha_b = refine_minimum(b.rss)
-    if df < 1:
-        lo = hi = np.full_like(rss_min, np.nan)
     return alpha_a - alpha_b, lo, hi
 
 
@@ -430,14 +456,14 @@ def exponent_difference(a: MeansFit, b: MeansFit, level: float = 0.95) -> dict:
         raise ValueError(
             f"exponent_difference: {a.form} vs {b.form}; exponents compare only within one form"
         )
-    df = a.goodness["df"] + b.goodness["df"]
-    estimate, lo, hi = exponent_difference_arrays(a.profile(), b.profile(), df, level)
+    df_a, df_b = a.goodness["df"], b.goodness["df"]
+    estimate, lo, hi = exponent_difference_arrays(a.profile(), b.profile(), df_a, df_b, level)
     return {
         "param": "alpha",
         "estimate": float(estimate[0]),
         "lo": float(lo[0]),
         "hi": float(hi[0]),
-        "df": df,
+        "df": (df_a, df_b),
         "identified": bool(np.isfinite(lo[0]) and np.isfinite(hi[0])),
         "level": level,
     }
