@@ -16,6 +16,11 @@ five seeds; each resampled stratum's deviations from its mean (in log y) are the
 by sqrt(m/(m-1)). Every resample is refitted by L-BFGS-B started from the point estimate.
 Intervals are percentile intervals of the refitted parameters.
 
+The bootstrap sees the seeds' noise only: a model size's own deviation from the law (shared
+by its seeds) is invisible to it, and with three seeds a size's mean is resampled from three
+values. For seeded ladders, ``analysis.means.fit_size_means`` (the report's fits) counts that
+deviation.
+
 ``ScalingFit.predict`` gives, per row, the point prediction, the band of the fitted curve
 (bootstrap percentiles) and the prediction interval of a new observation (or of the mean of
 ``n_obs`` new observations): each bootstrap curve times the exponential of residuals drawn

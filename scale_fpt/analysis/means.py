@@ -97,17 +97,13 @@ class Profile:
         self.rss = np.maximum(self.rss, 0.0)
 
     def leverage(self, u0: np.ndarray) -> np.ndarray:
-        """x0ᵀ (XᵀWX)⁻¹ x0 at new basis values ``u0`` (G,) or (G, m): (S, G[, m])."""
-        u0 = u0[None] if u0.ndim == 1 else u0[None, :, :]
-        extra = (lambda a: a) if u0.ndim == 2 else (lambda a: a[..., None])
-        h = (u0 - extra(self.u_bar)) ** 2 / extra(self.s_uu)
-        return h + 1 / extra(self.W) if self.floor else h
+        """x0ᵀ (XᵀWX)⁻¹ x0 at new basis values ``u0`` (G, m): (S, G, m)."""
+        h = (u0[None] - self.u_bar[..., None]) ** 2 / self.s_uu[..., None]
+        return h + 1 / self.W[..., None] if self.floor else h
 
     def fitted(self, u0: np.ndarray) -> np.ndarray:
-        u0 = u0[None] if u0.ndim == 1 else u0[None, :, :]
-        if u0.ndim == 2:
-            return self.level0 + self.amp * u0
-        return self.level0[..., None] + self.amp[..., None] * u0
+        """The law at new basis values ``u0`` (G, m) for every alpha: (S, G, m)."""
+        return self.level0[..., None] + self.amp[..., None] * u0[None]
 
 
 def interval_at(profile: Profile, z0: np.ndarray, df: int, level: float, noise: float):
@@ -232,9 +228,9 @@ def size_means(df: pd.DataFrame, y: str, x: str) -> pd.DataFrame:
 
 @dataclass
 class MeansFit:
-    """A law fitted to size means (module docstring): the ``ScalingFit`` interface
-    (``form``, ``x``, ``params``, ``intervals``, ``level``, ``goodness``, ``predict``) plus
-    ``identified``."""
+    """A law fitted to size means (module docstring): ``ScalingFit``'s ``form``, ``x``,
+    ``params``, ``intervals``, ``level``, ``goodness`` and ``predict``, plus ``identified``,
+    ``means`` and ``point`` (no bootstrap draws)."""
 
     form: str
     y: str
@@ -292,10 +288,6 @@ class MeansFit:
     def point(self, frame: pd.DataFrame) -> np.ndarray:
         x0 = frame[self.x[0]].to_numpy(dtype=float)
         return self.params.get("E", 0.0) + self.params["A"] * x0 ** -self.params["alpha"]
-
-    def curves(self, frame):
-        """The point curve and (no bootstrap) an empty set of draws, as ``ScalingFit``."""
-        return self.point(frame), np.empty((0, len(frame)))
 
 
 def design_problems(df, y, x, form, groups, level) -> list[str]:
