@@ -243,7 +243,8 @@ GAP_CHANGE_READINGS = (
     "the gap shrinks with size",
     "interval includes 0: no detectable change of the gap",
 )
-"""Readings of the measured gap's change from the smallest to the largest size."""
+"""Readings of the change of the gap's size (``gap_reading``) from the smallest to the
+largest size."""
 
 
 def reading(lo: float, hi: float, readings: tuple[str, str, str]) -> str:
@@ -267,24 +268,32 @@ def difference_text(a, b) -> tuple[str, str]:
 
 
 def gap_change(first: pd.DataFrame, second: pd.DataFrame, axis: str, level: float = 0.95):
-    """Change of the measured gap (second - first mean error) from the smallest to the
-    largest x both arms ran: (estimate, lo, hi), Welch interval over the four cells' seeds
-    (Satterthwaite's degrees of freedom); nan where a cell has fewer than two seeds."""
+    """The measured gap (second - first mean error) at the smallest and the largest x both
+    arms ran, and its change between them: (gap at the smallest, change, lo, hi), the
+    change's Welch interval over the four cells' seeds (Satterthwaite's degrees of freedom);
+    nan where there is no pair of sizes or a cell has fewer than two seeds."""
     a, b = size_means(first, "error", axis), size_means(second, "error", axis)
     both = a.merge(b, on=axis, suffixes=("_a", "_b")).sort_values(axis)
     if len(both) < 2:
-        return math.nan, math.nan, math.nan
+        return math.nan, math.nan, math.nan, math.nan
     ends = both.iloc[[0, -1]]
-    gap = ends["mean_b"] - ends["mean_a"]
-    change = float(gap.iloc[1] - gap.iloc[0])
+    gap = (ends["mean_b"] - ends["mean_a"]).to_numpy()
+    change = float(gap[1] - gap[0])
     parts = np.concatenate([ends["std_a"] ** 2 / ends["n_a"], ends["std_b"] ** 2 / ends["n_b"]])
     counts = np.concatenate([ends["n_a"], ends["n_b"]])
     if (counts < 2).any():
-        return change, math.nan, math.nan
+        return float(gap[0]), change, math.nan, math.nan
     se = math.sqrt(parts.sum())
     dof = parts.sum() ** 2 / (parts**2 / (counts - 1)).sum()
     half = t_dist.ppf((1 + level) / 2, dof) * se
-    return change, change - half, change + half
+    return float(gap[0]), change, change - half, change + half
+
+
+def gap_reading(gap: float, lo: float, hi: float) -> str:
+    """Whether the gap's size grows: a change of the gap's own sign widens it."""
+    sign = 1.0 if gap >= 0 else -1.0
+    lo, hi = sorted((sign * lo, sign * hi))
+    return reading(lo, hi, GAP_CHANGE_READINGS)
 
 
 def exponent_table(points: pd.DataFrame, fits: dict, pairs: list[tuple[str, str]]) -> pd.DataFrame:
@@ -310,13 +319,12 @@ def exponent_table(points: pd.DataFrame, fits: dict, pairs: list[tuple[str, str]
                 if axis == "total_params":
                     arm_a = points[(points["task"] == task) & (points["arm"] == a)]
                     arm_b = points[(points["task"] == task) & (points["arm"] == b)]
-                    change, lo, hi = gap_change(arm_a, arm_b, axis)
-                    row["gap change, smallest to largest size"] = (
+                    gap, change, lo, hi = gap_change(arm_a, arm_b, axis)
+                    row["gap (second - first error) at the smallest size"] = f"{gap:.3g}"
+                    row["its change to the largest size"] = (
                         interval_text(change, (lo, hi)) if math.isfinite(lo) else "n/a"
                     )
-                    row["gap reading"] = (
-                        reading(lo, hi, GAP_CHANGE_READINGS) if math.isfinite(lo) else ""
-                    )
+                    row["gap reading"] = gap_reading(gap, lo, hi) if math.isfinite(lo) else ""
                 rows.append(row)
     return pd.DataFrame(rows)
 

@@ -95,7 +95,8 @@ def section(
         "is the rate at which each arm approaches its own floor, so the difference alone does "
         "not say whether the gap grows. The gap's change says that, from the measured errors: "
         "(random - pretrained) at the largest size minus at the smallest, with a Welch "
-        "interval over the four cells' seeds."
+        "interval over the four cells' seeds; it grows when it moves away from 0. The same "
+        "columns below read full - frozen."
     )
     frame(doc, out, "scaling_gap", "", laws.exponent_table(points, fits, gaps))
     for task in task_order(points["task"].unique()):
