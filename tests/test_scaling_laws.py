@@ -350,7 +350,7 @@ def test_law_checks_machinery_and_gross_coverage():
     rows = law_checks(design, n_studies=60, seed=1)
     assert {r["name"].split(",")[0] for r in rows} == {
         "size mean (t", "alpha", "E", "band at the largest size", "alpha difference",
-        "held-out prediction of the largest size",
+        "gap change (Welch)", "held-out prediction of the largest size",
     }  # fmt: skip
     for r in rows:
         assert set(r) >= {"name", "design", "nominal", "coverage", "mc_error", "n_studies"}

@@ -255,6 +255,7 @@ def law_checks(
                 )
         rows.append(band_row(profile, sizes, z_ref, truth, k - p, design, tag))
         rows.append(difference_row(sizes, design, scenario, scenario, form, n_studies, rng, tag))
+        rows.append(gap_change_row(draws, own, sizes, design, form, scenario, n_studies, rng, tag))
         rows.append(holdout_row(draws, sizes, truth, design, form, scenario, tag))
     a, b = UNEQUAL_ARMS
     tag = f"arms of seed sd {a['seed_sd']} and {b['seed_sd']} with size sd {b['size_sd']}"
@@ -305,3 +306,22 @@ def holdout_row(draws, sizes, truth, design, form, scenario, tag) -> dict:
     lo, hi = interval_at(profile, np.array([sizes[-1] / z_ref]), k - 1 - p, NOMINAL, 1.0)
     observed = draws[:, -1].mean(axis=1)
     return check_row(name, design, (lo[:, 0] <= observed) & (observed <= hi[:, 0]))
+
+
+def gap_change_row(draws_a, own_a, sizes, design, form, scenario, n, rng, tag) -> dict:
+    """The measured gap (arm b - arm a mean error) at the largest size minus at the
+    smallest, Welch interval over the four cells' seeds, against the same change of the two
+    arms' own size means (``report.scaling_laws.gap_change``)."""
+    draws_b, own_b = simulate(truth_params(form, sizes, TRUTH["alpha_b"]), sizes, design.seeds,
+                              scenario, n, rng)  # fmt: skip
+    ends = [0, len(sizes) - 1]
+    cells = np.concatenate([draws_a[:, ends], draws_b[:, ends]], axis=1)  # (n, 4, seeds)
+    # (b_L - a_L) - (b_S - a_S) over the cells a_S, a_L, b_S, b_L
+    coefficient = np.array([1.0, -1.0, -1.0, 1.0])
+    estimate = (cells.mean(axis=2) * coefficient).sum(axis=1)
+    truth = (np.concatenate([own_a[:, ends], own_b[:, ends]], axis=1) * coefficient).sum(axis=1)
+    m = design.seeds
+    parts = cells.var(axis=2, ddof=1) / m
+    dof = parts.sum(axis=1) ** 2 / (parts**2 / (m - 1)).sum(axis=1)
+    half = t_dist.ppf(0.975, dof) * np.sqrt(parts.sum(axis=1))
+    return check_row(f"gap change (Welch), {tag}", design, np.abs(estimate - truth) <= half)

@@ -321,10 +321,11 @@ def exponent_table(points: pd.DataFrame, fits: dict, pairs: list[tuple[str, str]
                     arm_b = points[(points["task"] == task) & (points["arm"] == b)]
                     gap, change, lo, hi = gap_change(arm_a, arm_b, axis)
                     row["gap (second - first error) at the smallest size"] = f"{gap:.3g}"
+                    shown = math.isfinite(lo) and calibrated(fa, "gap change")
                     row["its change to the largest size"] = (
-                        interval_text(change, (lo, hi)) if math.isfinite(lo) else "n/a"
+                        interval_text(change, (lo, hi)) if shown else "n/a"
                     )
-                    row["gap reading"] = gap_reading(gap, lo, hi) if math.isfinite(lo) else ""
+                    row["gap reading"] = gap_reading(gap, lo, hi) if shown else ""
                 rows.append(row)
     return pd.DataFrame(rows)
 
