@@ -193,7 +193,9 @@ def effective_data(
     the scratch law's floor E: no amount of data from scratch reaches it.
 
     Columns: D_F, n_obs, pretrained (mean y), D_E, D_E_lo, D_E_hi, D_T, D_T_lo, D_T_hi,
-    fraction (D_T / D_E: the share of the effective data that pretraining supplied)."""
+    fraction (D_T / D_E: the share of the effective data that pretraining supplied),
+    extrapolated (D_E beyond the largest ``data`` the scratch arm ran: the law is read where
+    it was not fitted)."""
     for column in (y, data, arm):
         if column not in df:
             raise ValueError(f"effective_data: column {column!r} not in the frame")
@@ -229,6 +231,7 @@ def effective_data(
                 "D_T_lo": float(lo) - size,
                 "D_T_hi": float(hi) - size,
                 "fraction": (d_e - size) / d_e if np.isfinite(d_e) else 1.0,
+                "extrapolated": bool(d_e > fit.goodness["x_range"][data][1]),
             }
         )
     out = pd.DataFrame(rows)
