@@ -212,16 +212,21 @@ def check_row(name, design, covered: np.ndarray, identified: np.ndarray | None =
 
 
 def law_checks(
-    design: Design, n_studies: int = 200, seed: int = 0, form: str = "power_floor"
+    design: Design | dict, n_studies: int = 200, seed: int = 0, form: str = "power_floor"
 ) -> list[dict]:
     """Coverage of every interval the report's scaling section prints, at ``design``, for
-    laws of ``form`` (the analysis plan's), in each of ``SCENARIOS``: a list of dicts with
+    laws of ``form`` (the analysis plan's), in each of ``SCENARIOS``: a size's mean (t),
+    alpha, E (power_floor), the curve's band at the largest size, alpha differences (also
+    between arms of ``UNEQUAL_ARMS``), the measured gap's change (Welch) and the held-out
+    prediction of the largest size. A list of dicts with
     name ("<interval>, <scenario>"), design, nominal, coverage, mc_error, n_studies,
     calibrated (``TOLERANCE``) and identified (share of studies whose interval was bounded:
     an unbounded one is printed as "not identified" and counts as covering where it holds
     the truth). An interval with no degree of freedom at this design (sizes <= the law's
     parameters) has coverage nan and calibrated False. Vectorised: 200 studies take about a
-    second per design."""
+    second per design. ``design`` may also be a mapping with ``name``, ``sizes``, ``seeds``."""
+    if not isinstance(design, Design):
+        design = Design(design["name"], tuple(design["sizes"]), int(design["seeds"]))
     rng = np.random.default_rng(seed)
     sizes = np.asarray(design.sizes, dtype=float)
     k, p = len(sizes), len(LAWS[form].params)
