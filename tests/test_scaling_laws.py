@@ -333,6 +333,9 @@ def test_size_mean_fit_recovers_a_law_and_its_prediction_interval_sees_size_devi
     rows = ladder_rows(rng, law, seeds=4, seed_sd=0.01, size_sd=0.05, sizes=SIZES)
     fit = fit_size_means(rows, "error", "N", "power_floor")
     assert fit.goodness["rel_sd"] > 3 * fit.goodness["seed_sd"] / 2  # the sizes' own spread
+    assert fit.goodness["at_bound"] == []
+    rising = rows.assign(error=1 / rows["error"])  # error growing with size: alpha at 0
+    assert fit_size_means(rising, "error", "N", "power").goodness["at_bound"] == ["alpha"]
     lo, hi = fit.intervals["alpha"]
     assert lo <= 0.3 <= hi
     new = pd.DataFrame({"N": [1e5, 1e7]})

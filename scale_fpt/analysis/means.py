@@ -246,7 +246,7 @@ class MeansFit:
     goodness: dict
     """k (sizes), n (rows), df (k - p), seeds (min, max per size), rel_sd (the size means'
     residual sd, relative: sqrt of τ² + σ²/m), seed_sd (the seeds' pooled relative sd σ),
-    x_range."""
+    x_range, at_bound (["alpha"] when the best exponent is an end of ``ALPHA_GRID``)."""
     means: pd.DataFrame = field(repr=False)
     """``size_means`` of the data (x, n, mean, std, lo, hi)."""
     z_ref: float = field(repr=False, default=1.0)
@@ -351,6 +351,9 @@ def fit_size_means(
         "rel_sd": float(np.sqrt(est.rss_min[0] / (k - p))) if k > p else float("nan"),
         "seed_sd": float(np.sqrt((relative**2).sum() / within)) if within else float("nan"),
         "x_range": {x: (float(xs.min()), float(xs.max()))},
+        # the best exponent on the grid's first or last point: the error does not fall with
+        # size (or falls as a step); the law does not describe these data
+        "at_bound": ["alpha"] if params["alpha"] in (ALPHA_GRID[0], ALPHA_GRID[-1]) else [],
     }
     return MeansFit(
         form=form,

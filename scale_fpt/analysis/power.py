@@ -35,16 +35,16 @@ def gradient(fit, z: np.ndarray) -> np.ndarray:
     return np.stack(columns, axis=1)
 
 
-def half_width(fit, z: np.ndarray, v: float, level: float = 0.95) -> float:
+def half_width(fit, z: np.ndarray, v: float, level: float = 0.95) -> np.float64:
     """alpha's interval half-width at sizes z with size-mean variance v (relative)."""
     J = gradient(fit, z)
     df = len(z) - J.shape[1]
     if df < 1:
-        return np.inf
+        return np.float64(np.inf)
     f = fit.params.get("E", 0.0) + fit.params["A"] * (z * fit.z_ref) ** -fit.params["alpha"]
     info = J.T @ (J / f[:, None] ** 2)
     var = v * np.linalg.pinv(info)[-1, -1]
-    return float(t_dist.ppf((1 + level) / 2, df) * np.sqrt(var))
+    return np.float64(t_dist.ppf((1 + level) / 2, df) * np.sqrt(var))
 
 
 def next_runs(fit, cost: pd.Series) -> pd.DataFrame:
@@ -56,15 +56,10 @@ def next_runs(fit, cost: pd.Series) -> pd.DataFrame:
     m = fit.goodness["seeds"][0]
     seed_var = fit.goodness["seed_sd"] ** 2
     v = fit.goodness["rel_sd"] ** 2 if fit.goodness["df"] >= 1 else seed_var / m
-    size_var = max(v - seed_var / m, 0.0)
+    size_var = max(v - seed_var / m, 0.0) if np.isfinite(seed_var) else v
     per_trial = cost.reindex(x).to_numpy(dtype=float)
     now = half_width(fit, z, v)
     options = [
-        (
-            f"one more seed at each of the {len(x)} sizes",
-            half_width(fit, z, size_var + seed_var / (m + 1)),
-            float(per_trial.sum()),
-        ),
         (
             f"a new size at {2 * x.max():.3g} (twice the largest), {m} seeds",
             half_width(fit, np.append(z, 2 * z.max()), v),
@@ -76,14 +71,24 @@ def next_runs(fit, cost: pd.Series) -> pd.DataFrame:
             float(m * per_trial[0] / 2),
         ),
     ]
-    rows = [
-        {
-            "option": option,
-            "half_width_now": now,
-            "half_width_after": after,
-            "flops": flops,
-            "gain_per_flop": (1 / after**2 - 1 / now**2) / flops,
-        }
-        for option, after, flops in options
-    ]
+    if np.isfinite(seed_var):  # with one seed per size the seeds' share of v is unknown
+        options.insert(
+            0,
+            (
+                f"one more seed at each of the {len(x)} sizes",
+                half_width(fit, z, size_var + seed_var / (m + 1)),
+                float(per_trial.sum()),
+            ),
+        )
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rows = [
+            {
+                "option": option,
+                "half_width_now": now,
+                "half_width_after": after,
+                "flops": flops,
+                "gain_per_flop": (np.float64(1) / after**2 - np.float64(1) / now**2) / flops,
+            }
+            for option, after, flops in options
+        ]
     return pd.DataFrame(rows).sort_values("gain_per_flop", ascending=False, ignore_index=True)

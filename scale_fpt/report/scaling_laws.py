@@ -221,7 +221,13 @@ def law_table(points: pd.DataFrame, fits: dict) -> pd.DataFrame:
                 A=f"{fit.params['A']:.3g}",
                 df=fit.goodness["df"],
                 note=f"size means' relative sd {fit.goodness['rel_sd']:.3g}, seeds' "
-                f"{fit.goodness['seed_sd']:.3g}",
+                f"{fit.goodness['seed_sd']:.3g}"
+                + (
+                    f"; alpha at its bound {fit.params['alpha']:.3g}: the error does not fall "
+                    "with size as the law says"
+                    if fit.goodness["at_bound"]
+                    else ""
+                ),
             )
         rows.append(row)
     return pd.DataFrame(rows)
