@@ -85,6 +85,13 @@ def test_scaling_section_fits_checks_and_draws(report_dir, monkeypatch):
     assert (laws["form"] == "power_floor").all()  # the plan's form (default), never the data's
     frozen = laws[(laws["arm"] == "pretrained · fpt") & (laws["axis"] == "total parameters")]
     assert frozen["alpha"].iloc[0].startswith("0.2")  # truth 0.25; 4 sizes: 1 df, calibrated
+    calibration = pd.read_csv(out / "tables" / "scaling_calibration.csv")
+    on_n = calibration[calibration["design"].str.contains("total parameters")]
+    assert on_n.set_index("interval").loc["alpha", "printed"] == "yes"
+    held_out = on_n.set_index("interval").loc["held-out prediction of the largest size"]
+    assert held_out["printed"] == "no" and held_out["lowest coverage over scenarios"] == (
+        "no degree of freedom"
+    )
     held = pd.read_csv(out / "tables" / "scaling_holdout.csv")
     # 3 smaller sizes fit the 3 parameters of E + A x^-alpha exactly: nothing left to tell
     # a size's deviation from the law, so no prediction interval is printed

@@ -159,12 +159,15 @@ def design_of(fit) -> Design:
 
 
 @cache
+def design_checks(sizes: tuple[float, ...], seeds: int, form: str) -> tuple[dict, ...]:
+    """``law_checks`` at this design (memoised: arms of a study share their designs)."""
+    return tuple(law_checks(Design("arm", sizes, seeds), CHECK_STUDIES, 0, form))
+
+
 def checks_at(sizes: tuple[float, ...], seeds: int, form: str) -> dict[str, bool]:
-    """{interval: calibrated in every scenario} at this design (``law_checks``; memoised:
-    arms of a study share their designs)."""
-    rows = law_checks(Design("arm", sizes, seeds), CHECK_STUDIES, 0, form)
+    """{interval: calibrated in every scenario} at this design."""
     out: dict[str, bool] = {}
-    for row in rows:
+    for row in design_checks(sizes, seeds, form):
         name = row["name"].split(",")[0]
         out[name] = out.get(name, True) and row["calibrated"]
     return out
@@ -175,6 +178,37 @@ def calibrated(fit, interval: str, design: Design | None = None) -> bool:
     design = design or design_of(fit)
     checks = checks_at(design.sizes, design.seeds, fit.form)
     return next((ok for name, ok in checks.items() if name.startswith(interval)), False)
+
+
+def calibration_rows(fits: dict) -> pd.DataFrame:
+    """Per design the laws were fitted at (sizes x seeds, form) and interval: the lowest
+    coverage over the scenarios with its Monte Carlo error, and whether the report prints
+    it there."""
+    designs = {}
+    for (_, _, axis), (fit, _) in fits.items():
+        if fit is not None:
+            design = design_of(fit)
+            designs[(design.sizes, design.seeds, fit.form)] = AXES[axis]
+    rows = []
+    for (sizes, seeds, form), axis in designs.items():
+        by_interval: dict[str, list[dict]] = {}
+        for row in design_checks(sizes, seeds, form):
+            by_interval.setdefault(row["name"].split(",")[0], []).append(row)
+        for interval, checks in by_interval.items():
+            worst = min(checks, key=lambda r: (r["coverage"], -r["mc_error"]))
+            rows.append(
+                {
+                    "design": f"{len(sizes)} sizes ({axis}: {sizes[0]:.3g} .. {sizes[-1]:.3g}) "
+                    f"x {seeds} seeds",
+                    "form": form,
+                    "interval": interval.removesuffix(" (t"),
+                    "lowest coverage over scenarios": "no degree of freedom"
+                    if worst["n_studies"] == 0
+                    else f"{worst['coverage']:.3f} ± {worst['mc_error']:.3f}",
+                    "printed": "yes" if all(r["calibrated"] for r in checks) else "no",
+                }
+            )
+    return pd.DataFrame(rows)
 
 
 def interval_text(value: float, interval: tuple[float, float]) -> str:
