@@ -1,13 +1,18 @@
-"""How often the 95% bootstrap intervals of ``fit_scaling_law`` cover the truth.
+"""How often the scaling-law intervals cover the truth, at the design of every shipped preset.
 
-Draws ``--draws`` synthetic studies from a known law (``scale_fpt.analysis.coverage``:
-``--seeds`` rows per size at ``--sizes``, log-normal seed noise ``--noise``), fits each with
-``groups="seed"`` and ``--boot`` resamples, and prints per parameter the count of covering
-intervals, the coverage with its exact (Clopper-Pearson) 95% interval, the binomial test's
-p-value against 95%, and the median interval width.
+Default: ``scale_fpt.analysis.coverage.law_checks`` at every preset that runs three or more
+model sizes (``preset_designs``: its sizes and seeds), for each law form the analysis plan
+may name; per interval the report prints (a size's mean, alpha, E, alpha differences, the
+curve's band, the held-out prediction) and per scenario (seed noise; a deviation per size):
+coverage, its Monte Carlo error, whether it is calibrated (the covering count not below the
+0.5% quantile of Binomial(n, 0.95)) and the share of studies whose interval was bounded.
 
-    python benchmarks/scaling_coverage.py                    # power_floor, 200 studies x 200 resamples
-    python benchmarks/scaling_coverage.py --form power --draws 100
+``--bootstrap``: the bootstrap intervals of ``fit_scaling_law`` (seeds resampled within
+sizes) on one design, as before (``coverage_study``).
+
+    python benchmarks/scaling_coverage.py                       # every preset, 400 studies each
+    python benchmarks/scaling_coverage.py --studies 200 --forms power_floor
+    python benchmarks/scaling_coverage.py --bootstrap --draws 100
 """
 
 from __future__ import annotations
@@ -18,33 +23,48 @@ import time
 
 from scaling_fit import print_header
 
-from scale_fpt.analysis.coverage import coverage_study, coverage_table
+from scale_fpt.analysis.coverage import (
+    coverage_study,
+    coverage_table,
+    law_checks,
+    preset_designs,
+)
+from scale_fpt.analysis.means import MEANS_FORMS
 
 TRUTHS = {
     "power_floor": {"A": 40.0, "alpha": 0.3, "E": 0.05},
     "power": {"A": 30.0, "alpha": 0.25},
 }
-"""The laws drawn from: the floor is a tenth of the smallest mean error at 6 sizes."""
+"""``--bootstrap``: the laws drawn from (the floor a tenth of the smallest mean error)."""
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--form", choices=sorted(TRUTHS), default="power_floor")
-    p.add_argument("--draws", type=int, default=200, help="synthetic studies")
-    p.add_argument("--boot", type=int, default=200, help="bootstrap resamples per study")
-    p.add_argument("--sizes", default="1e4,3e4,1e5,3e5,1e6,3e6", help="model sizes")
-    p.add_argument("--seeds", type=int, default=4, help="rows (seeds) per size")
-    p.add_argument("--noise", type=float, default=0.05, help="sd of log y between seeds")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+def print_law_checks(studies: int, seed: int, forms: list[str]) -> None:
+    designs = preset_designs()
+    print("| preset | sizes x seeds | form | interval, scenario | coverage ± MC error | "
+          "calibrated | bounded |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for design in designs.values():
+        for form in forms:
+            for row in law_checks(design, studies, seed, form):
+                coverage = (
+                    "no degree of freedom"
+                    if row["n_studies"] == 0
+                    else f"{row['coverage']:.3f} ± {row['mc_error']:.3f}"
+                )
+                print(
+                    f"| {design.name} | {len(design.sizes)} x {design.seeds} | {form} | "
+                    f"{row['name']} | {coverage} | {'yes' if row['calibrated'] else 'NO'} | "
+                    f"{row['identified']:.2f} |"
+                )
+
+
+def print_bootstrap(args) -> None:
     sizes = [float(s) for s in args.sizes.split(",")]
-    print_header()
     truth = TRUTHS[args.form]
     print(
         f"{args.form} {truth}; {len(sizes)} sizes x {args.seeds} seeds, noise {args.noise}; "
         f"{args.draws} studies x {args.boot} resamples, seed {args.seed}\n"
     )
-    start = time.perf_counter()
     study = coverage_study(
         args.form, truth, sizes, args.seeds, args.noise, args.draws, args.boot, seed=args.seed
     )
@@ -59,6 +79,31 @@ def main(argv=None) -> int:
         )
     if "E" in truth:
         print(f"\nstudies with no floor detected (E <= 0): {study['no_floor'].sum()}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--studies", type=int, default=400, help="synthetic studies per check")
+    p.add_argument("--forms", default=",".join(MEANS_FORMS), help="law forms to check")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bootstrap", action="store_true", help="fit_scaling_law's bootstrap instead")
+    p.add_argument("--form", choices=sorted(TRUTHS), default="power_floor", help="--bootstrap")
+    p.add_argument("--draws", type=int, default=200, help="--bootstrap: synthetic studies")
+    p.add_argument("--boot", type=int, default=200, help="--bootstrap: resamples per study")
+    p.add_argument("--sizes", default="1e4,3e4,1e5,3e5,1e6,3e6", help="--bootstrap: sizes")
+    p.add_argument("--seeds", type=int, default=4, help="--bootstrap: rows (seeds) per size")
+    p.add_argument("--noise", type=float, default=0.05, help="--bootstrap: sd of log y")
+    args = p.parse_args(argv)
+    forms = args.forms.split(",")
+    unknown = [f for f in forms if f not in MEANS_FORMS]
+    if unknown:
+        p.error(f"--forms: unknown {unknown}; choose from {', '.join(MEANS_FORMS)}")
+    print_header()
+    start = time.perf_counter()
+    if args.bootstrap:
+        print_bootstrap(args)
+    else:
+        print_law_checks(args.studies, args.seed, forms)
     print(f"wall {time.perf_counter() - start:.0f} s")
     return 0
 

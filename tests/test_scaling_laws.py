@@ -8,16 +8,26 @@ import pandas as pd
 import pytest
 from scipy.stats import binom
 
+import scale_fpt.analysis as analysis
 from scale_fpt.analysis import chinchilla as public
 from scale_fpt.analysis import (
     compare_exponents,
     effective_data,
+    exponent_difference,
     fit_scaling_law,
+    fit_size_means,
     holdout_check,
     two_step_fit,
 )
-from scale_fpt.analysis.coverage import coverage_study, coverage_table
+from scale_fpt.analysis.coverage import (
+    Design,
+    coverage_study,
+    coverage_table,
+    law_checks,
+    model_params,
+)
 from scale_fpt.analysis.fit import draw_resample, resample_plan
+from scale_fpt.analysis.power import next_runs
 
 CHINCHILLA = public.BESIROGLU_2024
 SIZES = np.array([1e4, 3e4, 1e5, 3e5, 1e6, 3e6])
@@ -241,6 +251,8 @@ def test_effective_data_transferred_recovers_a_planted_head_start():
     )
     table = effective_data(rows, "error", n_boot=100)
     assert table["D_F"].tolist() == sizes.tolist()
+    # D_E = D_F + 2000 lies beyond the scratch arm's largest size, 8000, at D_F = 8000 only
+    assert table["extrapolated"].tolist() == [False] * 5 + [True]
     small = table.iloc[0]
     assert small["D_T_lo"] <= 2000 <= small["D_T_hi"] and small["D_T"] == pytest.approx(
         2000, rel=0.25
@@ -268,19 +280,125 @@ def test_a_floor_below_zero_is_fitted_free_and_flagged():
     assert fit.goodness["at_bound"] == ["E"]
 
 
-def test_floor_or_power_keeps_a_floor_the_data_show_and_drops_one_they_do_not():
-    """A law with a floor keeps it; errors that bend down in log-log (falling ever faster,
-    as the local ladder's random arm does) have no floor to find: the plain power law, with
-    the reason, and the held-out check on the same choice."""
-    from scale_fpt.analysis import fit_floor_or_power
+LADDER = tuple(model_params(m) for m in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"))
+"""The paper ladder's sizes (sweeps/ladder.py --preset paper: 3 seeds each)."""
 
-    rng = np.random.default_rng(7)
-    floored = seeded_rows(rng, lambda n: 0.1 + 5.0 * n**-0.3, seeds=3, sigma=0.01)
-    fit = fit_floor_or_power(floored, "error", "N", groups="seed", n_boot=10)
-    assert fit.form == "power_floor" and fit.params["E"] == pytest.approx(0.1, abs=0.02)
-    bending = seeded_rows(rng, lambda n: 0.7 - 0.05 * np.log10(n), seeds=3, sigma=0.02)
-    fit = fit_floor_or_power(bending, "error", "N", groups="seed", n_boot=10)
-    assert fit.form == "power" and set(fit.params) == {"A", "alpha"}
-    assert fit.goodness["no_floor"]  # why the floor was dropped, in words
-    check = holdout_check(bending, "error", "N", "floor_or_power", groups="seed", n_boot=10)
-    assert check.fit.form == "power"
+
+def ladder_rows(rng, law, seeds=3, seed_sd=0.03, size_sd=0.0, sizes=LADDER):
+    """Rows of the ladder's design: law x mean-one log-normal size and seed deviations."""
+    sizes = np.asarray(sizes)
+    shift = np.repeat(rng.normal(0, size_sd, len(sizes)), seeds)
+    N = np.repeat(sizes, seeds)
+    noise = rng.normal(0, seed_sd, len(N))
+    return pd.DataFrame(
+        {
+            "N": N,
+            "seed": np.tile(np.arange(seeds), len(sizes)),
+            "error": law(N) * np.exp(shift + noise),
+        }
+    )
+
+
+def test_no_floor_fallback_and_a_loose_exponent_is_not_identified():
+    """Defect 1: on the paper ladder's design (4 sizes x 3 seeds, truth with a floor) the old
+    report dropped the floor whenever its estimate fell to 0 or below and printed the plain
+    law's alpha, a local log-log slope, with a tight interval that missed the truth. The
+    floored law is now always fitted (the plan's form), and its interval either covers the
+    truth or says the data cannot bound it; E's lower end is unbounded whenever alpha's
+    interval reaches 0 (E + A x^-alpha tends to a line in log x, E -> -inf)."""
+    assert not hasattr(analysis, "fit_floor_or_power")
+    law = lambda n: 0.05 + 40.0 * (n / 1e6) ** -0.3 / 40.0**0.3  # noqa: E731
+    rng = np.random.default_rng(0)
+    seen_open = False
+    for _ in range(10):
+        fit = fit_size_means(ladder_rows(rng, law), "error", "N", "power_floor")
+        assert fit.form == "power_floor" and fit.goodness["df"] == 1
+        lo = fit.intervals["alpha"][0]
+        seen_open |= lo == 0 or not fit.identified["alpha"]
+        if lo == 0:
+            assert fit.intervals["E"][0] == -np.inf and not fit.identified["E"]
+    assert seen_open  # at this design the data rarely bound the exponent on both sides
+    three = fit_size_means(ladder_rows(rng, law, sizes=LADDER[:3]), "error", "N", "power_floor")
+    assert three.goodness["df"] == 0 and np.isnan(three.intervals["alpha"]).all()
+    assert not any(three.identified.values())
+    assert three.predict(pd.DataFrame({"N": [2e9]}))[["lo", "hi"]].isna().all(axis=None)
+
+
+def test_size_mean_fit_recovers_a_law_and_its_prediction_interval_sees_size_deviations():
+    """6 sizes x 4 seeds, each size off the law by its own deviation (sd 0.05, larger than
+    the seeds' 0.01): seeds alone would promise a tight interval; the size means' spread
+    widens it to what the sizes show."""
+    rng = np.random.default_rng(4)
+    law = lambda n: 0.05 + 40.0 * n**-0.3  # noqa: E731
+    rows = ladder_rows(rng, law, seeds=4, seed_sd=0.01, size_sd=0.05, sizes=SIZES)
+    fit = fit_size_means(rows, "error", "N", "power_floor")
+    assert fit.goodness["rel_sd"] > 3 * fit.goodness["seed_sd"] / 2  # the sizes' own spread
+    assert fit.goodness["at_bound"] == []
+    rising = rows.assign(error=1 / rows["error"])  # error growing with size: alpha at 0
+    assert fit_size_means(rising, "error", "N", "power").goodness["at_bound"] == ["alpha"]
+    lo, hi = fit.intervals["alpha"]
+    assert lo <= 0.3 <= hi
+    new = pd.DataFrame({"N": [1e5, 1e7]})
+    predicted = fit.predict(new)
+    assert list(predicted.columns) == ["mean", "lo", "hi", "band_lo", "band_hi"]
+    assert (predicted["lo"] < predicted["band_lo"]).all()
+    assert (predicted["band_hi"] < predicted["hi"]).all()
+
+
+def test_law_checks_machinery_and_gross_coverage():
+    """The fast tier of the calibration (benchmarks/scaling_coverage.py runs 200+ studies per
+    design): 60 studies at the paper ladder's design. Every row has its fields; every
+    interval with degrees of freedom covers at least 80% (gross failures only: nominal 95%,
+    binomial sd 0.028); the held-out prediction of E + A x^-alpha has none at 4 sizes and is
+    not calibrated; the plain power law's held-out interval (3 sizes, 1 df) is."""
+    design = Design("ladder-paper", LADDER, 3)
+    rows = law_checks(design, n_studies=60, seed=1)
+    assert {r["name"].split(",")[0] for r in rows} == {
+        "size mean (t", "alpha", "E", "band at the largest size", "alpha difference",
+        "gap change (Welch)", "held-out prediction of the largest size",
+    }  # fmt: skip
+    for r in rows:
+        assert set(r) >= {"name", "design", "nominal", "coverage", "mc_error", "n_studies"}
+        if r["name"].startswith("held-out"):
+            assert np.isnan(r["coverage"]) and not r["calibrated"]
+        else:
+            assert r["coverage"] >= 0.8 and r["n_studies"] == 60, r
+            assert r["mc_error"] == pytest.approx(np.sqrt(r["coverage"] * (1 - r["coverage"]) / 60))
+    held = [r for r in law_checks(design, 60, 1, "power") if r["name"].startswith("held-out")]
+    assert len(held) == 2 and all(r["coverage"] >= 0.8 for r in held)
+
+
+def test_exponents_compare_only_within_one_form():
+    """Defect 2: alpha of E + A x^-alpha (the rate towards a floor) and of A x^-alpha are
+    different quantities; comparing them is refused, in both kinds of fit."""
+    rng = np.random.default_rng(2)
+    rows = ladder_rows(rng, lambda n: 0.02 + 30.0 * n**-0.3, seeds=4, sizes=SIZES)
+    floored = fit_size_means(rows, "error", "N", "power_floor")
+    plain = fit_size_means(rows, "error", "N", "power")
+    with pytest.raises(ValueError, match="only within one form"):
+        exponent_difference(floored, plain)
+    boot = [
+        fit_scaling_law(rows, "error", "N", f, groups="seed", n_boot=4)
+        for f in ("power_floor", "power")
+    ]
+    with pytest.raises(ValueError, match="only within one form"):
+        compare_exponents(*boot)
+    steeper = fit_size_means(
+        ladder_rows(rng, lambda n: 0.02 + 30.0 * n**-0.5, seeds=4, sizes=SIZES), "error", "N"
+    )
+    diff = exponent_difference(steeper, floored)
+    assert diff["identified"] and diff["lo"] <= 0.2 <= diff["hi"] and diff["lo"] > 0
+
+
+def test_next_run_adds_a_size_where_the_law_has_no_degree_of_freedom_left():
+    """At 3 sizes the floored law's exponent has no interval at all; another seed cannot
+    give it one, a new size can: the cheaper new size (half the smallest) ranks first."""
+    rng = np.random.default_rng(3)
+    rows = ladder_rows(rng, lambda n: 0.05 + 40.0 * n**-0.3, sizes=SIZES[:3])
+    fit = fit_size_means(rows, "error", "N", "power_floor")
+    cost = pd.Series(SIZES[:3] * 6e3, index=SIZES[:3])  # FLOPs per trial ~ N
+    options = next_runs(fit, cost)
+    assert options["half_width_now"].iloc[0] == np.inf
+    assert options["option"].iloc[0].startswith("a new size at 5e+03 (half the smallest)")
+    seed_row = options[options["option"].str.startswith("one more seed")].iloc[0]
+    assert seed_row["half_width_after"] == np.inf and seed_row["gain_per_flop"] == 0

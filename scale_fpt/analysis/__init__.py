@@ -6,14 +6,23 @@
 
 - ``laws``: the forms (``power``, ``power_floor``, ``chinchilla``, ``sigmoid``);
 - ``fit``: Huber loss on log residuals, L-BFGS-B from a screened grid, grouped stratified
-  bootstrap (``fit_scaling_law``, ``ScalingFit``); ``fit_floor_or_power``: the floored law
-  where the data show a floor, else the plain power law;
+  bootstrap (``fit_scaling_law``, ``ScalingFit``);
+- ``means``: a law fitted to each size's mean with a deviation per size, profile intervals,
+  "not identified" where the sizes cannot bound a parameter (``fit_size_means``,
+  ``exponent_difference``): the report's fits;
+- ``coverage``: calibration of those intervals at the presets' designs (``law_checks``);
+- ``power``: which next run narrows an exponent's interval most per FLOP (``next_runs``);
 - ``predict``: held-out check, exponent differences, size -> loss -> accuracy, effective
   data transferred.
+
+The form of a law is the analysis plan's, fixed before the data are seen: no function here
+chooses it from the data (a choice made on the data and then reported as if fixed gives
+intervals that do not cover).
 """
 
-from scale_fpt.analysis.fit import ScalingFit, fit_floor_or_power, fit_scaling_law
+from scale_fpt.analysis.fit import ScalingFit, fit_scaling_law
 from scale_fpt.analysis.laws import LAWS
+from scale_fpt.analysis.means import MeansFit, exponent_difference, fit_size_means
 from scale_fpt.analysis.predict import (
     HoldoutCheck,
     TwoStepFit,
@@ -26,12 +35,14 @@ from scale_fpt.analysis.predict import (
 __all__ = [
     "LAWS",
     "HoldoutCheck",
+    "MeansFit",
     "ScalingFit",
     "TwoStepFit",
     "compare_exponents",
     "effective_data",
-    "fit_floor_or_power",
+    "exponent_difference",
     "fit_scaling_law",
+    "fit_size_means",
     "holdout_check",
     "two_step_fit",
 ]

@@ -16,6 +16,11 @@ five seeds; each resampled stratum's deviations from its mean (in log y) are the
 by sqrt(m/(m-1)). Every resample is refitted by L-BFGS-B started from the point estimate.
 Intervals are percentile intervals of the refitted parameters.
 
+The bootstrap sees the seeds' noise only: a model size's own deviation from the law (shared
+by its seeds) is invisible to it, and with three seeds a size's mean is resampled from three
+values. For seeded ladders, ``analysis.means.fit_size_means`` (the report's fits) counts that
+deviation.
+
 ``ScalingFit.predict`` gives, per row, the point prediction, the band of the fitted curve
 (bootstrap percentiles) and the prediction interval of a new observation (or of the mean of
 ``n_obs`` new observations): each bootstrap curve times the exponential of residuals drawn
@@ -37,7 +42,10 @@ from threadpoolctl import threadpool_limits
 from scale_fpt.analysis.laws import LAWS, MAX_EXPONENT, Law
 
 DEFAULT_DELTA = 1e-3
-"""Huber threshold on log residuals (Hoffmann et al. 2022; Besiroglu et al. 2024)."""
+"""Huber threshold on log residuals (Hoffmann et al. 2022; Besiroglu et al. 2024), kept for
+their data (one run per point, residuals ~1e-2). On seeded studies it acts as least absolute
+deviations (~64% efficiency under normal noise): pass about 1.345 x the residual sd in log y
+there for 95% efficiency (docs/scaling-laws.md, "Huber's delta")."""
 LINE_SEARCH_STOP = 2
 """L-BFGS-B's status when its line search finds no decrease: near a Huber optimum the
 curvature jumps (residuals crossing delta) and the search can stop there; it counts as
@@ -345,28 +353,6 @@ def fit_scaling_law(
         return estimate(
             df, y, xs, law, groups, n_boot, level, huber_delta, strata, starts, seed, workers
         )
-
-
-def fit_floor_or_power(df: pd.DataFrame, y: str, x: str | list[str], **fit_kw) -> ScalingFit:
-    """``power_floor`` where the data show a floor, else the plain ``power`` law (its
-    nested model, E = 0): the floored fit is kept when it converges, its bootstrap too, with
-    E > 0. Data that bend down rather than level off (no start converges), a floor that
-    is not identified (too many bootstrap refits fail) or one at or below zero fall back to
-    ``power``, whose ``goodness["no_floor"]`` says why. The intervals are those of the law
-    kept (they do not count the choice). Raises the plain law's ValueError when neither
-    fits."""
-    try:
-        # The point fit alone first (~0.1 s): a floor at or below 0 needs no bootstrap.
-        point = fit_scaling_law(df, y, x, "power_floor", **{**fit_kw, "n_boot": 0})
-        if point.params["E"] <= 0:
-            why = f"the floor's estimate E = {point.params['E']:.3g} is not above 0"
-        else:
-            return fit_scaling_law(df, y, x, "power_floor", **fit_kw)
-    except ValueError as e:
-        why = str(e).removeprefix("fit_scaling_law: ")
-    plain = fit_scaling_law(df, y, x, "power", **fit_kw)
-    plain.goodness["no_floor"] = why
-    return plain
 
 
 def estimate(df, y, xs, law, groups, n_boot, level, huber_delta, strata, starts, seed, workers):

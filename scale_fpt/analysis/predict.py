@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from scale_fpt.analysis.fit import ScalingFit, as_columns, fit_floor_or_power, fit_scaling_law
+from scale_fpt.analysis.fit import ScalingFit, as_columns, fit_scaling_law
+from scale_fpt.analysis.means import fit_size_means
 
 MIN_HOLDOUT_SIZES = 4
 """Sizes needed for a held-out check: three to fit a floored law, one to predict."""
@@ -44,13 +45,26 @@ class HoldoutCheck:
         return float(errors.iloc[int(np.argmax(np.abs(errors.to_numpy())))])
 
 
+HOLDOUT_METHODS = ("bootstrap", "size_means")
+
+
 def holdout_check(
-    df: pd.DataFrame, y: str, x, form: str = "power_floor", size: str | None = None, **fit_kw
+    df: pd.DataFrame,
+    y: str,
+    x,
+    form: str = "power_floor",
+    size: str | None = None,
+    method: str = "bootstrap",
+    **fit_kw,
 ) -> HoldoutCheck:
     """Fit on every value of ``size`` (default: the first x column) but the largest, predict
     the largest, and say whether its observed mean lies inside the prediction interval.
-    ``form`` is a law of ``LAWS`` or ``"floor_or_power"`` (``fit_floor_or_power``). Raises
-    ValueError when the data hold fewer than ``MIN_HOLDOUT_SIZES`` sizes."""
+    ``method`` "bootstrap": ``fit_scaling_law`` (seeds resampled within sizes: the interval
+    does not see a size's own deviation from the law); "size_means": ``fit_size_means`` (a
+    deviation per size included; the report's). Raises ValueError when the data hold fewer
+    than ``MIN_HOLDOUT_SIZES`` sizes."""
+    if method not in HOLDOUT_METHODS:
+        raise ValueError(f"holdout_check: method {method!r}; choose from {HOLDOUT_METHODS}")
     xs = as_columns(x)
     size = size or xs[0]
     if size not in df:
@@ -63,8 +77,8 @@ def holdout_check(
         )
     largest = sizes[-1]
     kept = df[df[size] < largest]
-    if form == "floor_or_power":
-        fit = fit_floor_or_power(kept, y, xs, **fit_kw)
+    if method == "size_means":
+        fit = fit_size_means(kept, y, size, form, **fit_kw)
     else:
         fit = fit_scaling_law(kept, y, xs, form, **fit_kw)
     held = df[df[size] == largest].groupby(xs, as_index=False)[y].agg(["mean", "count"])
@@ -88,7 +102,13 @@ def holdout_check(
 
 def compare_exponents(a: ScalingFit, b: ScalingFit, param: str = "alpha") -> dict:
     """``a.param - b.param`` with the percentile interval of the difference of independent
-    bootstrap draws (the two fits share no trial) and the share of draws above 0."""
+    bootstrap draws (the two fits share no trial) and the share of draws above 0. Fits of
+    different forms are refused: alpha of E + A x^-alpha (the rate towards a floor) and of
+    A x^-alpha are not the same quantity."""
+    if a.form != b.form:
+        raise ValueError(
+            f"compare_exponents: {a.form} vs {b.form}; exponents compare only within one form"
+        )
     for fit in (a, b):
         if param not in fit.params:
             raise ValueError(f"compare_exponents: {fit.form} has no parameter {param!r}")
@@ -173,7 +193,9 @@ def effective_data(
     the scratch law's floor E: no amount of data from scratch reaches it.
 
     Columns: D_F, n_obs, pretrained (mean y), D_E, D_E_lo, D_E_hi, D_T, D_T_lo, D_T_hi,
-    fraction (D_T / D_E: the share of the effective data that pretraining supplied)."""
+    fraction (D_T / D_E: the share of the effective data that pretraining supplied),
+    extrapolated (D_E beyond the largest ``data`` the scratch arm ran: the law is read where
+    it was not fitted)."""
     for column in (y, data, arm):
         if column not in df:
             raise ValueError(f"effective_data: column {column!r} not in the frame")
@@ -209,6 +231,7 @@ def effective_data(
                 "D_T_lo": float(lo) - size,
                 "D_T_hi": float(hi) - size,
                 "fraction": (d_e - size) / d_e if np.isfinite(d_e) else 1.0,
+                "extrapolated": bool(d_e > fit.goodness["x_range"][data][1]),
             }
         )
     out = pd.DataFrame(rows)

@@ -1,11 +1,12 @@
 """Figures of the scaling-law section (``report.scaling_laws``), each returned with the
 DataFrame drawn (saved beside the PNG as CSV), made without pyplot like ``report.figures``.
 
-- ``law_figure``: error vs size on each axis, per arm: every seed (dots), mean ± std over
-  seeds (bars), the fitted law with its 95% band, and the held-out largest size (star)
-  with the prediction interval of the law fitted without it (dashed);
-- ``gap_figure``: random - pretrained error vs total parameters, with the difference of
-  the two fitted laws and its band;
+- ``law_figure``: error vs size on each fitted axis, per arm: every seed (dots), each size's
+  mean with its 95% t interval over seeds (bars), the fitted law with its 95% band, and the
+  held-out largest size (star) with the prediction interval of the law fitted without it
+  (dashed);
+- ``gap_figure``: random - pretrained error vs total parameters (measured, ± its standard
+  error), with the difference of the two fitted laws;
 - ``transfer_figure``: effective data transferred vs fine-tuning data, with intervals.
 """
 
@@ -27,11 +28,13 @@ AXIS_UNITS = {
 
 
 def law_figure(points: pd.DataFrame, fits: dict, checks: dict, task: str, title: str):
-    """One panel per axis; see the module docstring."""
-    fig, axes = panels(len(AXES), width=4.6, height=3.8)
+    """One panel per axis fitted for ``task``; see the module docstring."""
+    fitted = [a for a in AXES if any(k[0] == task and k[2] == a for k in fits)]
+    drawn_axes = fitted or list(AXES)[:2]
+    fig, axes = panels(len(drawn_axes), width=4.6, height=3.8)
     drawn = []
     rows = points[points["task"] == task]
-    for ax, axis in zip(axes, AXES, strict=True):
+    for ax, axis in zip(axes, drawn_axes, strict=True):
         for colour, (arm, group) in enumerate(rows.groupby("arm", sort=True)):
             c = f"C{colour}"
             ax.scatter(group[axis], group["error"], s=10, alpha=0.35, color=c)
@@ -39,7 +42,10 @@ def law_figure(points: pd.DataFrame, fits: dict, checks: dict, task: str, title:
             ax.errorbar(
                 spread[axis],
                 spread["mean"],
-                yerr=spread["std"].fillna(0),
+                yerr=[
+                    (spread["mean"] - spread["lo"]).fillna(0),
+                    (spread["hi"] - spread["mean"]).fillna(0),
+                ],
                 fmt="o",
                 color=c,
                 capsize=3,
@@ -108,15 +114,9 @@ def gap_figure(points: pd.DataFrame, fits: dict, task: str, pairs: list[tuple[st
         if fp is None or fr is None:
             continue
         frame = pd.DataFrame({"total_params": grid(both["total_params"])})
-        (p_point, p_boot), (r_point, r_boot) = fp.curves(frame), fr.curves(frame)
-        n = min(len(p_boot), len(r_boot))
-        diff = r_boot[:n] - p_boot[:n]
-        lo, hi = np.quantile(diff, [0.025, 0.975], axis=0)
-        ax.plot(frame["total_params"], r_point - p_point, color=f"C{colour}")
-        ax.fill_between(frame["total_params"], lo, hi, color=f"C{colour}", alpha=0.15)
-        drawn.append(
-            frame.assign(task=task, pair=label, gap=r_point - p_point, lo=lo, hi=hi, kind="fit")
-        )
+        fitted = fr.point(frame) - fp.point(frame)
+        ax.plot(frame["total_params"], fitted, color=f"C{colour}")
+        drawn.append(frame.assign(task=task, pair=label, gap=fitted, kind="fit"))
     if drawn:  # the measured gaps' range: the band can widen far beyond it
         seeds = pd.concat([d for d in drawn if d["kind"].iloc[0] == "seeds"])
         margin = float((seeds["gap"].abs() + 2 * seeds["se"]).max())
@@ -126,9 +126,7 @@ def gap_figure(points: pd.DataFrame, fits: dict, task: str, pairs: list[tuple[st
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(AXIS_UNITS["total_params"])
     ax.set_ylabel("error gap: random - pretrained")
-    ax.set_title(
-        f"{TASK_TITLES.get(task, task)}: pretrained - random gap vs size (95% band)", fontsize=9
-    )
+    ax.set_title(f"{TASK_TITLES.get(task, task)}: pretrained - random gap vs size", fontsize=9)
     if drawn:
         ax.legend(fontsize=7)
     return fig, pd.concat(drawn, ignore_index=True) if drawn else pd.DataFrame()

@@ -1,18 +1,24 @@
-"""The report's scaling laws: the study's questions answered with fitted laws and intervals.
+"""The report's scaling laws: the study's questions answered with fitted laws and intervals
+that say what the data can carry.
 
 Each arm (task x init x trained groups, transformers only, one learning rate per arm as in
-the paper tables) with three or more model sizes is fitted as ``error = E + A x^-alpha``,
-or as ``A x^-alpha`` where the data show no floor (``analysis.fit_floor_or_power``; Huber
-on log residuals, L-BFGS-B, seeds resampled within each size)
-on three axes: total parameters, trained parameters and training FLOPs (this project's
-accounting: 4N + attention per token for a frozen body, 6N when the body trains; the
-``total_flops`` column). ``error`` is 1 - the report's metric. From the fits:
+the paper tables) with three or more model sizes is fitted with the law the study's
+analysis plan names (``form``: ``power_floor``, E + A x^-alpha, by default; or ``power``),
+never a form chosen from the data: ``analysis.fit_size_means``, least squares on each size's
+mean with a deviation per size, profile intervals. Every interval is printed only where
+``analysis.coverage.law_checks`` finds it calibrated at the arm's own design (its sizes and
+seeds); otherwise, and where the data do not bound it, the table says "not identified" or
+"not calibrated". Axes: total parameters and trained parameters; training FLOPs only where
+an arm's steps vary with size (at fixed steps FLOPs are N times a constant, plus attention,
+and the law on them repeats the one on N). ``error`` is 1 - the report's metric. From the
+fits:
 
-- ``law_table``: every fit's exponent and floor with intervals, or why an arm was not fitted;
-- ``exponent_table``: differences of exponents between two arms (pretrained - random: does
-  the gap grow or shrink with size? frozen - full);
-- ``holdout_table``: arms with four or more sizes fitted without their largest size and
-  checked there (prediction interval of the seeds' mean);
+- ``law_table``: every fit's exponent and floor with intervals, or why not;
+- ``exponent_table``: differences of exponents between two arms of the one form
+  (pretrained - random, frozen - full), and the change of the measured gap between the
+  smallest and largest size (cell means, Welch);
+- ``holdout_table``: arms with enough sizes fitted without their largest and checked there;
+- ``next_run_table``: which next run most narrows each exponent's interval per FLOP;
 - ``transfer_table``: effective data transferred where trials ran at several
   ``train_examples``.
 """
@@ -20,13 +26,19 @@ accounting: 4N + attention per token for a frozen body, 6N when the body trains;
 from __future__ import annotations
 
 import math
+from functools import cache
 
 import numpy as np
 import pandas as pd
+from scipy.stats import t as t_dist
 
-from scale_fpt.analysis import compare_exponents, effective_data, fit_floor_or_power, holdout_check
-from scale_fpt.analysis.predict import MIN_HOLDOUT_SIZES
+from scale_fpt.analysis import effective_data, exponent_difference, fit_size_means, holdout_check
+from scale_fpt.analysis.coverage import Design, law_checks
+from scale_fpt.analysis.laws import LAWS
+from scale_fpt.analysis.means import MEANS_FORMS, size_means
+from scale_fpt.analysis.power import next_runs
 from scale_fpt.report import tables
+from scale_fpt.report.tables.lr import headline_stats
 
 AXES = {
     "total_params": "total parameters",
@@ -34,33 +46,52 @@ AXES = {
     "total_flops": "training FLOPs",
 }
 """Column -> axis label of every fit."""
+DEFAULT_FORM = "power_floor"
+"""The law of a ladder when the analysis plan names none."""
 MIN_SIZES = 3
-"""Model sizes an arm needs for ``E + A x^-alpha`` (three parameters)."""
+"""Model sizes an arm needs before a law is fitted (intervals need one more than the law's
+parameters)."""
 REPORT_BOOT = 200
-"""Bootstrap resamples per fit in the report (the library's default is 1,000)."""
+"""Bootstrap resamples of the effective-data fits (the laws themselves need none)."""
+CHECK_STUDIES = 200
+"""Synthetic studies behind each calibration check (``law_checks``)."""
 
 
 def scaling_points(trials: pd.DataFrame, metric: str, best_lr: bool = False) -> pd.DataFrame:
     """Used transformer trials with ``error`` (1 - metric) and an ``arm`` label
     (init · trained groups); one rate per arm: the paper's (``tables.fixed_lr``) or, with
-    ``best_lr``, each search arm's best by validation (``tables.lr_points``)."""
+    ``best_lr``, each search arm's best by validation on its confirmation seeds (the
+    ``-confirm`` sweep: seeds that took no part in the choice). The selection seeds are never
+    used: the winner of a search looks better on them than it is (the winner's curse).
+    ``attrs["unconfirmed"]`` lists the search arms without confirmation seeds."""
     df = tables.prepare(trials, metric)
     df = df[df["used"] & (df["kind"] == "transformer")]
+    unconfirmed = []
     if best_lr:
         points = tables.lr_points(trials, metric)
         if points.empty:
             return df.iloc[:0]
-        best = points.loc[
-            points.groupby(list(tables.SEARCH_ARM_KEYS), dropna=False)["score"].idxmax()
+        scored = points[points["score"].notna()]
+        best = scored.loc[
+            scored.groupby(list(tables.SEARCH_ARM_KEYS), dropna=False)["score"].idxmax()
         ]
-        ids = set(",".join(best["trial_ids"]).split(","))
+        prepared = tables.prepare(trials, metric)
+        ids = set()
+        for record in best.to_dict("records"):
+            headline = headline_stats(prepared, record)
+            if headline["headline"] == "confirmation":
+                ids |= set(str(headline["trial_ids"]).split(","))
+            else:
+                unconfirmed.append(f"{record['task']}: {record['arm']}")
         df = df[df["trial_id"].isin(ids)]
     else:
         df, _ = tables.fixed_lr(df)
     if "train_examples" not in df:
         df["train_examples"] = 0
     df = df[df["train_examples"].fillna(0) == 0]
-    return df.assign(error=1 - df["value"] / 100, arm=arm_labels(df, best_lr))
+    out = df.assign(error=1 - df["value"] / 100, arm=arm_labels(df, best_lr))
+    out.attrs["unconfirmed"] = unconfirmed
+    return out
 
 
 def arm_labels(df: pd.DataFrame, best_lr: bool = False) -> pd.Series:
@@ -75,7 +106,23 @@ def arm_labels(df: pd.DataFrame, best_lr: bool = False) -> pd.Series:
     return label
 
 
-def fit_arm(group: pd.DataFrame, axis: str, n_boot: int):
+def check_form(form: str) -> str:
+    if form not in MEANS_FORMS:
+        raise ValueError(f"law form {form!r}: the report fits {', '.join(MEANS_FORMS)}")
+    return form
+
+
+def fixed_steps(group: pd.DataFrame) -> bool:
+    """Whether every size of an arm trained the same steps at the same batch size: then its
+    FLOPs are N times a constant (plus attention) and a law on them repeats the one on N."""
+    return group[["max_steps", "batch_size"]].drop_duplicates().shape[0] == 1
+
+
+def arm_axes(group: pd.DataFrame) -> list[str]:
+    return [a for a in AXES if a != "total_flops" or not fixed_steps(group)]
+
+
+def fit_arm(group: pd.DataFrame, axis: str, form: str):
     """(fit, None) or (None, why not) for one arm on one axis."""
     sizes = group["total_params"].nunique()
     if sizes < MIN_SIZES:
@@ -83,25 +130,108 @@ def fit_arm(group: pd.DataFrame, axis: str, n_boot: int):
     if (group["error"] <= 0).any():
         return None, "error reaches 0 (accuracy 100%): no power law to fit"
     try:
-        return fit_floor_or_power(group, "error", axis, groups="seed", n_boot=n_boot), None
+        return fit_size_means(group, "error", axis, form), None
     except ValueError as e:
-        return None, str(e).removeprefix("fit_scaling_law: ")
+        return None, str(e).removeprefix("fit_size_means: ")
 
 
-def fit_all(points: pd.DataFrame, n_boot: int | None = None) -> dict:
+def fit_all(points: pd.DataFrame, form: str = DEFAULT_FORM) -> dict:
     """{(task, arm, axis): (fit or None, reason or None)} for every arm run at two or more
-    model sizes (an arm of one size has no scaling to fit or to explain), on every axis."""
+    model sizes (an arm of one size has no scaling to fit or to explain), on its axes
+    (``arm_axes``), all with the one ``form``."""
+    check_form(form)
     out = {}
     for (task, arm), group in points.groupby(["task", "arm"], sort=True):
         if group["total_params"].nunique() < 2:
             continue
-        for axis in AXES:
-            out[(task, arm, axis)] = fit_arm(group, axis, n_boot or REPORT_BOOT)
+        for axis in arm_axes(group):
+            out[(task, arm, axis)] = fit_arm(group, axis, form)
     return out
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+def design_of(fit) -> Design:
+    """The design a fit ran at: its sizes (on its axis) and the fewest seeds of a size."""
+    sizes = tuple(float(v) for v in fit.means[fit.x[0]])
+    return Design("this arm", sizes, int(fit.goodness["seeds"][0]))
+
+
+@cache
+def design_checks(sizes: tuple[float, ...], seeds: int, form: str) -> tuple[dict, ...]:
+    """``law_checks`` at this design (memoised: arms of a study share their designs)."""
+    return tuple(law_checks(Design("arm", sizes, seeds), CHECK_STUDIES, 0, form))
+
+
+def checks_at(sizes: tuple[float, ...], seeds: int, form: str) -> dict[str, bool]:
+    """{interval: calibrated in every scenario} at this design."""
+    out: dict[str, bool] = {}
+    for row in design_checks(sizes, seeds, form):
+        name = row["name"].split(",")[0]
+        out[name] = out.get(name, True) and row["calibrated"]
+    return out
+
+
+def calibrated(fit, interval: str, design: Design | None = None) -> bool:
+    """Whether ``interval`` is calibrated at ``design`` (default: the fit's own)."""
+    design = design or design_of(fit)
+    checks = checks_at(design.sizes, design.seeds, fit.form)
+    return next((ok for name, ok in checks.items() if name.startswith(interval)), False)
+
+
+def calibration_rows(fits: dict) -> pd.DataFrame:
+    """Per design the laws were fitted at (sizes x seeds, form) and interval: the lowest
+    coverage over the scenarios with its Monte Carlo error, and whether the report prints
+    it there."""
+    designs = {}
+    for (_, _, axis), (fit, _) in fits.items():
+        if fit is not None:
+            design = design_of(fit)
+            designs[(design.sizes, design.seeds, fit.form)] = AXES[axis]
+    rows = []
+    for (sizes, seeds, form), axis in designs.items():
+        by_interval: dict[str, list[dict]] = {}
+        for row in design_checks(sizes, seeds, form):
+            by_interval.setdefault(row["name"].split(",")[0], []).append(row)
+        for interval, checks in by_interval.items():
+            worst = min(checks, key=lambda r: (r["coverage"], -r["mc_error"]))
+            rows.append(
+                {
+                    "design": f"{len(sizes)} sizes ({axis}: {sizes[0]:.3g} .. {sizes[-1]:.3g}) "
+                    f"x {seeds} seeds",
+                    "form": form,
+                    "interval": interval.removesuffix(" (t"),
+                    "lowest coverage over scenarios": "no degree of freedom"
+                    if worst["n_studies"] == 0
+                    else f"{worst['coverage']:.3f} ± {worst['mc_error']:.3f}",
+                    "printed": "yes" if all(r["calibrated"] for r in checks) else "no",
+                }
+            )
+    return pd.DataFrame(rows)
 
 
 def interval_text(value: float, interval: tuple[float, float]) -> str:
     return f"{value:.3g} [{interval[0]:.3g}, {interval[1]:.3g}]"
+
+
+def parameter_text(fit, name: str) -> str:
+    """``value [lo, hi]``, or what the data cannot say about ``name``."""
+    value, (lo, hi) = fit.params[name], fit.intervals[name]
+    if fit.goodness["df"] < 1:
+        return (
+            f"not identified ({fit.goodness['k']} sizes for the {len(fit.law.params)} "
+            "parameters: no size-level deviation left to estimate)"
+        )
+    if not calibrated(fit, name):
+        return f"{value:.3g} (interval not calibrated at this design)"
+    if fit.identified[name]:
+        return interval_text(value, (lo, hi))
+    if math.isfinite(lo):
+        return f"not identified ({name} >= {lo:.3g}; no upper bound from these sizes)"
+    if math.isfinite(hi):
+        return f"not identified ({name} <= {hi:.3g}; no lower bound from these sizes)"
+    return f"not identified ({name} unbounded by these sizes)"
 
 
 def law_table(points: pd.DataFrame, fits: dict) -> pd.DataFrame:
@@ -116,96 +246,128 @@ def law_table(points: pd.DataFrame, fits: dict) -> pd.DataFrame:
             "n": len(group),
         }
         if fit is None:
-            row.update(alpha="", E="", A="", r2_log="", note=reason)
+            row.update(form="", alpha="", E="", A="", note=reason)
         else:
-            floored = "E" in fit.params
             row.update(
-                alpha=interval_text(fit.params["alpha"], fit.intervals["alpha"]),
-                E=interval_text(fit.params["E"], fit.intervals["E"]) if floored else "0",
+                form=fit.form,
+                alpha=parameter_text(fit, "alpha"),
+                E=parameter_text(fit, "E") if "E" in fit.params else "0 (no floor in this form)",
                 A=f"{fit.params['A']:.3g}",
-                r2_log=f"{fit.goodness['r2_log']:.3f}",
-                note=", ".join(
-                    ([] if floored else [f"no floor ({fit.goodness['no_floor']}): E = 0"])
-                    + [f"{p} at its bound" for p in fit.goodness["at_bound"]]
+                df=fit.goodness["df"],
+                note=f"size means' relative sd {fit.goodness['rel_sd']:.3g}, seeds' "
+                f"{fit.goodness['seed_sd']:.3g}"
+                + (
+                    f"; alpha at its bound {fit.params['alpha']:.3g}: the error does not fall "
+                    "with size as the law says"
+                    if fit.goodness["at_bound"]
+                    else ""
                 ),
             )
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def exponent_table(fits: dict, pairs: list[tuple[str, str]], readings) -> pd.DataFrame:
-    """alpha(a) - alpha(b) with its interval for each (task, axis) where both arms fitted,
-    read with ``readings`` (``reading``)."""
+# --------------------------------------------------------------------------- two arms
+
+
+ALPHA_READINGS = (
+    "alpha larger for the first arm",
+    "alpha larger for the second arm",
+    "interval includes 0: no difference of exponent detected",
+)
+"""Readings of alpha(a) - alpha(b) of one form. With floors (E + A x^-alpha) alpha is the
+rate at which each arm approaches its own floor: it alone says nothing of whether the gap
+between the arms grows; the gap columns say that, from the measured errors."""
+GAP_CHANGE_READINGS = (
+    "the gap grows with size",
+    "the gap shrinks with size",
+    "interval includes 0: no detectable change of the gap",
+)
+"""Readings of the change of the gap's size (``gap_reading``) from the smallest to the
+largest size."""
+
+
+def reading(lo: float, hi: float, readings: tuple[str, str, str]) -> str:
+    """What a difference's interval says."""
+    return readings[0] if lo > 0 else readings[1] if hi < 0 else readings[2]
+
+
+def difference_text(a, b) -> tuple[str, str]:
+    """(alpha(a) - alpha(b) with its interval, its reading), or why there is none."""
+    if a.goodness["df"] < 1 or b.goodness["df"] < 1:
+        return "not identified (no size-level deviation left to estimate)", ""
+    if not (calibrated(a, "alpha difference") and calibrated(b, "alpha difference")):
+        return "not calibrated at this design", ""
+    diff = exponent_difference(a, b)
+    if not diff["identified"]:
+        return f"not identified ({diff['estimate']:.3g}; the sizes do not bound it)", ""
+    return (
+        interval_text(diff["estimate"], (diff["lo"], diff["hi"])),
+        reading(diff["lo"], diff["hi"], ALPHA_READINGS),
+    )
+
+
+def gap_change(first: pd.DataFrame, second: pd.DataFrame, axis: str, level: float = 0.95):
+    """The measured gap (second - first mean error) at the smallest and the largest x both
+    arms ran, and its change between them: (gap at the smallest, change, lo, hi), the
+    change's Welch interval over the four cells' seeds (Satterthwaite's degrees of freedom);
+    nan where there is no pair of sizes or a cell has fewer than two seeds."""
+    a, b = size_means(first, "error", axis), size_means(second, "error", axis)
+    both = a.merge(b, on=axis, suffixes=("_a", "_b")).sort_values(axis)
+    if len(both) < 2:
+        return math.nan, math.nan, math.nan, math.nan
+    ends = both.iloc[[0, -1]]
+    gap = (ends["mean_b"] - ends["mean_a"]).to_numpy()
+    change = float(gap[1] - gap[0])
+    parts = np.concatenate([ends["std_a"] ** 2 / ends["n_a"], ends["std_b"] ** 2 / ends["n_b"]])
+    counts = np.concatenate([ends["n_a"], ends["n_b"]])
+    if (counts < 2).any():
+        return float(gap[0]), change, math.nan, math.nan
+    se = math.sqrt(parts.sum())
+    dof = parts.sum() ** 2 / (parts**2 / (counts - 1)).sum()
+    half = t_dist.ppf((1 + level) / 2, dof) * se
+    return float(gap[0]), change, change - half, change + half
+
+
+def gap_reading(gap: float, lo: float, hi: float) -> str:
+    """Whether the gap's size grows: a change of the gap's own sign widens it."""
+    sign = 1.0 if gap >= 0 else -1.0
+    lo, hi = sorted((sign * lo, sign * hi))
+    return reading(lo, hi, GAP_CHANGE_READINGS)
+
+
+def exponent_table(points: pd.DataFrame, fits: dict, pairs: list[tuple[str, str]]) -> pd.DataFrame:
+    """alpha(a) - alpha(b) (one form: the plan's) for each (task, axis) where both arms
+    fitted, and the measured gap's change (b - a error) on total parameters."""
     rows = []
-    tasks = sorted({task for task, _, _ in fits})
-    for task in tasks:
+    for task in sorted({task for task, _, _ in fits}):
         for a, b in pairs:
             for axis in AXES:
                 fa, _ = fits.get((task, a, axis), (None, None))
                 fb, _ = fits.get((task, b, axis), (None, None))
                 if fa is None or fb is None:
                     continue
-                diff = compare_exponents(fa, fb)
-                rows.append(
-                    {
-                        "task": task,
-                        "arms": f"{a} vs {b}",
-                        "axis": AXES[axis],
-                        "alpha difference": interval_text(
-                            diff["estimate"], (diff["lo"], diff["hi"])
-                        ),
-                        "share of draws > 0": f"{diff['share_above_zero']:.2f}",
-                        "reading": reading(diff["lo"], diff["hi"], readings),
-                    }
-                )
-                if readings is GAP_READINGS:
-                    change, lo, hi = gap_change(fa, fb)
-                    rows[-1]["gap change, smallest to largest size"] = interval_text(
-                        change, (lo, hi)
+                text, read = difference_text(fa, fb)
+                row = {
+                    "task": task,
+                    "arms": f"{a} vs {b}",
+                    "axis": AXES[axis],
+                    "form": fa.form,
+                    "alpha difference": text,
+                    "reading": read,
+                }
+                if axis == "total_params":
+                    arm_a = points[(points["task"] == task) & (points["arm"] == a)]
+                    arm_b = points[(points["task"] == task) & (points["arm"] == b)]
+                    gap, change, lo, hi = gap_change(arm_a, arm_b, axis)
+                    row["gap (second - first error) at the smallest size"] = f"{gap:.3g}"
+                    shown = math.isfinite(lo) and calibrated(fa, "gap change")
+                    row["its change to the largest size"] = (
+                        interval_text(change, (lo, hi)) if shown else "n/a"
                     )
-                    rows[-1]["gap reading"] = reading(lo, hi, GAP_CHANGE_READINGS)
+                    row["gap reading"] = gap_reading(gap, lo, hi) if shown else ""
+                rows.append(row)
     return pd.DataFrame(rows)
-
-
-GAP_READINGS = (
-    "pretrained error falls faster towards its floor (larger alpha)",
-    "random error falls faster towards its floor (larger alpha)",
-    "interval includes 0: the same rate",
-)
-"""Readings of alpha(pretrained) - alpha(random): above 0, below 0, either. Whether the
-gap itself grows also depends on the floors: ``gap_change`` measures it."""
-TUNING_READINGS = (
-    "frozen error falls faster with size",
-    "full fine-tuning error falls faster with size",
-    "interval includes 0: same rate",
-)
-"""Readings of alpha(frozen) - alpha(full)."""
-GAP_CHANGE_READINGS = (
-    "the gap grows with size",
-    "the gap shrinks with size",
-    "interval includes 0: no detectable change of the gap",
-)
-"""Readings of the fitted gap's change from the smallest to the largest size."""
-
-
-def gap_change(a, b, level: float = 0.95) -> tuple[float, float, float]:
-    """Change of the fitted gap (b - a, e.g. random - pretrained error) from the smallest to
-    the largest x both fits share, with the percentile interval of paired bootstrap draws."""
-    (column,) = a.x
-    low = max(a.goodness["x_range"][column][0], b.goodness["x_range"][column][0])
-    high = min(a.goodness["x_range"][column][1], b.goodness["x_range"][column][1])
-    frame = pd.DataFrame({column: [low, high]})
-    (pa_, boot_a), (pb_, boot_b) = a.curves(frame), b.curves(frame)
-    n = min(len(boot_a), len(boot_b))
-    gap = boot_b[:n] - boot_a[:n]
-    change = gap[:, 1] - gap[:, 0]
-    lo, hi = np.quantile(change, [(1 - level) / 2, (1 + level) / 2])
-    return float((pb_[1] - pa_[1]) - (pb_[0] - pa_[0])), float(lo), float(hi)
-
-
-def reading(lo: float, hi: float, readings: tuple[str, str, str]) -> str:
-    """What an exponent difference's interval says (a larger alpha: error falls faster)."""
-    return readings[0] if lo > 0 else readings[1] if hi < 0 else readings[2]
 
 
 def arm_pairs(points: pd.DataFrame, column: str, first: str, second: str) -> list[tuple[str, str]]:
@@ -219,27 +381,41 @@ def arm_pairs(points: pd.DataFrame, column: str, first: str, second: str) -> lis
     return sorted(set(zip(both["arm_a"], both["arm_b"], strict=True)))
 
 
-def holdout_rows(points: pd.DataFrame, n_boot: int | None = None) -> tuple[pd.DataFrame, dict]:
-    """The held-out check of every arm with at least ``MIN_HOLDOUT_SIZES`` sizes (total
-    parameters): (table, {(task, arm): HoldoutCheck})."""
+# --------------------------------------------------------------------------- held out
+
+
+def holdout_rows(points: pd.DataFrame, form: str = DEFAULT_FORM) -> tuple[pd.DataFrame, dict]:
+    """The held-out check of every arm with at least ``MIN_SIZES`` + 1 sizes (total
+    parameters): the plan's law fitted without the largest size, its prediction interval
+    of that size's mean (the size's own deviation included): (table, {(task, arm):
+    HoldoutCheck}). An interval not identified (the smaller sizes leave no degree of
+    freedom) or not calibrated at the design is said so."""
     rows, checks = [], {}
+    p = len(LAWS[check_form(form)].params)
     for (task, arm), group in points.groupby(["task", "arm"], sort=True):
-        if group["total_params"].nunique() < MIN_HOLDOUT_SIZES or (group["error"] <= 0).any():
+        sizes = group["total_params"].nunique()
+        if sizes < MIN_SIZES + 1 or (group["error"] <= 0).any():
+            continue
+        if sizes - 1 <= p:
+            rows.append(
+                {"task": task, "arm": arm, "note": f"not identified: {sizes - 1} sizes fit the "
+                 f"{p} parameters of {form} exactly, leaving no size-level deviation to "
+                 "estimate the prediction's spread from"}
+            )  # fmt: skip
             continue
         try:
-            check = holdout_check(
-                group,
-                "error",
-                "total_params",
-                "floor_or_power",
-                groups="seed",
-                n_boot=n_boot or REPORT_BOOT,
-            )
+            check = holdout_check(group, "error", "total_params", form, method="size_means")
         except ValueError as e:
             rows.append({"task": task, "arm": arm, "note": str(e)})
             continue
-        checks[(task, arm)] = check
         held = check.rows.iloc[0]
+        whole = Design(
+            "this arm",
+            tuple(float(v) for v in np.sort(group["total_params"].unique())),
+            int(group.groupby("total_params").size().min()),
+        )
+        ok = calibrated(check.fit, "held-out prediction", whole)
+        checks[(task, arm)] = check
         rows.append(
             {
                 "task": task,
@@ -248,12 +424,44 @@ def holdout_rows(points: pd.DataFrame, n_boot: int | None = None) -> tuple[pd.Da
                 "seeds": int(held["n_obs"]),
                 "observed error": f"{held['observed']:.4f}",
                 "predicted": f"{held['mean']:.4f}",
-                "95% prediction interval": f"[{held['lo']:.4f}, {held['hi']:.4f}]",
+                "95% prediction interval": f"[{held['lo']:.4f}, {held['hi']:.4f}]"
+                if ok
+                else "not calibrated at this design",
                 "relative error": f"{held['rel_error']:+.1%}",
-                "inside": "yes" if held["inside"] else "NO",
+                "inside": ("yes" if held["inside"] else "NO") if ok else "",
             }
         )
     return pd.DataFrame(rows), checks
+
+
+def next_run_rows(points: pd.DataFrame, fits: dict) -> pd.DataFrame:
+    """Per fitted arm on total parameters: the next run that most narrows alpha's interval
+    per FLOP (``analysis.power.next_runs``), with the cost in the trials' ``total_flops``."""
+    rows = []
+    for (task, arm, axis), (fit, _) in fits.items():
+        if fit is None or axis != "total_params" or "total_flops" not in points:
+            continue
+        group = points[(points["task"] == task) & (points["arm"] == arm)]
+        cost = group.groupby("total_params")["total_flops"].mean()
+        if not np.all(np.isfinite(cost.to_numpy(dtype=float))):
+            continue
+        options = next_runs(fit, cost)
+        best = options.iloc[0]
+        rows.append(
+            {
+                "task": task,
+                "arm": arm,
+                "alpha's half-width now": f"{best['half_width_now']:.3g}",
+                "best next run": best["option"],
+                "half-width after": f"{best['half_width_after']:.3g}",
+                "cost (FLOPs)": f"{best['flops']:.3g}",
+                "other options": "; ".join(
+                    f"{o['option']}: {o['half_width_after']:.3g} for {o['flops']:.3g} FLOPs"
+                    for o in options.iloc[1:].to_dict("records")
+                ),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def transfer_rows(trials: pd.DataFrame, metric: str, n_boot: int | None = None) -> pd.DataFrame:
@@ -287,8 +495,9 @@ def readable(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def seed_spread(group: pd.DataFrame, axis: str) -> pd.DataFrame:
-    """Per x: n, mean, std of the error over seeds."""
-    return group.groupby(axis)["error"].agg(n="count", mean="mean", std="std").reset_index()
+    """Per x: n, mean, std of the error over seeds and the t interval of the mean (lo,
+    hi)."""
+    return size_means(group, "error", axis)
 
 
 def curve_frame(fit, xs: np.ndarray) -> pd.DataFrame:
