@@ -4,6 +4,10 @@ Trial flags are generated from the config dataclasses (``--batch-size`` is ``bat
 so the command line, the sweep param space and the Parquet columns share one set of names.
 Every value is checked by the config layer, which reports all problems at once; bad input
 exits with code 2 and one message, never a traceback, and writes nothing.
+
+Building the parser imports neither torch nor Ray (``scale-fpt --help`` and the list of
+studies answer at once); each command imports what it runs when it is dispatched. This is
+the one module of the package that imports the recipes (``scale_fpt.recipes``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from scale_fpt import fetch as fetch_module
 from scale_fpt.config import CONCERNS, FIELD_TYPES, ConfigError, TrialConfig, flag, shape_init
+from scale_fpt.recipes import STUDY_NAMES, load_study
+from scale_fpt.study import add_study_flags
 
 EXIT_BAD_INPUT = 2
 ALIASES = {"max_steps": ["--steps"]}
@@ -105,27 +112,16 @@ def build_parser() -> Parser:
     add_plan_flags(plan)
 
     pretrain = commands.add_parser("pretrain", help="pretrain a CPU-sized backbone locally")
-    from scale_fpt import pretrain as pretrain_module
-
-    pretrain_module.add_arguments(pretrain)
-
-    from scale_fpt.presets import STUDIES
-    from scale_fpt.study import add_study_flags
+    add_pretrain_flags(pretrain)
 
     sweep = commands.add_parser(
         "sweep",
-        help=f"run a study ({', '.join(STUDIES)}) or a sweep declared in a YAML file",
-        description="Run (or plan, or resume) a study of scale_fpt/presets.py, or a sweep "
-        "declared in a YAML file of SweepConfig fields (examples/lr_grid.yaml). The same "
+        help=f"run a study ({', '.join(STUDY_NAMES)}) or a sweep declared in a YAML file",
+        description="Run (or plan, or resume) a study of scale_fpt/recipes/studies.py, or a "
+        "sweep declared in a YAML file of SweepConfig fields (examples/lr_grid.yaml). The same "
         "flags as the scripts in sweeps/.",
     )
-    sweep.add_argument(
-        "target",
-        metavar="STUDY|FILE.yaml",
-        help=f"a study: {', '.join(STUDIES)}; or a YAML file of SweepConfig fields",
-    )
-    presets = sorted({name for study in STUDIES.values() for name in study.presets})
-    add_study_flags(sweep, presets, default_preset=None)
+    add_sweep_target(sweep, "run")
 
     fetch = commands.add_parser(
         "fetch",
@@ -137,8 +133,7 @@ def build_parser() -> Parser:
         "(its other flags are accepted and ignored; docs/data.md). Exit 1 when something "
         "could not be fetched.",
     )
-    from scale_fpt import fetch as fetch_module
-
+    add_sweep_target(fetch, "fetch")
     fetch_module.add_arguments(fetch)
 
     report = commands.add_parser("report", help="the study's tables and figures")
@@ -171,13 +166,12 @@ def build_parser() -> Parser:
 
 
 def add_plan_flags(parser: argparse.ArgumentParser) -> None:
-    from scale_fpt.planner import DEFAULT_GPU, GPUS
-
     group = parser.add_argument_group("GPU plan")
     group.add_argument(
         "--gpu",
-        default=DEFAULT_GPU,
-        help=f"the GPU to plan for: {', '.join(GPUS)} (default: {DEFAULT_GPU})",
+        default="",
+        help="the GPU to plan for, a name of the planner's table (an unknown name lists them; "
+        "default: the planner's default GPU)",
     )
     group.add_argument(
         "--gpu-memory", type=float, default=0.0, help="GiB of that GPU (default: the table's)"
@@ -190,6 +184,50 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--max-gpus", type=int, default=8, help="most GPUs one trial may span (default: 8)"
     )
+
+
+def add_pretrain_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default="gpt2-tiny",
+        help="a CPU preset (an unknown name lists them; default: gpt2-tiny)",
+    )
+    parser.add_argument(
+        "--corpus",
+        default="language",
+        help="'language' (English text), 'bit-memory', or a text file / directory of text",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="training steps (default: the preset's, 800 for most)",
+    )
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=64, help="bytes per language sequence")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="", help="output directory (default: the preset cache)")
+    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
+
+
+def add_sweep_target(parser: argparse.ArgumentParser, verb: str) -> None:
+    """The sweep a command runs or reads: a study (``scale_fpt.recipes``) or a YAML file, and
+    the flags that narrow it (``study.add_study_flags``)."""
+    parser.add_argument(
+        "target",
+        nargs="?" if verb == "fetch" else None,
+        default="",
+        metavar="STUDY|FILE.yaml",
+        help=f"{verb} a study: {', '.join(STUDY_NAMES)}; or a YAML file of SweepConfig fields"
+        + (
+            "; without it: the data of --tasks and the weights of --models (with --inits, "
+            "default pretrained)"
+            if verb == "fetch"
+            else ""
+        ),
+    )
+    add_study_flags(parser, presets=None, default_preset=None)
 
 
 def add_config_file_flags(parser: argparse.ArgumentParser) -> None:
@@ -259,12 +297,21 @@ def main(argv: list[str] | None = None) -> int:
             return train(args, config)
         if args.command == "plan":
             return plan(config, gpu_plan(args, config))
+        # Each command's module is imported when it is dispatched, not at the top: they
+        # load torch, Ray or pandas, and building the parser (--help) needs none of them
+        # (start-up time).
         if args.command == "sweep":
-            return run_sweep_target(args)
-        if args.command == "fetch":
-            from scale_fpt import fetch as fetch_module
+            from scale_fpt.study import run_study
 
-            return fetch_module.main(args)
+            study = load_study(args.target) if args.target in STUDY_NAMES else None
+            return run_study(declared_sweep(args), args, study.after if study else None)
+        if args.command == "fetch":
+            sweep = None
+            if args.target:
+                from scale_fpt.study import narrow
+
+                sweep = narrow(declared_sweep(args), args).validate()
+            return fetch_module.main(args, sweep)
         if args.command == "pretrain":
             from scale_fpt import pretrain as pretrain_module
 
@@ -331,30 +378,28 @@ def train(args: argparse.Namespace, config: TrialConfig) -> int:
     return code
 
 
-def run_sweep_target(args: argparse.Namespace) -> int:
-    """``scale-fpt sweep STUDY|FILE.yaml``: the study's preset, or the file's sweep, run as
-    ``sweeps/*.py`` runs it (``study.run_study``)."""
-    from scale_fpt.presets import STUDIES
-    from scale_fpt.study import run_study
+def declared_sweep(args: argparse.Namespace):
+    """The SweepConfig ``args.target`` declares: the study's preset (``--preset``, default
+    local) or the YAML file's sweep, before the narrowing flags."""
     from scale_fpt.sweep import SweepConfig
 
     target = args.target
-    if target in STUDIES:
-        presets = STUDIES[target].presets
+    if target in STUDY_NAMES:
+        presets = load_study(target).presets
         if (args.preset or "local") not in presets:
             raise ConfigError(
                 [f"--preset {args.preset}: {target} has the presets {', '.join(presets)}"]
             )
-        return run_study(presets[args.preset or "local"](), args, STUDIES[target].after)
+        return presets[args.preset or "local"]()
     if not (target.endswith((".yaml", ".yml")) or Path(target).is_file()):
         raise ConfigError(
-            [f"sweep {target!r}: neither a study ({', '.join(STUDIES)}) nor a YAML sweep file"]
+            [f"sweep {target!r}: neither a study ({', '.join(STUDY_NAMES)}) nor a YAML sweep file"]
         )
     if args.preset:
         raise ConfigError(
             [f"--preset {args.preset}: {target} declares its own sweep; presets are the studies'"]
         )
-    return run_study(SweepConfig.from_yaml(target), args)
+    return SweepConfig.from_yaml(target)
 
 
 def progress_bar(config: TrialConfig, start: int, disable: bool):
@@ -374,7 +419,7 @@ def plan_flag_problems(args: argparse.Namespace) -> list[str]:
     from scale_fpt import planner
 
     problems = [] if args.max_gpus >= 1 else [f"--max-gpus: must be >= 1, got {args.max_gpus}"]
-    if args.gpu not in planner.GPUS and not args.gpu_memory > 0:
+    if args.gpu and args.gpu not in planner.GPUS and not args.gpu_memory > 0:
         problems.append(
             f"--gpu: unknown GPU {args.gpu!r}; choose from {', '.join(planner.GPUS)} "
             "(or give --gpu-memory GiB)"
@@ -391,10 +436,11 @@ def gpu_plan(args: argparse.Namespace, config: TrialConfig):
     ``plan_flag_problems``)."""
     from scale_fpt import planner
 
+    name = args.gpu or planner.DEFAULT_GPU
     if args.gpu_memory > 0:
-        gpu = planner.gpu_with_memory(args.gpu_memory, args.gpu)
+        gpu = planner.gpu_with_memory(args.gpu_memory, name)
     else:
-        gpu = planner.GPUS[args.gpu]
+        gpu = planner.GPUS[name]
     return planner.plan_trial(config, args.gpus_per_trial, gpu, args.max_gpus)
 
 
