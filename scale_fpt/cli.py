@@ -14,20 +14,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
-import itertools
 import json
 import sys
 from dataclasses import fields
 from pathlib import Path
 
+import yaml
+
 from scale_fpt import fetch as fetch_module
-from scale_fpt.config import CONCERNS, FIELD_TYPES, ConfigError, TrialConfig, flag, shape_init
+from scale_fpt.config import CONCERNS, FIELD_TYPES, ConfigError, TrialConfig, shape_init
+from scale_fpt.flags import add_field_flags, load_mapping
 from scale_fpt.recipes import STUDY_NAMES, load_study
 from scale_fpt.study import add_study_flags
+from scale_fpt.sweep.config import SweepConfig
 
 EXIT_BAD_INPUT = 2
-ALIASES = {"max_steps": ["--steps"]}
+TRIAL_ALIASES = {"max_steps": ["--steps"]}
 SUMMARY_KEYS = (
     "trial_id",
     "status",
@@ -54,37 +56,16 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_trial_flags(parser: argparse.ArgumentParser) -> None:
+    """A flag per trial config field, in a group per concern (``flags.add_field_flags``)."""
     for concern in CONCERNS:
-        group = parser.add_argument_group(concern.__name__)
-        for f in fields(concern):
-            doc = " ".join(field_docs(concern).get(f.name, "").split())
-            default = getattr(concern(), f.name)
-            group.add_argument(
-                flag(f.name),
-                *ALIASES.get(f.name, []),
-                dest=f.name,
-                default=None,
-                metavar=type(default).__name__.upper(),
-                help=f"{doc} (default: {default!r})".replace("%", "%%"),  # argparse formats %
-            )
-
-
-@functools.cache
-def field_docs(concern) -> dict[str, str]:
-    """The docstring written under each field of a config.py dataclass, from one parse of its
-    source, once per process (a parse per field cost every command ~0.5 s of start-up)."""
-    import ast
-    import inspect
-
-    body = ast.parse(inspect.getsource(concern)).body[0].body
-    return {
-        node.target.id: following.value.value
-        for node, following in itertools.pairwise(body)
-        if isinstance(node, ast.AnnAssign)
-        and isinstance(node.target, ast.Name)
-        and isinstance(following, ast.Expr)
-        and isinstance(following.value, ast.Constant)
-    }
+        defaults = concern()
+        add_field_flags(
+            parser.add_argument_group(concern.__name__),
+            concern,
+            {f.name: FIELD_TYPES[f.name] for f in fields(concern)},
+            TRIAL_ALIASES,
+            default_text=lambda name, d=defaults: repr(getattr(d, name)),
+        )
 
 
 def build_parser() -> Parser:
@@ -246,31 +227,20 @@ def add_config_file_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def config_file_values(path: str) -> dict:
-    """The ``{field: value}`` mapping of a ``--config`` YAML file; ConfigError naming the
-    file for an unreadable file, bad YAML or a non-mapping (unknown keys: from_flat)."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        raise ConfigError([f"--config {path}: cannot read ({e.strerror})"]) from None
-    except yaml.YAMLError as e:
-        raise ConfigError([f"--config {path}: YAML syntax error: {e}"]) from None
-    if not isinstance(data, dict):
-        raise ConfigError([f"--config {path}: expected a mapping of trial config fields"])
-    return data
-
-
 def trial_config(args: argparse.Namespace) -> TrialConfig:
-    flat = config_file_values(args.config) if getattr(args, "config", "") else {}
+    """The trial of ``--config`` FILE's fields and the trial flags beside it (which win),
+    typed and checked at once by ``TrialConfig.from_flat``."""
+    flat = {}
+    if args.config:
+        try:
+            flat = load_mapping(args.config, "trial config file", "trial config fields")
+        except ConfigError as e:
+            raise ConfigError([f"--config {p}" for p in e.problems]) from None
     flat.update({k: v for k, v in vars(args).items() if k in FIELD_TYPES and v is not None})
     return TrialConfig.from_flat(flat)
 
 
 def print_config(config: TrialConfig) -> int:
-    import yaml
-
     print(yaml.safe_dump(config.to_flat(), sort_keys=False), end="")
     return 0
 
@@ -306,12 +276,15 @@ def main(argv: list[str] | None = None) -> int:
             study = load_study(args.target) if args.target in STUDY_NAMES else None
             return run_study(declared_sweep(args), args, study.after if study else None)
         if args.command == "fetch":
-            sweep = None
-            if args.target:
-                from scale_fpt.study import narrow
+            from scale_fpt.study import narrow, sweep_flag_values
 
+            if args.target:
                 sweep = narrow(declared_sweep(args), args).validate()
-            return fetch_module.main(args, sweep)
+                return fetch_module.main(args, sweep, sweep.data_root)
+            values, problems = sweep_flag_values(args)
+            if problems:
+                raise ConfigError(problems)
+            return fetch_module.main(args, None, values.get("data_root", ""))
         if args.command == "pretrain":
             from scale_fpt import pretrain as pretrain_module
 
@@ -381,8 +354,6 @@ def train(args: argparse.Namespace, config: TrialConfig) -> int:
 def declared_sweep(args: argparse.Namespace):
     """The SweepConfig ``args.target`` declares: the study's preset (``--preset``, default
     local) or the YAML file's sweep, before the narrowing flags."""
-    from scale_fpt.sweep import SweepConfig
-
     target = args.target
     if target in STUDY_NAMES:
         presets = load_study(target).presets

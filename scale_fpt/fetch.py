@@ -106,12 +106,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 NOT_READ = {
     *("plan", "resume", "name", "results_dir", "storage_path", "optuna_storage", "loggers"),
     *("max_concurrent", "max_failures", "search_trials", "asha", "pack", "gpus_per_trial"),
-    *("gpu", "gpu_memory_gb", "cluster_config", "seeds", "confirm_seeds", "steps", "config"),
+    *("metric", "asha_grace_evals", "cpus_per_trial", "reuse_actors"),
+    *("gpu", "gpu_memory_gb", "cluster_config", "seeds", "confirm_seeds", "steps"),
 }
 """Sweep flags that change nothing a sweep reads: fetch takes them and ignores them."""
 
 
-def needs(args: argparse.Namespace, sweep=None) -> tuple[list[str], list[tuple[str, str, bool]]]:
+def needs(
+    args: argparse.Namespace, sweep, data_root: str
+) -> tuple[list[str], list[tuple[str, str, bool]]]:
     """(The data folders, the (hub id, revision, config only) weights) that ``sweep`` (the
     one ``scale-fpt sweep`` would run with these arguments), else the arguments' ``--tasks``
     and ``--models``, read."""
@@ -129,7 +132,7 @@ def needs(args: argparse.Namespace, sweep=None) -> tuple[list[str], list[tuple[s
         if not arms:
             raise ConfigError(["fetch: name a study or a YAML sweep file, or --tasks / --models"])
     folders, weights = set(), set()
-    root = Path(args.data_root).absolute()
+    root = Path(data_root).absolute()
     for arm in arms:
         config = TrialConfig.from_flat(arm)
         folder, own = DATA_FOLDERS.get(config.task.task), config.task.data_dir
@@ -294,13 +297,12 @@ def fetch_weights(source: str, revision: str, config_only: bool, say) -> str:
     return ""
 
 
-def main(args: argparse.Namespace, sweep=None) -> int:
-    """Fetch everything ``needs`` names; 0 when all is in place, 1 when something could not
-    be fetched."""
+def main(args: argparse.Namespace, sweep, data_root: str) -> int:
+    """Fetch everything ``needs`` names into ``data_root`` (``--data-root``) and the Hugging
+    Face cache; 0 when all is in place, 1 when something could not be fetched."""
     import os
 
-    folders, weights = needs(args, sweep)
-    data_root = args.data_root
+    folders, weights = needs(args, sweep, data_root)
     if folders and not data_root:
         raise ConfigError(
             [

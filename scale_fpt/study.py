@@ -11,9 +11,12 @@ import argparse
 import dataclasses
 import os
 import sys
+import typing
 from collections.abc import Callable
 
-from scale_fpt.config import ConfigError, TrialConfig
+from scale_fpt.config import FIELD_TYPES, TASKS, ConfigError, TrialConfig, coerce
+from scale_fpt.flags import add_field_flags, load_mapping
+from scale_fpt.sweep.config import SweepConfig
 
 LIST_FLAGS = {
     "tasks": "task",
@@ -34,11 +37,36 @@ def parser(description: str, presets: dict) -> argparse.ArgumentParser:
     return p
 
 
+SWEEP_ALIASES = {
+    "results_dir": ["--results"],
+    "storage_path": ["--storage"],
+    "gpu_memory_gb": ["--gpu-memory"],
+    "loggers": ["--logger"],
+}
+"""Earlier spellings of sweep flags, still accepted beside the field names."""
+SWEEP_ENV = {
+    "results_dir": "SCALE_FPT_RESULTS",
+    "storage_path": "SCALE_FPT_STORAGE",
+    "data_root": "SCALE_FPT_DATA",
+}
+"""Sweep fields read from the environment when their flag is not given: cluster/*.yaml
+export the shared storage, so a bare ``ray submit cluster/gpu.yaml sweeps/X.py`` writes
+where every node can reach."""
+SWEEP_FIELD_KINDS = {
+    f.name: hint
+    for f in dataclasses.fields(SweepConfig)
+    if (hint := typing.get_type_hints(SweepConfig)[f.name]) is not dict and f.name != "overrides"
+}
+"""The SweepConfig fields set by a flag of their own (the grid, base, search and overrides
+are set by the narrowing flags, ``--set`` and sweep files), and their types."""
+
+
 def add_study_flags(
     p: argparse.ArgumentParser, presets: list[str] | None, default_preset: str | None = "local"
 ) -> None:
     """The flags of every way to launch a sweep: ``sweeps/*.py`` and ``scale-fpt sweep``
-    (``presets``: the study's preset names, or None where the study is not known yet)."""
+    (``presets``: the study's preset names, or None where the study is not known yet): the
+    narrowing flags, then a flag per SweepConfig field (``flags.add_field_flags``)."""
     p.add_argument(
         "--preset",
         choices=presets,
@@ -46,17 +74,17 @@ def add_study_flags(
         help="the study's preset (default: local)"
         + ("" if presets else "; a wrong name lists the study's presets"),
     )
+    p.add_argument(
+        "--config",
+        default="",
+        metavar="FILE.yaml",
+        help="SweepConfig fields from a YAML mapping, over the preset's or the sweep file's; "
+        "flags given beside it win",
+    )
     for name, field in LIST_FLAGS.items():
         p.add_argument(
             f"--{name.replace('_', '-')}", default="", help=f"comma list: only these {field} values"
         )
-    p.add_argument("--seeds", default="", help="comma list of seeds (default: the preset's)")
-    p.add_argument(
-        "--confirm-seeds",
-        default="",
-        help="comma list of fresh seeds each arm's chosen lr is re-run on after a search or "
-        "lr grid, or 'none' (default: the preset's)",
-    )
     p.add_argument("--steps", type=int, default=0, help="max_steps of every trial")
     p.add_argument(
         "--set",
@@ -67,125 +95,62 @@ def add_study_flags(
         "trials (homology.data_dir=/data/tape); repeatable",
     )
     p.add_argument(
-        "--data-root",
-        default=os.environ.get("SCALE_FPT_DATA", ""),
-        metavar="DIR",
-        help="the tasks' data, one folder per dataset: DIR/listops, DIR/homology, DIR/mnist, "
-        "DIR/cifar10 (docs/data.md); a task whose folder is missing keeps its default source "
-        "(default: $SCALE_FPT_DATA)",
-    )
-    p.add_argument("--name", default="", help="sweep name (default: the preset's)")
-    # cluster/*.yaml export SCALE_FPT_RESULTS and SCALE_FPT_STORAGE (shared storage), so a
-    # bare `ray submit cluster/gpu.yaml sweeps/X.py` writes where every node can reach.
-    p.add_argument(
-        "--results",
-        default=os.environ.get("SCALE_FPT_RESULTS", ""),
-        help="Parquet results directory (default: $SCALE_FPT_RESULTS, else the preset's or "
-        "file's results_dir: results)",
-    )
-    p.add_argument(
-        "--storage",
-        default=os.environ.get("SCALE_FPT_STORAGE", ""),
-        help="Ray Tune storage, shared on a cluster (default: $SCALE_FPT_STORAGE, else RESULTS/_ray)",
-    )
-    p.add_argument(
-        "--optuna-storage",
-        default="",
-        help="Optuna storage: an RDB URL, or a journal file PATH.journal (safe on NFS) "
-        "(default: in the sweep's results, a journal file on a shared file system, else SQLite)",
-    )
-    p.add_argument(
-        "--max-concurrent",
-        type=int,
-        default=None,
-        help="trials at once; 0 = unlimited, as many as resources allow (default: the preset's)",
-    )
-    p.add_argument(
-        "--max-failures",
-        type=int,
-        default=None,
-        help="retries per crashed trial; 0 = none (default: the preset's)",
-    )
-    p.add_argument(
-        "--logger",
-        "--loggers",
-        dest="loggers",
-        default="",
-        metavar="LIST",
-        help="comma list of trackers fed with every evaluation, one run per trial: "
-        "tensorboard (RESULTS/<sweep>/tensorboard), wandb (RESULTS/<sweep>/wandb; "
-        "WANDB_MODE=offline works without network), mlflow ($MLFLOW_TRACKING_URI, else "
-        "RESULTS/<sweep>/mlruns); or none (default: tensorboard)",
-    )
-    p.add_argument("--search-trials", type=int, default=0, help="Optuna trials per arm")
-    p.add_argument("--asha", action="store_true", help="stop weak trials early (ASHA)")
-    p.add_argument(
-        "--pack",
-        type=pack_value,
-        default=None,
-        metavar="K|auto",
-        help="train up to K compatible trials per process on one backbone; auto (the "
-        "default): K from the devices and their memory, 1: one trial per process",
-    )
-    add_gpu_flags(p)
-    p.add_argument(
         "--plan",
         action="store_true",
         help="print where each trial runs (GPUs, ZeRO stage, trials per GPU) and the "
         "study's estimated GPU-hours; runs nothing",
     )
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
-
-
-def add_gpu_flags(p: argparse.ArgumentParser) -> None:
-    """What each trial asks Ray for (``SweepConfig.gpus_per_trial``, ``gpu``, ...)."""
-    p.add_argument(
-        "--gpus-per-trial",
-        default="",
-        metavar="auto|0|N|FRACTION",
-        help="GPUs per trial: auto (sized by the memory planner; CPU where the cluster has "
-        "and can launch no GPU), 0 (CPU only), N, or a fraction such as 0.25 (default: the "
-        "preset's)",
-    )
-    p.add_argument(
-        "--gpu",
-        default="",
-        metavar="NAME",
-        help="the GPU trials run on, for the planner: a name of its table (a wrong name lists "
-        "them; default: the preset's, else the cluster's GPU node types)",
-    )
-    p.add_argument(
-        "--gpu-memory", type=float, default=0.0, help="GiB of one GPU, for a GPU not in --gpu"
-    )
-    p.add_argument(
-        "--cluster-config",
-        default="",
-        help="cluster YAML whose node types auto plans for (default: ~/ray_bootstrap_config.yaml "
-        "when present)",
+    add_field_flags(
+        p.add_argument_group("SweepConfig (default: the preset's or the sweep file's)"),
+        SweepConfig,
+        SWEEP_FIELD_KINDS,
+        SWEEP_ALIASES,
+        default_text=lambda name: (
+            f"${SWEEP_ENV[name]}, else the preset's" if name in SWEEP_ENV else "the preset's"
+        ),
     )
 
 
-def pack_value(text: str) -> int | str:
-    """``--pack``: ``auto`` or a positive number of trials per cohort."""
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {text!r}")
-    return value
+def sweep_flag_values(args: argparse.Namespace) -> tuple[dict, list[str]]:
+    """(The SweepConfig fields given as flags (else by ``SWEEP_ENV``), typed; a problem per
+    value of the wrong type, which is left out). Their ranges: ``SweepConfig.problems``."""
+    values, problems = {}, []
+    for name, kind in SWEEP_FIELD_KINDS.items():
+        text = getattr(args, name)
+        if text is None:
+            text = os.environ.get(SWEEP_ENV.get(name, ""), "") or None
+        if text is None:
+            continue
+        if kind in (tuple[int, ...], tuple[str, ...]):
+            item = kind.__args__[0]
+            typed = [coerce(name, v.strip(), item) for v in text.split(",") if v.strip()]
+            if name == "confirm_seeds" and text == "none":
+                typed = []
+            value = tuple(v for v, _ in typed)
+            problem = next((p for _, p in typed if p), None)
+        elif kind in (bool, int, float, str):
+            value, problem = coerce(name, text, kind)
+        else:  # pack: a number of trials, or auto
+            value, problem = (text, None) if text == "auto" else coerce(name, text, int)
+        if problem:
+            problems.append(problem)
+        else:
+            values[name] = value
+    return values, problems
 
 
 def split(text: str, kind=str) -> list:
     return [kind(v) for v in text.split(",") if v.strip()]
 
 
-def narrow(sweep, args: argparse.Namespace):
-    """Apply the command-line narrowing flags to a preset's SweepConfig."""
-    from scale_fpt.sweep import SweepConfig
-
+def narrow(sweep: SweepConfig, args: argparse.Namespace) -> SweepConfig:
+    """Apply the command line to a declared (a preset's or a file's) SweepConfig: the fields
+    of ``--config`` FILE, then the narrowing flags and the SweepConfig flags."""
+    if args.config:
+        sweep = sweep.updated(
+            load_mapping(args.config, "sweep config file", "SweepConfig fields"), args.config
+        )
     grid, base = dict(sweep.grid), dict(sweep.base)
     kinds = {"lr": float, "batch_size": int}
     for flag_name, field in LIST_FLAGS.items():
@@ -199,11 +164,6 @@ def narrow(sweep, args: argparse.Namespace):
         else:
             grid[field] = values
     changes = {"grid": grid, "base": base}
-    if args.seeds:
-        changes["seeds"] = tuple(split(args.seeds, int))
-    if args.confirm_seeds:
-        none = args.confirm_seeds == "none"
-        changes["confirm_seeds"] = () if none else tuple(split(args.confirm_seeds, int))
     # Last overrides win over the preset's per-task settings.
     forced = {"max_steps": args.steps} if args.steps else {}
     everywhere, per_task = parse_assignments(args.set)
@@ -213,39 +173,16 @@ def narrow(sweep, args: argparse.Namespace):
     )
     if added:
         changes["overrides"] = (*sweep.overrides, *added)
-    optional = {
-        "name": args.name,
-        "results_dir": args.results,
-        "storage_path": args.storage,
-        "optuna_storage": args.optuna_storage,
-        "search_trials": args.search_trials,
-        "gpus_per_trial": args.gpus_per_trial,
-        "gpu": args.gpu,
-        "gpu_memory_gb": args.gpu_memory,
-        "cluster_config": args.cluster_config,
-        "data_root": args.data_root,
-    }
-    changes.update({k: v for k, v in optional.items() if v})
-    if args.loggers:
-        changes["loggers"] = tuple(split(args.loggers))
-    # Given values pass unchecked: SweepConfig.validate names a negative one.
-    for name in ("max_concurrent", "max_failures"):
-        if getattr(args, name) is not None:
-            changes[name] = getattr(args, name)
-    if args.asha:
-        changes["asha"] = True
-    if args.pack is not None:
-        changes["pack"] = args.pack
-    sweep = dataclasses.replace(sweep, **changes)
-    assert isinstance(sweep, SweepConfig)
+    values, problems = sweep_flag_values(args)
+    sweep = dataclasses.replace(sweep, **changes, **values)
+    if problems:  # with the rest of the sweep's, in one message
+        raise ConfigError(list(dict.fromkeys(problems + sweep.problems() + sweep.arm_problems())))
     return sweep
 
 
 def parse_assignments(assignments: list[str]) -> tuple[dict, dict[str, dict]]:
     """``["eval_every=100", "homology.data_dir=/d"]`` -> (typed values for every trial,
     {task: typed values for that task's trials})."""
-    from scale_fpt.config import FIELD_TYPES, TASKS, coerce
-
     kinds = FIELD_TYPES
     everywhere, per_task, problems = {}, {}, []
     for assignment in assignments:
