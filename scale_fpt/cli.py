@@ -16,16 +16,18 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
 import yaml
+from tqdm import tqdm
 
 from scale_fpt import fetch as fetch_module
 from scale_fpt.config import CONCERNS, FIELD_TYPES, ConfigError, TrialConfig, shape_init
 from scale_fpt.flags import add_field_flags, load_mapping
 from scale_fpt.recipes import STUDY_NAMES, load_study
-from scale_fpt.study import add_study_flags
+from scale_fpt.study import add_study_flags, narrow, run_study, sweep_flag_values
 from scale_fpt.sweep.config import SweepConfig
 
 EXIT_BAD_INPUT = 2
@@ -75,7 +77,14 @@ def build_parser() -> Parser:
     train = commands.add_parser("train", help="train one trial and write its Parquet rows")
     add_trial_flags(train)
     add_config_file_flags(train)
-    train.add_argument("--results", default="results", help="results directory (default: results)")
+    train.add_argument(
+        "--results",
+        "--results-dir",
+        "--results_dir",
+        dest="results",
+        default="results",
+        help="results directory (default: results)",
+    )
     train.add_argument("--sweep", default="train", help="sweep name of the rows (default: train)")
     train.add_argument(
         "--checkpoint-dir",
@@ -267,24 +276,19 @@ def main(argv: list[str] | None = None) -> int:
             return train(args, config)
         if args.command == "plan":
             return plan(config, gpu_plan(args, config))
-        # Each command's module is imported when it is dispatched, not at the top: they
-        # load torch, Ray or pandas, and building the parser (--help) needs none of them
-        # (start-up time).
         if args.command == "sweep":
-            from scale_fpt.study import run_study
-
-            study = load_study(args.target) if args.target in STUDY_NAMES else None
-            return run_study(declared_sweep(args), args, study.after if study else None)
+            declared, after = declared_sweep(args)
+            return run_study(declared, args, after)
         if args.command == "fetch":
-            from scale_fpt.study import narrow, sweep_flag_values
-
             if args.target:
-                sweep = narrow(declared_sweep(args), args).validate()
+                sweep = narrow(declared_sweep(args)[0], args).validate()
                 return fetch_module.main(args, sweep, sweep.data_root)
             values, problems = sweep_flag_values(args)
             if problems:
                 raise ConfigError(problems)
             return fetch_module.main(args, None, values.get("data_root", ""))
+        # pretrain and report are imported when dispatched, not at the top: they load torch
+        # and pandas, and building the parser (--help) needs neither (start-up time).
         if args.command == "pretrain":
             from scale_fpt import pretrain as pretrain_module
 
@@ -298,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(args: argparse.Namespace, config: TrialConfig) -> int:
+    # The trial stack loads torch: imported when a trial runs, not for --help (start-up time).
     from scale_fpt.loop import CheckpointDir
     from scale_fpt.results import ResultsError, ResultsWriter
     from scale_fpt.trial import TrialRun
@@ -351,17 +356,18 @@ def train(args: argparse.Namespace, config: TrialConfig) -> int:
     return code
 
 
-def declared_sweep(args: argparse.Namespace):
-    """The SweepConfig ``args.target`` declares: the study's preset (``--preset``, default
-    local) or the YAML file's sweep, before the narrowing flags."""
+def declared_sweep(args: argparse.Namespace) -> tuple[SweepConfig, Callable | None]:
+    """(The SweepConfig ``args.target`` declares: the study's preset (``--preset``, default
+    local) or the YAML file's sweep, before the narrowing flags; what the study does once a
+    run has finished, if anything)."""
     target = args.target
     if target in STUDY_NAMES:
-        presets = load_study(target).presets
-        if (args.preset or "local") not in presets:
+        study = load_study(target)
+        if (args.preset or "local") not in study.presets:
             raise ConfigError(
-                [f"--preset {args.preset}: {target} has the presets {', '.join(presets)}"]
+                [f"--preset {args.preset}: {target} has the presets {', '.join(study.presets)}"]
             )
-        return presets[args.preset or "local"]()
+        return study.presets[args.preset or "local"](), study.after
     if not (target.endswith((".yaml", ".yml")) or Path(target).is_file()):
         raise ConfigError(
             [f"sweep {target!r}: neither a study ({', '.join(STUDY_NAMES)}) nor a YAML sweep file"]
@@ -370,12 +376,10 @@ def declared_sweep(args: argparse.Namespace):
         raise ConfigError(
             [f"--preset {args.preset}: {target} declares its own sweep; presets are the studies'"]
         )
-    return SweepConfig.from_yaml(target)
+    return SweepConfig.from_yaml(target), None
 
 
 def progress_bar(config: TrialConfig, start: int, disable: bool):
-    from tqdm import tqdm
-
     return tqdm(
         total=config.train.max_steps,
         initial=start,
@@ -387,6 +391,7 @@ def progress_bar(config: TrialConfig, start: int, disable: bool):
 
 
 def plan_flag_problems(args: argparse.Namespace) -> list[str]:
+    # The planner loads the model families (torch): not for --help (start-up time).
     from scale_fpt import planner
 
     problems = [] if args.max_gpus >= 1 else [f"--max-gpus: must be >= 1, got {args.max_gpus}"]
@@ -405,6 +410,7 @@ def plan_flag_problems(args: argparse.Namespace) -> list[str]:
 def gpu_plan(args: argparse.Namespace, config: TrialConfig):
     """The planner's placement of the trial on ``--gpu`` (flags checked by
     ``plan_flag_problems``)."""
+    # The planner loads the model families (torch): not for --help (start-up time).
     from scale_fpt import planner
 
     name = args.gpu or planner.DEFAULT_GPU
@@ -417,6 +423,7 @@ def gpu_plan(args: argparse.Namespace, config: TrialConfig):
 
 def plan(config: TrialConfig, placement) -> int:
     """Counts from the architecture alone: built on the meta device, no weights loaded."""
+    # The models load torch: imported when a plan is made, not for --help (start-up time).
     import torch
 
     from scale_fpt import planner

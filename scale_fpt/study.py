@@ -1,8 +1,11 @@
-"""What every study script in ``sweeps/`` shares: presets, narrowing flags, run, summary.
+"""What every way to launch a study shares (``scale-fpt sweep``, ``sweeps/*.py``): flags,
+narrowing a declared sweep, run, summary.
 
-A script declares its presets (functions returning a ``SweepConfig``) and calls
-``study_main``; everything else (flags, local backbones, Ray, resume, the summary table) is
-here, so the scripts stay declarations. The library never imports the scripts.
+A script hands ``study_main`` its presets (functions returning a ``SweepConfig``, from
+``scale_fpt.recipes``); everything else (flags, local backbones, Ray, resume, the summary
+table) is here, so the scripts stay declarations. This module is handed the presets: it
+never imports the recipes or the scripts. Its flags build every parser, ``--help``
+included, so what a run needs is imported when it runs (start-up time).
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ import dataclasses
 import os
 import sys
 import typing
+from collections import Counter
 from collections.abc import Callable
 
 from scale_fpt.config import FIELD_TYPES, TASKS, ConfigError, TrialConfig, coerce
 from scale_fpt.flags import add_field_flags, load_mapping
+from scale_fpt.preflight import preflight_problems
 from scale_fpt.sweep.config import SweepConfig
 
 LIST_FLAGS = {
@@ -110,16 +115,17 @@ def add_study_flags(
             f"${SWEEP_ENV[name]}, else the preset's" if name in SWEEP_ENV else "the preset's"
         ),
     )
+    p.set_defaults(
+        **{name: os.environ[env] for name, env in SWEEP_ENV.items() if os.environ.get(env)}
+    )
 
 
 def sweep_flag_values(args: argparse.Namespace) -> tuple[dict, list[str]]:
-    """(The SweepConfig fields given as flags (else by ``SWEEP_ENV``), typed; a problem per
+    """(The SweepConfig fields given as flags (or by ``SWEEP_ENV``), typed; a problem per
     value of the wrong type, which is left out). Their ranges: ``SweepConfig.problems``."""
     values, problems = {}, []
     for name, kind in SWEEP_FIELD_KINDS.items():
         text = getattr(args, name)
-        if text is None:
-            text = os.environ.get(SWEEP_ENV.get(name, ""), "") or None
         if text is None:
             continue
         if kind in (tuple[int, ...], tuple[str, ...]):
@@ -205,8 +211,7 @@ def parse_assignments(assignments: list[str]) -> tuple[dict, dict[str, dict]]:
 
 def local_backbones(sweep) -> list[tuple[str, str]]:
     """(CPU preset, corpus) pairs that arms of this sweep load as pretrained weights."""
-    from scale_fpt.config import TrialConfig
-    from scale_fpt.models.backbones import CPU_PRESETS, LOCAL_CORPORA
+    from scale_fpt.models.backbones import CPU_PRESETS, LOCAL_CORPORA  # torch: start-up time
 
     needed = set()
     for arm in sweep.arms():
@@ -243,6 +248,8 @@ def run_study(declared, args: argparse.Namespace, after: Callable | None = None)
     check_data_and_weights(sweep)
     if args.plan:
         return 0
+    # What a run needs (torch, pyarrow, Ray) is imported when a sweep runs: the flags of this
+    # module build every parser, --help included (start-up time).
     from scale_fpt.pretrain import ensure_backbone
     from scale_fpt.storage import check_sweep_storage
 
@@ -276,8 +283,6 @@ def run_study(declared, args: argparse.Namespace, after: Callable | None = None)
 def check_data_and_weights(sweep) -> None:
     """ConfigError naming every arm whose data or weights cannot be reached
     (``scale_fpt.preflight``): before Ray starts and before any GPU node is asked for."""
-    from scale_fpt.preflight import preflight_problems
-
     problems = preflight_problems(sweep.arms())
     if problems:
         raise ConfigError(problems)
@@ -287,8 +292,7 @@ def placement_table(sweep) -> str:
     """What runs where: each distinct plan with its trials, and the study's GPU-hours per
     model (``planner.study_gpu_hours``) on the GPU the sweep plans for. Needs no Ray: the
     GPU is the declared one (``--gpu``), else ``planner.DEFAULT_GPU``."""
-    from collections import Counter
-
+    # The planner and placement load torch and Ray: imported for --plan (start-up time).
     from scale_fpt import planner
     from scale_fpt.cluster import GPUOffer
     from scale_fpt.sweep.placement import sweep_gpus
@@ -347,7 +351,7 @@ def confirmation_line(sweep) -> str:
     """'; then each arm's chosen ... on seeds 3, 4, 5 (sweep X-confirm, N trials)' or ''."""
     if not sweep.confirm_seeds:
         return ""
-    from scale_fpt.sweep.confirm import confirmation_sweep
+    from scale_fpt.sweep.confirm import confirmation_sweep  # pandas: start-up time
 
     confirm = confirmation_sweep(sweep)
     return (
@@ -360,7 +364,7 @@ def confirmation_line(sweep) -> str:
 def summary_table(sweep) -> str:
     """Test accuracy at each trial's validation-selected step (``test_accuracy``), mean ±
     std over seeds, per task (rows) and arm (columns); nothing in it is chosen on test."""
-    from scale_fpt.results import load_results
+    from scale_fpt.results import load_results  # pyarrow and pandas: start-up time
 
     results = load_results(sweep.results_dir, sweep.name)
     trials = results.trials
@@ -396,7 +400,7 @@ def findings(trials, curves=None) -> str:
     within the budget (not a converged accuracy), and steps to the threshold as censored
     data (Kaplan-Meier medians, log-rank) at each task's threshold (90% of the paper's FPT
     accuracy, as Table 4; read from ``curves``)."""
-    from scale_fpt.report.tables import difference_text, init_difference
+    from scale_fpt.report.tables import difference_text, init_difference  # start-up time
 
     lines = [
         f"{row['task']} ({row['model']}, {row['finetune_label']}, lr {row['lr']:g}, "
