@@ -6,7 +6,8 @@ One mechanism for the trial flags (``TaskConfig``, ``ModelConfig``, ``TrainConfi
 ``--batch_size`` for ``batch_size``), its help the docstring written under the field
 (read by ``docstring_parser``), its value the text as given. Values are typed and checked
 by the config layer (``TrialConfig.from_flat``, ``SweepConfig.problems``), which names every
-problem in one message; an argument parser stops at the first bad value.
+problem in one message: a parser that types values as it reads them (argparse's ``type``,
+jsonargparse) stops at the first bad one.
 
 ``--config FILE`` reads a YAML mapping of the same fields (``load_mapping``); flags given
 beside it win.

@@ -58,9 +58,9 @@ SWEEP_ENV = {
 export the shared storage, so a bare ``ray submit cluster/gpu.yaml sweeps/X.py`` writes
 where every node can reach."""
 SWEEP_FIELD_KINDS = {
-    f.name: hint
-    for f in dataclasses.fields(SweepConfig)
-    if (hint := typing.get_type_hints(SweepConfig)[f.name]) is not dict and f.name != "overrides"
+    name: kind
+    for name, kind in typing.get_type_hints(SweepConfig).items()
+    if kind is not dict and name != "overrides"
 }
 """The SweepConfig fields set by a flag of their own (the grid, base, search and overrides
 are set by the narrowing flags, ``--set`` and sweep files), and their types."""
