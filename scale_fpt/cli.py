@@ -164,7 +164,12 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
         "default: the planner's default GPU)",
     )
     group.add_argument(
-        "--gpu-memory", type=float, default=0.0, help="GiB of that GPU (default: the table's)"
+        "--gpu-memory",
+        "--gpu-memory-gb",
+        dest="gpu_memory",
+        type=float,
+        default=0.0,
+        help="GiB of that GPU (default: the table's)",
     )
     group.add_argument(
         "--gpus-per-trial",
