@@ -4,23 +4,34 @@ Trial flags are generated from the config dataclasses (``--batch-size`` is ``bat
 so the command line, the sweep param space and the Parquet columns share one set of names.
 Every value is checked by the config layer, which reports all problems at once; bad input
 exits with code 2 and one message, never a traceback, and writes nothing.
+
+Building the parser imports neither torch nor Ray (``scale-fpt --help`` and the list of
+studies answer at once); each command imports what it runs when it is dispatched. This is
+the one module of the package that imports the recipes (``scale_fpt.recipes``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
-import itertools
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
-from scale_fpt.config import CONCERNS, FIELD_TYPES, ConfigError, TrialConfig, flag, shape_init
+import yaml
+from tqdm import tqdm
+
+from scale_fpt import fetch as fetch_module
+from scale_fpt.config import CONCERNS, FIELD_TYPES, ConfigError, TrialConfig, shape_init
+from scale_fpt.flags import add_field_flags, load_mapping
+from scale_fpt.recipes import STUDY_NAMES, load_study
+from scale_fpt.study import add_study_flags, narrow, run_study, sweep_flag_values
+from scale_fpt.sweep.config import SweepConfig
 
 EXIT_BAD_INPUT = 2
-ALIASES = {"max_steps": ["--steps"]}
+TRIAL_ALIASES = {"max_steps": ["--steps"]}
 SUMMARY_KEYS = (
     "trial_id",
     "status",
@@ -47,37 +58,16 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_trial_flags(parser: argparse.ArgumentParser) -> None:
+    """A flag per trial config field, in a group per concern (``flags.add_field_flags``)."""
     for concern in CONCERNS:
-        group = parser.add_argument_group(concern.__name__)
-        for f in fields(concern):
-            doc = " ".join(field_docs(concern).get(f.name, "").split())
-            default = getattr(concern(), f.name)
-            group.add_argument(
-                flag(f.name),
-                *ALIASES.get(f.name, []),
-                dest=f.name,
-                default=None,
-                metavar=type(default).__name__.upper(),
-                help=f"{doc} (default: {default!r})".replace("%", "%%"),  # argparse formats %
-            )
-
-
-@functools.cache
-def field_docs(concern) -> dict[str, str]:
-    """The docstring written under each field of a config.py dataclass, from one parse of its
-    source, once per process (a parse per field cost every command ~0.5 s of start-up)."""
-    import ast
-    import inspect
-
-    body = ast.parse(inspect.getsource(concern)).body[0].body
-    return {
-        node.target.id: following.value.value
-        for node, following in itertools.pairwise(body)
-        if isinstance(node, ast.AnnAssign)
-        and isinstance(node.target, ast.Name)
-        and isinstance(following, ast.Expr)
-        and isinstance(following.value, ast.Constant)
-    }
+        defaults = concern()
+        add_field_flags(
+            parser.add_argument_group(concern.__name__),
+            concern,
+            {f.name: FIELD_TYPES[f.name] for f in fields(concern)},
+            TRIAL_ALIASES,
+            default_text=lambda name, d=defaults: repr(getattr(d, name)),
+        )
 
 
 def build_parser() -> Parser:
@@ -87,7 +77,14 @@ def build_parser() -> Parser:
     train = commands.add_parser("train", help="train one trial and write its Parquet rows")
     add_trial_flags(train)
     add_config_file_flags(train)
-    train.add_argument("--results", default="results", help="results directory (default: results)")
+    train.add_argument(
+        "--results",
+        "--results-dir",
+        "--results_dir",
+        dest="results",
+        default="results",
+        help="results directory (default: results)",
+    )
     train.add_argument("--sweep", default="train", help="sweep name of the rows (default: train)")
     train.add_argument(
         "--checkpoint-dir",
@@ -105,27 +102,16 @@ def build_parser() -> Parser:
     add_plan_flags(plan)
 
     pretrain = commands.add_parser("pretrain", help="pretrain a CPU-sized backbone locally")
-    from scale_fpt import pretrain as pretrain_module
-
-    pretrain_module.add_arguments(pretrain)
-
-    from scale_fpt.presets import STUDIES
-    from scale_fpt.study import add_study_flags
+    add_pretrain_flags(pretrain)
 
     sweep = commands.add_parser(
         "sweep",
-        help=f"run a study ({', '.join(STUDIES)}) or a sweep declared in a YAML file",
-        description="Run (or plan, or resume) a study of scale_fpt/presets.py, or a sweep "
-        "declared in a YAML file of SweepConfig fields (examples/lr_grid.yaml). The same "
+        help=f"run a study ({', '.join(STUDY_NAMES)}) or a sweep declared in a YAML file",
+        description="Run (or plan, or resume) a study of scale_fpt/recipes/studies.py, or a "
+        "sweep declared in a YAML file of SweepConfig fields (examples/lr_grid.yaml). The same "
         "flags as the scripts in sweeps/.",
     )
-    sweep.add_argument(
-        "target",
-        metavar="STUDY|FILE.yaml",
-        help=f"a study: {', '.join(STUDIES)}; or a YAML file of SweepConfig fields",
-    )
-    presets = sorted({name for study in STUDIES.values() for name in study.presets})
-    add_study_flags(sweep, presets, default_preset=None)
+    add_sweep_target(sweep, "run")
 
     fetch = commands.add_parser(
         "fetch",
@@ -137,8 +123,7 @@ def build_parser() -> Parser:
         "(its other flags are accepted and ignored; docs/data.md). Exit 1 when something "
         "could not be fetched.",
     )
-    from scale_fpt import fetch as fetch_module
-
+    add_sweep_target(fetch, "fetch")
     fetch_module.add_arguments(fetch)
 
     report = commands.add_parser("report", help="the study's tables and figures")
@@ -171,16 +156,20 @@ def build_parser() -> Parser:
 
 
 def add_plan_flags(parser: argparse.ArgumentParser) -> None:
-    from scale_fpt.planner import DEFAULT_GPU, GPUS
-
     group = parser.add_argument_group("GPU plan")
     group.add_argument(
         "--gpu",
-        default=DEFAULT_GPU,
-        help=f"the GPU to plan for: {', '.join(GPUS)} (default: {DEFAULT_GPU})",
+        default="",
+        help="the GPU to plan for, a name of the planner's table (an unknown name lists them; "
+        "default: the planner's default GPU)",
     )
     group.add_argument(
-        "--gpu-memory", type=float, default=0.0, help="GiB of that GPU (default: the table's)"
+        "--gpu-memory",
+        "--gpu-memory-gb",
+        dest="gpu_memory",
+        type=float,
+        default=0.0,
+        help="GiB of that GPU (default: the table's)",
     )
     group.add_argument(
         "--gpus-per-trial",
@@ -190,6 +179,50 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--max-gpus", type=int, default=8, help="most GPUs one trial may span (default: 8)"
     )
+
+
+def add_pretrain_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default="gpt2-tiny",
+        help="a CPU preset (an unknown name lists them; default: gpt2-tiny)",
+    )
+    parser.add_argument(
+        "--corpus",
+        default="language",
+        help="'language' (English text), 'bit-memory', or a text file / directory of text",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="training steps (default: the preset's, 800 for most)",
+    )
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=64, help="bytes per language sequence")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="", help="output directory (default: the preset cache)")
+    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
+
+
+def add_sweep_target(parser: argparse.ArgumentParser, verb: str) -> None:
+    """The sweep a command runs or reads: a study (``scale_fpt.recipes``) or a YAML file, and
+    the flags that narrow it (``study.add_study_flags``)."""
+    parser.add_argument(
+        "target",
+        nargs="?" if verb == "fetch" else None,
+        default="",
+        metavar="STUDY|FILE.yaml",
+        help=f"{verb} a study: {', '.join(STUDY_NAMES)}; or a YAML file of SweepConfig fields"
+        + (
+            "; without it: the data of --tasks and the weights of --models (with --inits, "
+            "default pretrained)"
+            if verb == "fetch"
+            else ""
+        ),
+    )
+    add_study_flags(parser, presets=None, default_preset=None)
 
 
 def add_config_file_flags(parser: argparse.ArgumentParser) -> None:
@@ -208,31 +241,20 @@ def add_config_file_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def config_file_values(path: str) -> dict:
-    """The ``{field: value}`` mapping of a ``--config`` YAML file; ConfigError naming the
-    file for an unreadable file, bad YAML or a non-mapping (unknown keys: from_flat)."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        raise ConfigError([f"--config {path}: cannot read ({e.strerror})"]) from None
-    except yaml.YAMLError as e:
-        raise ConfigError([f"--config {path}: YAML syntax error: {e}"]) from None
-    if not isinstance(data, dict):
-        raise ConfigError([f"--config {path}: expected a mapping of trial config fields"])
-    return data
-
-
 def trial_config(args: argparse.Namespace) -> TrialConfig:
-    flat = config_file_values(args.config) if getattr(args, "config", "") else {}
+    """The trial of ``--config`` FILE's fields and the trial flags beside it (which win),
+    typed and checked at once by ``TrialConfig.from_flat``."""
+    flat = {}
+    if args.config:
+        try:
+            flat = load_mapping(args.config, "trial config file", "trial config fields")
+        except ConfigError as e:
+            raise ConfigError([f"--config {p}" for p in e.problems]) from None
     flat.update({k: v for k, v in vars(args).items() if k in FIELD_TYPES and v is not None})
     return TrialConfig.from_flat(flat)
 
 
 def print_config(config: TrialConfig) -> int:
-    import yaml
-
     print(yaml.safe_dump(config.to_flat(), sort_keys=False), end="")
     return 0
 
@@ -260,11 +282,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "plan":
             return plan(config, gpu_plan(args, config))
         if args.command == "sweep":
-            return run_sweep_target(args)
+            declared, after = declared_sweep(args)
+            return run_study(declared, args, after)
         if args.command == "fetch":
-            from scale_fpt import fetch as fetch_module
-
-            return fetch_module.main(args)
+            if args.target:
+                sweep = narrow(declared_sweep(args)[0], args).validate()
+                return fetch_module.main(args, sweep, sweep.data_root)
+            values, problems = sweep_flag_values(args)
+            if problems:
+                raise ConfigError(problems)
+            return fetch_module.main(args, None, values.get("data_root", ""))
+        # pretrain and report are imported when dispatched, not at the top: they load torch
+        # and pandas, and building the parser (--help) needs neither (start-up time).
         if args.command == "pretrain":
             from scale_fpt import pretrain as pretrain_module
 
@@ -278,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train(args: argparse.Namespace, config: TrialConfig) -> int:
+    # The trial stack loads torch: imported when a trial runs, not for --help (start-up time).
     from scale_fpt.loop import CheckpointDir
     from scale_fpt.results import ResultsError, ResultsWriter
     from scale_fpt.trial import TrialRun
@@ -331,35 +361,30 @@ def train(args: argparse.Namespace, config: TrialConfig) -> int:
     return code
 
 
-def run_sweep_target(args: argparse.Namespace) -> int:
-    """``scale-fpt sweep STUDY|FILE.yaml``: the study's preset, or the file's sweep, run as
-    ``sweeps/*.py`` runs it (``study.run_study``)."""
-    from scale_fpt.presets import STUDIES
-    from scale_fpt.study import run_study
-    from scale_fpt.sweep import SweepConfig
-
+def declared_sweep(args: argparse.Namespace) -> tuple[SweepConfig, Callable | None]:
+    """(The SweepConfig ``args.target`` declares: the study's preset (``--preset``, default
+    local) or the YAML file's sweep, before the narrowing flags; what the study does once a
+    run has finished, if anything)."""
     target = args.target
-    if target in STUDIES:
-        presets = STUDIES[target].presets
-        if (args.preset or "local") not in presets:
+    if target in STUDY_NAMES:
+        study = load_study(target)
+        if (args.preset or "local") not in study.presets:
             raise ConfigError(
-                [f"--preset {args.preset}: {target} has the presets {', '.join(presets)}"]
+                [f"--preset {args.preset}: {target} has the presets {', '.join(study.presets)}"]
             )
-        return run_study(presets[args.preset or "local"](), args, STUDIES[target].after)
+        return study.presets[args.preset or "local"](), study.after
     if not (target.endswith((".yaml", ".yml")) or Path(target).is_file()):
         raise ConfigError(
-            [f"sweep {target!r}: neither a study ({', '.join(STUDIES)}) nor a YAML sweep file"]
+            [f"sweep {target!r}: neither a study ({', '.join(STUDY_NAMES)}) nor a YAML sweep file"]
         )
     if args.preset:
         raise ConfigError(
             [f"--preset {args.preset}: {target} declares its own sweep; presets are the studies'"]
         )
-    return run_study(SweepConfig.from_yaml(target), args)
+    return SweepConfig.from_yaml(target), None
 
 
 def progress_bar(config: TrialConfig, start: int, disable: bool):
-    from tqdm import tqdm
-
     return tqdm(
         total=config.train.max_steps,
         initial=start,
@@ -371,10 +396,11 @@ def progress_bar(config: TrialConfig, start: int, disable: bool):
 
 
 def plan_flag_problems(args: argparse.Namespace) -> list[str]:
+    # The planner loads the model families (torch): not for --help (start-up time).
     from scale_fpt import planner
 
     problems = [] if args.max_gpus >= 1 else [f"--max-gpus: must be >= 1, got {args.max_gpus}"]
-    if args.gpu not in planner.GPUS and not args.gpu_memory > 0:
+    if args.gpu and args.gpu not in planner.GPUS and not args.gpu_memory > 0:
         problems.append(
             f"--gpu: unknown GPU {args.gpu!r}; choose from {', '.join(planner.GPUS)} "
             "(or give --gpu-memory GiB)"
@@ -389,17 +415,20 @@ def plan_flag_problems(args: argparse.Namespace) -> list[str]:
 def gpu_plan(args: argparse.Namespace, config: TrialConfig):
     """The planner's placement of the trial on ``--gpu`` (flags checked by
     ``plan_flag_problems``)."""
+    # The planner loads the model families (torch): not for --help (start-up time).
     from scale_fpt import planner
 
+    name = args.gpu or planner.DEFAULT_GPU
     if args.gpu_memory > 0:
-        gpu = planner.gpu_with_memory(args.gpu_memory, args.gpu)
+        gpu = planner.gpu_with_memory(args.gpu_memory, name)
     else:
-        gpu = planner.GPUS[args.gpu]
+        gpu = planner.GPUS[name]
     return planner.plan_trial(config, args.gpus_per_trial, gpu, args.max_gpus)
 
 
 def plan(config: TrialConfig, placement) -> int:
     """Counts from the architecture alone: built on the meta device, no weights loaded."""
+    # The models load torch: imported when a plan is made, not for --help (start-up time).
     import torch
 
     from scale_fpt import planner

@@ -89,18 +89,8 @@ SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from scale_fpt.presets import STUDIES
-    from scale_fpt.study import add_study_flags
-
-    parser.add_argument(
-        "target",
-        nargs="?",
-        default="",
-        metavar="STUDY|FILE.yaml",
-        help=f"fetch what this sweep reads: a study ({', '.join(STUDIES)}) or a YAML sweep "
-        "file, narrowed by the same flags as scale-fpt sweep; without it: the data of --tasks "
-        "and the weights of --models (with --inits, default pretrained)",
-    )
+    """Fetch's own flags, on a parser that has the sweep's (``scale_fpt.cli``), whose flags
+    that change nothing fetch reads it hides."""
     parser.add_argument(
         "--mirror",
         default="",
@@ -108,29 +98,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"read each data file from URL/<folder>/<file name> (or a local directory so laid "
         f"out) instead of its publisher (default: ${MIRROR_ENV})",
     )
-    presets = sorted({name for study in STUDIES.values() for name in study.presets})
-    add_study_flags(parser, presets, default_preset=None)
     for action in parser._actions:  # accepted (a sweep's command line works), not shown
         if action.dest in NOT_READ:
             action.help = argparse.SUPPRESS
 
 
 NOT_READ = {
-    *("plan", "resume", "name", "results", "storage", "optuna_storage", "loggers"),
+    *("plan", "resume", "name", "results_dir", "storage_path", "optuna_storage", "loggers"),
     *("max_concurrent", "max_failures", "search_trials", "asha", "pack", "gpus_per_trial"),
-    *("gpu", "gpu_memory", "cluster_config", "seeds", "confirm_seeds", "steps"),
+    *("metric", "asha_grace_evals", "cpus_per_trial", "reuse_actors"),
+    *("gpu", "gpu_memory_gb", "cluster_config", "seeds", "confirm_seeds", "steps"),
 }
 """Sweep flags that change nothing a sweep reads: fetch takes them and ignores them."""
 
 
-def needs(args: argparse.Namespace) -> tuple[list[str], list[tuple[str, str, bool]]]:
-    """(The data folders, the (hub id, revision, config only) weights) the arguments' sweep
-    reads."""
+def needs(
+    args: argparse.Namespace, sweep, data_root: str
+) -> tuple[list[str], list[tuple[str, str, bool]]]:
+    """(The data folders, the (hub id, revision, config only) weights) that ``sweep`` (the
+    one ``scale-fpt sweep`` would run with these arguments), else the arguments' ``--tasks``
+    and ``--models``, read."""
     from scale_fpt.preflight import DATA_FOLDERS, weights_needed
     from scale_fpt.study import split
 
-    if args.target:
-        arms = sweep_of(args).arms()
+    if sweep is not None:
+        arms = sweep.arms()
     else:
         arms = [{"task": task} for task in split(args.tasks) if task in DATA_FOLDERS] + [
             {"model": model, "init": init}
@@ -140,7 +132,7 @@ def needs(args: argparse.Namespace) -> tuple[list[str], list[tuple[str, str, boo
         if not arms:
             raise ConfigError(["fetch: name a study or a YAML sweep file, or --tasks / --models"])
     folders, weights = set(), set()
-    root = Path(args.data_root).absolute()
+    root = Path(data_root).absolute()
     for arm in arms:
         config = TrialConfig.from_flat(arm)
         folder, own = DATA_FOLDERS.get(config.task.task), config.task.data_dir
@@ -153,28 +145,6 @@ def needs(args: argparse.Namespace) -> tuple[list[str], list[tuple[str, str, boo
     full = {(s, r) for s, r, only in weights if not only}
     weights = {(s, r, only) for s, r, only in weights if not (only and (s, r) in full)}
     return sorted(folders), sorted(weights)
-
-
-def sweep_of(args: argparse.Namespace):
-    """The sweep ``scale-fpt sweep TARGET`` with these flags would run."""
-    from scale_fpt.presets import STUDIES
-    from scale_fpt.study import narrow
-    from scale_fpt.sweep import SweepConfig
-
-    if args.target in STUDIES:
-        presets = STUDIES[args.target].presets
-        if (args.preset or "local") not in presets:
-            raise ConfigError(
-                [f"--preset {args.preset}: {args.target} has the presets {', '.join(presets)}"]
-            )
-        declared = presets[args.preset or "local"]()
-    elif Path(args.target).is_file():
-        declared = SweepConfig.from_yaml(args.target)
-    else:
-        raise ConfigError(
-            [f"fetch {args.target!r}: neither a study ({', '.join(STUDIES)}) nor a YAML sweep file"]
-        )
-    return narrow(declared, args).validate()
 
 
 def mirror_url(mirror: str, folder: str, source: Source) -> str:
@@ -327,12 +297,12 @@ def fetch_weights(source: str, revision: str, config_only: bool, say) -> str:
     return ""
 
 
-def main(args: argparse.Namespace) -> int:
-    """Fetch everything; 0 when all is in place, 1 when something could not be fetched."""
+def main(args: argparse.Namespace, sweep, data_root: str) -> int:
+    """Fetch everything ``needs`` names into ``data_root`` (``--data-root``) and the Hugging
+    Face cache; 0 when all is in place, 1 when something could not be fetched."""
     import os
 
-    folders, weights = needs(args)
-    data_root = args.data_root
+    folders, weights = needs(args, sweep, data_root)
     if folders and not data_root:
         raise ConfigError(
             [

@@ -35,30 +35,8 @@ from scale_fpt.scaling import GPT2_SIZES
 CORPORA = ("language", "bit-memory")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model", default="gpt2-tiny", help=f"CPU preset: {', '.join(CPU_PRESETS)}"
-    )
-    parser.add_argument(
-        "--corpus",
-        default="language",
-        help="'language' (English text), 'bit-memory', or a text file / directory of text",
-    )
-    parser.add_argument(
-        "--steps",
-        type=int,
-        default=None,
-        help="training steps (default: the preset's, 800 for most)",
-    )
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=64, help="bytes per language sequence")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="", help="output directory (default: the preset cache)")
-    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
-
-
 def main(args: argparse.Namespace) -> int:
+    """``scale-fpt pretrain`` (its flags: ``cli.add_pretrain_flags``)."""
     problems = []
     if args.model not in CPU_PRESETS:
         problems.append(f"--model: pretrain makes CPU presets only ({', '.join(CPU_PRESETS)})")

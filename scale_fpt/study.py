@@ -1,8 +1,11 @@
-"""What every study script in ``sweeps/`` shares: presets, narrowing flags, run, summary.
+"""What every way to launch a study shares (``scale-fpt sweep``, ``sweeps/*.py``): flags,
+narrowing a declared sweep, run, summary.
 
-A script declares its presets (functions returning a ``SweepConfig``) and calls
-``study_main``; everything else (flags, local backbones, Ray, resume, the summary table) is
-here, so the scripts stay declarations. The library never imports the scripts.
+A script hands ``study_main`` its presets (functions returning a ``SweepConfig``, from
+``scale_fpt.recipes``); everything else (flags, local backbones, Ray, resume, the summary
+table) is here, so the scripts stay declarations. This module is handed the presets: it
+never imports the recipes or the scripts. Its flags build every parser, ``--help``
+included, so what a run needs is imported when it runs (start-up time).
 """
 
 from __future__ import annotations
@@ -11,57 +14,14 @@ import argparse
 import dataclasses
 import os
 import sys
+import typing
+from collections import Counter
 from collections.abc import Callable
 
-from scale_fpt.config import ConfigError, TrialConfig
-from scale_fpt.report.published import STEPS, TASK_COLUMNS
-
-PAPER_STEPS = {
-    task: int(steps) for task, steps in zip(TASK_COLUMNS, STEPS["T4"]["random"], strict=True)
-}
-"""Gradient steps per task for every arm of the paper presets: the paper's steps to
-convergence of the slower, random-init frozen transformer (Table 4, row "random"), so no arm
-is stopped before the paper's slowest arm converged. (The paper trained each run until
-convergence; a fixed budget equal for every arm is the like-for-like reading.)"""
-
-
-PAPER_GPU = "a10g-24gb"
-"""The GPU the paper presets plan for: cluster/gpu.yaml's worker types (``--gpu`` to change)."""
-
-
-BODY_TRAINED = ("fpt+ff", "fpt+attn", "full")
-"""Finetune specs of the presets that train the transformer body (and so converge on their
-own schedule, not the frozen random arm's)."""
-CONVERGENCE_BUDGET_FACTOR = 2
-"""Arms that train the body, and the LSTM: a cap of this many times the task's budget ..."""
-CONVERGENCE_PATIENCE_FRACTION = 0.25
-"""... and patience (in steps) of this fraction of the task's budget: they train to
-convergence (no better validation accuracy for that many steps) within the cap, rather than
-to a budget borrowed from the frozen random arm."""
-
-
-def paper_overrides(finetunes=(), lstm: bool = False) -> tuple:
-    """Per-task settings of the paper presets: step budgets (``PAPER_STEPS``), lr 1e-4 for
-    homology, and, for the arms of ``finetunes`` that train the body (``BODY_TRAINED``) and
-    the LSTM (``lstm``), a budget of their own: trained to convergence (patience in steps)
-    within ``CONVERGENCE_BUDGET_FACTOR`` x the task's budget."""
-    steps = tuple(({"task": task}, {"max_steps": n}) for task, n in PAPER_STEPS.items())
-    own = [({"finetune": f}) for f in finetunes if f in BODY_TRAINED]
-    if lstm:
-        own.append({"model": "lstm"})
-    converged = tuple(
-        (
-            {"task": task, **match},
-            {
-                "max_steps": CONVERGENCE_BUDGET_FACTOR * n,
-                "patience": int(CONVERGENCE_PATIENCE_FRACTION * n),
-            },
-        )
-        for match in own
-        for task, n in PAPER_STEPS.items()
-    )
-    return (*steps, *converged, ({"task": "homology"}, {"lr": 1e-4}))
-
+from scale_fpt.config import FIELD_TYPES, TASKS, ConfigError, TrialConfig, coerce
+from scale_fpt.flags import add_field_flags, load_mapping
+from scale_fpt.preflight import preflight_problems
+from scale_fpt.sweep.config import SweepConfig
 
 LIST_FLAGS = {
     "tasks": "task",
@@ -82,22 +42,54 @@ def parser(description: str, presets: dict) -> argparse.ArgumentParser:
     return p
 
 
+SWEEP_ALIASES = {
+    "results_dir": ["--results"],
+    "storage_path": ["--storage"],
+    "gpu_memory_gb": ["--gpu-memory"],
+    "loggers": ["--logger"],
+}
+"""Earlier spellings of sweep flags, still accepted beside the field names."""
+SWEEP_ENV = {
+    "results_dir": "SCALE_FPT_RESULTS",
+    "storage_path": "SCALE_FPT_STORAGE",
+    "data_root": "SCALE_FPT_DATA",
+}
+"""Sweep fields read from the environment when their flag is not given: cluster/*.yaml
+export the shared storage, so a bare ``ray submit cluster/gpu.yaml sweeps/X.py`` writes
+where every node can reach."""
+SWEEP_FIELD_KINDS = {
+    name: kind
+    for name, kind in typing.get_type_hints(SweepConfig).items()
+    if kind is not dict and name != "overrides"
+}
+"""The SweepConfig fields set by a flag of their own (the grid, base, search and overrides
+are set by the narrowing flags, ``--set`` and sweep files), and their types."""
+
+
 def add_study_flags(
-    p: argparse.ArgumentParser, presets: list[str], default_preset: str | None = "local"
+    p: argparse.ArgumentParser, presets: list[str] | None, default_preset: str | None = "local"
 ) -> None:
-    """The flags of every way to launch a sweep: ``sweeps/*.py`` and ``scale-fpt sweep``."""
-    p.add_argument("--preset", choices=presets, default=default_preset, help="default: local")
+    """The flags of every way to launch a sweep: ``sweeps/*.py`` and ``scale-fpt sweep``
+    (``presets``: the study's preset names, or None where the study is not known yet): the
+    narrowing flags, then a flag per SweepConfig field (``flags.add_field_flags``)."""
+    p.add_argument(
+        "--preset",
+        choices=presets,
+        default=default_preset,
+        help="the study's preset (default: local)"
+        + ("" if presets else "; a wrong name lists the study's presets"),
+    )
+    p.add_argument(
+        "--config",
+        default="",
+        metavar="FILE.yaml",
+        help="SweepConfig fields from a YAML mapping, over the preset's or the sweep file's; "
+        "flags given beside it win",
+    )
     for name, field in LIST_FLAGS.items():
         p.add_argument(
             f"--{name.replace('_', '-')}", default="", help=f"comma list: only these {field} values"
         )
-    p.add_argument("--seeds", default="", help="comma list of seeds (default: the preset's)")
-    p.add_argument(
-        "--confirm-seeds",
-        default="",
-        help="comma list of fresh seeds each arm's chosen lr is re-run on after a search or "
-        "lr grid, or 'none' (default: the preset's)",
-    )
     p.add_argument("--steps", type=int, default=0, help="max_steps of every trial")
     p.add_argument(
         "--set",
@@ -108,128 +100,63 @@ def add_study_flags(
         "trials (homology.data_dir=/data/tape); repeatable",
     )
     p.add_argument(
-        "--data-root",
-        default=os.environ.get("SCALE_FPT_DATA", ""),
-        metavar="DIR",
-        help="the tasks' data, one folder per dataset: DIR/listops, DIR/homology, DIR/mnist, "
-        "DIR/cifar10 (docs/data.md); a task whose folder is missing keeps its default source "
-        "(default: $SCALE_FPT_DATA)",
-    )
-    p.add_argument("--name", default="", help="sweep name (default: the preset's)")
-    # cluster/*.yaml export SCALE_FPT_RESULTS and SCALE_FPT_STORAGE (shared storage), so a
-    # bare `ray submit cluster/gpu.yaml sweeps/X.py` writes where every node can reach.
-    p.add_argument(
-        "--results",
-        default=os.environ.get("SCALE_FPT_RESULTS", ""),
-        help="Parquet results directory (default: $SCALE_FPT_RESULTS, else the preset's or "
-        "file's results_dir: results)",
-    )
-    p.add_argument(
-        "--storage",
-        default=os.environ.get("SCALE_FPT_STORAGE", ""),
-        help="Ray Tune storage, shared on a cluster (default: $SCALE_FPT_STORAGE, else RESULTS/_ray)",
-    )
-    p.add_argument(
-        "--optuna-storage",
-        default="",
-        help="Optuna storage: an RDB URL, or a journal file PATH.journal (safe on NFS) "
-        "(default: in the sweep's results, a journal file on a shared file system, else SQLite)",
-    )
-    p.add_argument(
-        "--max-concurrent",
-        type=int,
-        default=None,
-        help="trials at once; 0 = unlimited, as many as resources allow (default: the preset's)",
-    )
-    p.add_argument(
-        "--max-failures",
-        type=int,
-        default=None,
-        help="retries per crashed trial; 0 = none (default: the preset's)",
-    )
-    p.add_argument(
-        "--logger",
-        "--loggers",
-        dest="loggers",
-        default="",
-        metavar="LIST",
-        help="comma list of trackers fed with every evaluation, one run per trial: "
-        "tensorboard (RESULTS/<sweep>/tensorboard), wandb (RESULTS/<sweep>/wandb; "
-        "WANDB_MODE=offline works without network), mlflow ($MLFLOW_TRACKING_URI, else "
-        "RESULTS/<sweep>/mlruns); or none (default: tensorboard)",
-    )
-    p.add_argument("--search-trials", type=int, default=0, help="Optuna trials per arm")
-    p.add_argument("--asha", action="store_true", help="stop weak trials early (ASHA)")
-    p.add_argument(
-        "--pack",
-        type=pack_value,
-        default=None,
-        metavar="K|auto",
-        help="train up to K compatible trials per process on one backbone; auto (the "
-        "default): K from the devices and their memory, 1: one trial per process",
-    )
-    add_gpu_flags(p)
-    p.add_argument(
         "--plan",
         action="store_true",
         help="print where each trial runs (GPUs, ZeRO stage, trials per GPU) and the "
         "study's estimated GPU-hours; runs nothing",
     )
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
-
-
-def add_gpu_flags(p: argparse.ArgumentParser) -> None:
-    """What each trial asks Ray for (``SweepConfig.gpus_per_trial``, ``gpu``, ...)."""
-    from scale_fpt.planner import GPUS
-
-    p.add_argument(
-        "--gpus-per-trial",
-        default="",
-        metavar="auto|0|N|FRACTION",
-        help="GPUs per trial: auto (sized by the memory planner; CPU where the cluster has "
-        "and can launch no GPU), 0 (CPU only), N, or a fraction such as 0.25 (default: the "
-        "preset's)",
+    add_field_flags(
+        p.add_argument_group("SweepConfig (default: the preset's or the sweep file's)"),
+        SweepConfig,
+        SWEEP_FIELD_KINDS,
+        SWEEP_ALIASES,
+        default_text=lambda name: (
+            f"${SWEEP_ENV[name]}, else the preset's" if name in SWEEP_ENV else "the preset's"
+        ),
     )
-    p.add_argument(
-        "--gpu",
-        default="",
-        choices=["", *GPUS],
-        metavar="NAME",
-        help=f"the GPU trials run on, for the planner: {', '.join(GPUS)} (default: the "
-        "preset's, else the cluster's GPU node types)",
-    )
-    p.add_argument(
-        "--gpu-memory", type=float, default=0.0, help="GiB of one GPU, for a GPU not in --gpu"
-    )
-    p.add_argument(
-        "--cluster-config",
-        default="",
-        help="cluster YAML whose node types auto plans for (default: ~/ray_bootstrap_config.yaml "
-        "when present)",
+    p.set_defaults(
+        **{name: os.environ[env] for name, env in SWEEP_ENV.items() if os.environ.get(env)}
     )
 
 
-def pack_value(text: str) -> int | str:
-    """``--pack``: ``auto`` or a positive number of trials per cohort."""
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {text!r}")
-    return value
+def sweep_flag_values(args: argparse.Namespace) -> tuple[dict, list[str]]:
+    """(The SweepConfig fields given as flags (or by ``SWEEP_ENV``), typed; a problem per
+    value of the wrong type, which is left out). Their ranges: ``SweepConfig.problems``."""
+    values, problems = {}, []
+    for name, kind in SWEEP_FIELD_KINDS.items():
+        text = getattr(args, name)
+        if text is None:
+            continue
+        if kind in (tuple[int, ...], tuple[str, ...]):
+            item = kind.__args__[0]
+            typed = [coerce(name, v.strip(), item) for v in text.split(",") if v.strip()]
+            if name == "confirm_seeds" and text == "none":
+                typed = []
+            value = tuple(v for v, _ in typed)
+            problem = next((p for _, p in typed if p), None)
+        elif kind in (bool, int, float, str):
+            value, problem = coerce(name, text, kind)
+        else:  # pack: a number of trials, or auto
+            value, problem = (text, None) if text == "auto" else coerce(name, text, int)
+        if problem:
+            problems.append(problem)
+        else:
+            values[name] = value
+    return values, problems
 
 
 def split(text: str, kind=str) -> list:
     return [kind(v) for v in text.split(",") if v.strip()]
 
 
-def narrow(sweep, args: argparse.Namespace):
-    """Apply the command-line narrowing flags to a preset's SweepConfig."""
-    from scale_fpt.sweep import SweepConfig
-
+def narrow(sweep: SweepConfig, args: argparse.Namespace) -> SweepConfig:
+    """Apply the command line to a declared (a preset's or a file's) SweepConfig: the fields
+    of ``--config`` FILE, then the narrowing flags and the SweepConfig flags."""
+    if args.config:
+        sweep = sweep.updated(
+            load_mapping(args.config, "sweep config file", "SweepConfig fields"), args.config
+        )
     grid, base = dict(sweep.grid), dict(sweep.base)
     kinds = {"lr": float, "batch_size": int}
     for flag_name, field in LIST_FLAGS.items():
@@ -243,11 +170,6 @@ def narrow(sweep, args: argparse.Namespace):
         else:
             grid[field] = values
     changes = {"grid": grid, "base": base}
-    if args.seeds:
-        changes["seeds"] = tuple(split(args.seeds, int))
-    if args.confirm_seeds:
-        none = args.confirm_seeds == "none"
-        changes["confirm_seeds"] = () if none else tuple(split(args.confirm_seeds, int))
     # Last overrides win over the preset's per-task settings.
     forced = {"max_steps": args.steps} if args.steps else {}
     everywhere, per_task = parse_assignments(args.set)
@@ -257,39 +179,16 @@ def narrow(sweep, args: argparse.Namespace):
     )
     if added:
         changes["overrides"] = (*sweep.overrides, *added)
-    optional = {
-        "name": args.name,
-        "results_dir": args.results,
-        "storage_path": args.storage,
-        "optuna_storage": args.optuna_storage,
-        "search_trials": args.search_trials,
-        "gpus_per_trial": args.gpus_per_trial,
-        "gpu": args.gpu,
-        "gpu_memory_gb": args.gpu_memory,
-        "cluster_config": args.cluster_config,
-        "data_root": args.data_root,
-    }
-    changes.update({k: v for k, v in optional.items() if v})
-    if args.loggers:
-        changes["loggers"] = tuple(split(args.loggers))
-    # Given values pass unchecked: SweepConfig.validate names a negative one.
-    for name in ("max_concurrent", "max_failures"):
-        if getattr(args, name) is not None:
-            changes[name] = getattr(args, name)
-    if args.asha:
-        changes["asha"] = True
-    if args.pack is not None:
-        changes["pack"] = args.pack
-    sweep = dataclasses.replace(sweep, **changes)
-    assert isinstance(sweep, SweepConfig)
+    values, problems = sweep_flag_values(args)
+    sweep = dataclasses.replace(sweep, **changes, **values)
+    if problems:  # with the rest of the sweep's, in one message
+        raise ConfigError(list(dict.fromkeys(problems + sweep.problems() + sweep.arm_problems())))
     return sweep
 
 
 def parse_assignments(assignments: list[str]) -> tuple[dict, dict[str, dict]]:
     """``["eval_every=100", "homology.data_dir=/d"]`` -> (typed values for every trial,
     {task: typed values for that task's trials})."""
-    from scale_fpt.config import FIELD_TYPES, TASKS, coerce
-
     kinds = FIELD_TYPES
     everywhere, per_task, problems = {}, {}, []
     for assignment in assignments:
@@ -312,8 +211,7 @@ def parse_assignments(assignments: list[str]) -> tuple[dict, dict[str, dict]]:
 
 def local_backbones(sweep) -> list[tuple[str, str]]:
     """(CPU preset, corpus) pairs that arms of this sweep load as pretrained weights."""
-    from scale_fpt.config import TrialConfig
-    from scale_fpt.models.backbones import CPU_PRESETS, LOCAL_CORPORA
+    from scale_fpt.models.backbones import CPU_PRESETS, LOCAL_CORPORA  # torch: start-up time
 
     needed = set()
     for arm in sweep.arms():
@@ -350,6 +248,8 @@ def run_study(declared, args: argparse.Namespace, after: Callable | None = None)
     check_data_and_weights(sweep)
     if args.plan:
         return 0
+    # What a run needs (torch, pyarrow, Ray) is imported when a sweep runs: the flags of this
+    # module build every parser, --help included (start-up time).
     from scale_fpt.pretrain import ensure_backbone
     from scale_fpt.storage import check_sweep_storage
 
@@ -383,8 +283,6 @@ def run_study(declared, args: argparse.Namespace, after: Callable | None = None)
 def check_data_and_weights(sweep) -> None:
     """ConfigError naming every arm whose data or weights cannot be reached
     (``scale_fpt.preflight``): before Ray starts and before any GPU node is asked for."""
-    from scale_fpt.preflight import preflight_problems
-
     problems = preflight_problems(sweep.arms())
     if problems:
         raise ConfigError(problems)
@@ -394,8 +292,7 @@ def placement_table(sweep) -> str:
     """What runs where: each distinct plan with its trials, and the study's GPU-hours per
     model (``planner.study_gpu_hours``) on the GPU the sweep plans for. Needs no Ray: the
     GPU is the declared one (``--gpu``), else ``planner.DEFAULT_GPU``."""
-    from collections import Counter
-
+    # The planner and placement load torch and Ray: imported for --plan (start-up time).
     from scale_fpt import planner
     from scale_fpt.cluster import GPUOffer
     from scale_fpt.sweep.placement import sweep_gpus
@@ -454,7 +351,7 @@ def confirmation_line(sweep) -> str:
     """'; then each arm's chosen ... on seeds 3, 4, 5 (sweep X-confirm, N trials)' or ''."""
     if not sweep.confirm_seeds:
         return ""
-    from scale_fpt.sweep.confirm import confirmation_sweep
+    from scale_fpt.sweep.confirm import confirmation_sweep  # pandas: start-up time
 
     confirm = confirmation_sweep(sweep)
     return (
@@ -467,7 +364,7 @@ def confirmation_line(sweep) -> str:
 def summary_table(sweep) -> str:
     """Test accuracy at each trial's validation-selected step (``test_accuracy``), mean ±
     std over seeds, per task (rows) and arm (columns); nothing in it is chosen on test."""
-    from scale_fpt.results import load_results
+    from scale_fpt.results import load_results  # pyarrow and pandas: start-up time
 
     results = load_results(sweep.results_dir, sweep.name)
     trials = results.trials
@@ -503,7 +400,7 @@ def findings(trials, curves=None) -> str:
     within the budget (not a converged accuracy), and steps to the threshold as censored
     data (Kaplan-Meier medians, log-rank) at each task's threshold (90% of the paper's FPT
     accuracy, as Table 4; read from ``curves``)."""
-    from scale_fpt.report.tables import difference_text, init_difference
+    from scale_fpt.report.tables import difference_text, init_difference  # start-up time
 
     lines = [
         f"{row['task']} ({row['model']}, {row['finetune_label']}, lr {row['lr']:g}, "

@@ -1,12 +1,12 @@
 """The `finetune` study as a runnable script, for `ray submit` and `ray job submit` (which need a
-file); the same as `scale-fpt sweep finetune`. Its presets live in scale_fpt/presets.py;
+file); the same as `scale-fpt sweep finetune`. Its presets live in scale_fpt/recipes/studies.py;
 `python sweeps/finetune.py --help` lists them and every flag."""
 
 import sys
 
-from scale_fpt.presets import STUDIES
+from scale_fpt.recipes import load_study
 from scale_fpt.study import study_main
 
 if __name__ == "__main__":
-    study = STUDIES["finetune"]
+    study = load_study("finetune")
     sys.exit(study_main(study.description, study.presets, after=study.after))

@@ -1,5 +1,5 @@
 """The `ladder` study as a runnable script, for `ray submit` and `ray job submit` (which need a
-file); the same as `scale-fpt sweep ladder`. Its presets live in scale_fpt/presets.py;
+file); the same as `scale-fpt sweep ladder`. Its presets live in scale_fpt/recipes/studies.py;
 `python sweeps/ladder.py --help` lists them and every flag."""
 
 import os
@@ -11,9 +11,9 @@ import sys
 # workers, which inherit it). OMP_WAIT_POLICY=ACTIVE overrides.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from scale_fpt.presets import STUDIES
+from scale_fpt.recipes import load_study
 from scale_fpt.study import study_main
 
 if __name__ == "__main__":
-    study = STUDIES["ladder"]
+    study = load_study("ladder")
     sys.exit(study_main(study.description, study.presets, after=study.after))

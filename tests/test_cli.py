@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 from scale_fpt import cli, scaling
+from scale_fpt.config import ConfigError
 
 TRIAL_COLUMNS = [
     "sweep",
@@ -362,3 +363,70 @@ def test_checkpoint_dir_is_not_shared_between_trials(capsys, tmp_path):
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == sorted(
         [first["trial_id"], second["trial_id"]]
     )
+
+
+# ------------------------------------------------------------------ flags = fields
+
+
+def test_trial_flags_are_the_fields_in_either_spelling_with_their_docstrings(capsys):
+    dashes = ["--batch-size", "8", "--zero-offload", "--zero-stage", "2", "--print-config"]
+    underscores = ["--batch_size", "8", "--zero_offload", "true", "--zero_stage", "2"]
+    assert cli.main(["plan", *dashes]) == 0
+    written = capsys.readouterr().out
+    assert cli.main(["plan", *underscores, "--print-config"]) == 0
+    assert capsys.readouterr().out == written
+    assert "batch_size: 8\n" in written and "zero_offload: true\n" in written
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--batch-size INT, --batch_size INT Examples per step" in help_text
+    assert "--max-steps INT, --max_steps INT, --steps INT Gradient steps" in help_text
+
+
+def sweep_of(*argv: str):
+    from scale_fpt.study import narrow, parser
+    from scale_fpt.sweep.config import SweepConfig
+
+    declared = SweepConfig(name="s", base={"task": "bit-xor", "max_steps": 2})
+    return narrow(declared, parser("s", {"local": lambda: declared}).parse_args(list(argv)))
+
+
+def test_sweep_flags_are_the_fields_and_the_old_spellings_still_work(tmp_path, monkeypatch):
+    monkeypatch.delenv("SCALE_FPT_RESULTS", raising=False)
+    monkeypatch.delenv("SCALE_FPT_STORAGE", raising=False)
+    by_field = sweep_of(
+        *("--results-dir", "r", "--storage_path", "s", "--gpu-memory-gb", "40"),
+        *("--loggers", "none", "--asha", "--seeds", "1,2", "--confirm-seeds", "none"),
+    )
+    by_old_name = sweep_of(
+        *("--results", "r", "--storage", "s", "--gpu-memory", "40"),
+        *("--logger", "none", "--asha", "true", "--seeds", "1,2", "--confirm-seeds", "none"),
+    )
+    assert by_field == by_old_name
+    assert (by_field.results_dir, by_field.storage_path, by_field.gpu_memory_gb) == ("r", "s", 40)
+    assert (by_field.loggers, by_field.asha, by_field.seeds) == (("none",), True, (1, 2))
+    monkeypatch.setenv("SCALE_FPT_RESULTS", "from-env")
+    assert sweep_of().results_dir == "from-env"
+    assert sweep_of("--results-dir", "flag").results_dir == "flag"
+
+
+def test_sweep_config_file_sets_fields_and_flags_beside_it_win(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text("results_dir: from-file\nseeds: [4, 5]\nmax_concurrent: 3\n")
+    sweep = sweep_of("--config", str(path), "--max-concurrent", "1")
+    assert (sweep.results_dir, sweep.seeds, sweep.max_concurrent) == ("from-file", (4, 5), 1)
+    path.write_text("result_dir: x\nseeds: 4\n")
+    with pytest.raises(ConfigError) as error:
+        sweep_of("--config", str(path))
+    assert "unknown key 'result_dir'" in str(error.value)
+    assert "'seeds' must be a list" in str(error.value)
+
+
+def test_every_bad_sweep_flag_is_reported_at_once():
+    with pytest.raises(ConfigError) as error:
+        sweep_of("--max-concurrent", "x", "--seeds", "1,a", "--max-failures", "-3", "--pack", "0")
+    problems = error.value.problems
+    assert "--max-concurrent: expected int, got 'x'" in problems
+    assert "--seeds: expected int, got 'a'" in problems
+    assert "--max-failures: must be >= 0 (0 = no retries), got -3" in problems
+    assert any(p.startswith("--pack: 'auto' or a positive number") for p in problems)

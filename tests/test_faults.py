@@ -1289,7 +1289,7 @@ def test_negative_sweep_limits_exit_2_and_help_says_zero_is_unlimited(tmp_path, 
     assert "--max-failures: must be >= 0 (0 = no retries), got -3" in err
     assert "Traceback" not in err and not results.exists()
     help_text = " ".join(parser("limits", presets).format_help().split())
-    assert "--max-concurrent MAX_CONCURRENT trials at once; 0 = unlimited" in help_text
+    assert "--max_concurrent INT At most this many trials at once; 0 = unlimited" in help_text
 
 
 def test_missing_sweep_file_exits_2(tmp_path, capfd):

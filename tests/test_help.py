@@ -5,7 +5,9 @@ under test, a subprocess would add only start-up time)."""
 from __future__ import annotations
 
 import argparse
+import ast
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 
@@ -82,3 +84,52 @@ def test_bad_config_file_is_one_error(capsys, tmp_path):
     assert "--batch-size: expected int, got 'many'" in err
     assert cli.main(["train", "--config", str(tmp_path / "none.yaml")]) == 2
     assert "--config " in capsys.readouterr().err
+
+
+LIGHT_HELP = """
+import contextlib, io, sys
+from scale_fpt import cli
+
+for argv in (["--help"], ["report", "--help"], ["sweep", "--help"]):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+        cli.main(argv)
+print(" ".join(sorted({m.split(".")[0] for m in sys.modules} & {"torch", "ray"})))
+"""
+
+
+def test_help_and_the_list_of_studies_load_neither_torch_nor_ray():
+    """``scale-fpt --help``, ``report --help`` and ``sweep --help`` (which lists the studies)
+    build the whole parser: in a fresh interpreter, nothing of torch or Ray is imported."""
+    done = subprocess.run(
+        [sys.executable, "-c", LIGHT_HELP], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == ""
+
+
+def test_the_sweep_help_lists_every_study():
+    from scale_fpt.recipes import STUDY_NAMES
+    from scale_fpt.recipes.studies import STUDIES
+
+    assert tuple(STUDIES) == STUDY_NAMES
+    sweep = cli.build_parser()._subparsers._group_actions[0].choices["sweep"]
+    assert all(name in sweep.format_help() for name in STUDY_NAMES)
+
+
+def test_only_the_entry_point_imports_the_recipes():
+    """The library never imports the recipes (presets and paper constants): of the package's
+    modules, only ``scale_fpt.cli`` and the recipes themselves do."""
+    package = ROOT / "scale_fpt"
+    importers = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            if any(n == "scale_fpt.recipes" or n.startswith("scale_fpt.recipes.") for n in names):
+                importers.add(path.relative_to(package).as_posix())
+    assert {p for p in importers if not p.startswith("recipes/")} == {"cli.py"}

@@ -99,8 +99,8 @@ def test_pack_accepts_auto_or_a_positive_count_from_flags_and_yaml(tmp_path):
     assert narrow(presets["local"](), p.parse_args(["--pack", "auto"])).pack == "auto"
     assert narrow(presets["local"](), p.parse_args(["--pack", "16"])).pack == 16
     assert narrow(presets["local"](), p.parse_args([])).pack == 1  # the preset's
-    with pytest.raises(SystemExit):
-        p.parse_args(["--pack", "0"])
+    with pytest.raises(ConfigError, match="--pack: 'auto' or a positive number"):
+        narrow(presets["local"](), p.parse_args(["--pack", "0"])).validate()
 
 
 def test_cluster_slots_are_gpus_or_cpu_groups():

@@ -18,7 +18,7 @@ import pytest
 from conftest import TINY_TRIAL as TINY
 
 from scale_fpt.config import ConfigError
-from scale_fpt.presets import STUDIES
+from scale_fpt.recipes import load_study
 from scale_fpt.results import CURVE_SCHEMA, TRIAL_SCHEMA, load_results
 from scale_fpt.study import study_main
 from scale_fpt.sweep import SweepConfig, trial_resources
@@ -295,7 +295,7 @@ def test_killed_driver_resume_matches_uninterrupted_sweep(tmp_path):
             sweep_command(killed, *flags, "--resume"), env=env, stdout=log, stderr=log
         )
     reference = tmp_path / "reference"
-    scale = STUDIES["scale"]
+    scale = load_study("scale")
     assert study_main(scale.description, scale.presets, ["--results", str(reference), *flags]) == 0
     assert resumed.wait(timeout=300) == 0, resume_log.read_text()[-3000:]
 

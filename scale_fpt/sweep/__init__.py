@@ -13,37 +13,35 @@ A retried or moved trial resumes from its last Tune checkpoint; ``run_sweep(resu
 restores an interrupted sweep with ``Tuner.restore`` so finished trials are not run again.
 """
 
-from scale_fpt.sweep.callbacks import results_callback_class
-from scale_fpt.sweep.config import SweepConfig, arm_label
-from scale_fpt.sweep.driver import SweepOutcome, connect_ray, run_sweep
-from scale_fpt.sweep.placement import (
-    Devices,
-    cluster_devices,
-    grid_cohorts,
-    plan_bundles,
-    planned_arms,
-    search_pack,
-    trial_resources,
-)
-from scale_fpt.sweep.resume import saved_unfinished
-from scale_fpt.sweep.trainable import report_metrics, tune_members, tune_trial
+import importlib
 
-__all__ = [
-    "Devices",
-    "SweepConfig",
-    "SweepOutcome",
-    "arm_label",
-    "cluster_devices",
-    "connect_ray",
-    "grid_cohorts",
-    "plan_bundles",
-    "planned_arms",
-    "report_metrics",
-    "results_callback_class",
-    "run_sweep",
-    "saved_unfinished",
-    "search_pack",
-    "trial_resources",
-    "tune_members",
-    "tune_trial",
-]
+EXPORTS = {
+    "results_callback_class": "callbacks",
+    "SweepConfig": "config",
+    "arm_label": "config",
+    "SweepOutcome": "driver",
+    "connect_ray": "driver",
+    "run_sweep": "driver",
+    "Devices": "placement",
+    "cluster_devices": "placement",
+    "grid_cohorts": "placement",
+    "plan_bundles": "placement",
+    "planned_arms": "placement",
+    "search_pack": "placement",
+    "trial_resources": "placement",
+    "saved_unfinished": "resume",
+    "report_metrics": "trainable",
+    "tune_members": "trainable",
+    "tune_trial": "trainable",
+}
+"""Each public name and the module of this package that defines it."""
+__all__ = sorted(EXPORTS)
+
+
+def __getattr__(name: str):
+    """``scale_fpt.sweep.NAME`` imports NAME's module on first use (PEP 562): importing
+    ``scale_fpt.sweep.config`` alone (the command line's flags) loads neither Ray nor torch
+    (start-up time)."""
+    if name not in EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{EXPORTS[name]}"), name)

@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from scale_fpt import planner
 from scale_fpt.config import FIELD_TYPES, ConfigError, TrialConfig, flag
+from scale_fpt.flags import load_mapping
 
 SEARCH_KINDS = ("loguniform", "uniform", "int", "choice")
 VALIDATION_METRICS = ("best_val_accuracy", "val_accuracy")
@@ -67,9 +67,9 @@ class SweepConfig:
     system). Empty: under the sweep's results directory, a journal file when that is on a
     shared file system (NFS, ...), else an SQLite file (``storage.default_optuna_storage``)."""
     max_concurrent: int = 0
-    """At most this many trials at once (0: as many as resources allow)."""
+    """At most this many trials at once; 0 = unlimited (as many as resources allow)."""
     max_failures: int = 2
-    """Retries of a crashed trial, each from its last checkpoint."""
+    """Retries of a crashed trial, each from its last checkpoint; 0 = no retries."""
     asha: bool = False
     """Stop weak trials early with ASHA (on ``metric``, in evaluation steps). Only for a
     sweep of one design: a grid over ``TUNED_FIELDS`` (lr, batch size) and seeds; stopped
@@ -263,24 +263,11 @@ class SweepConfig:
 
         Every problem (syntax, unknown keys, wrong types, invalid trial configs) is raised
         as one ConfigError naming the file."""
-        import yaml
-
-        try:
-            data = yaml.safe_load(Path(path).read_text())
-        except OSError as e:
-            raise ConfigError([f"{path}: cannot read sweep file ({e.strerror})"]) from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise ConfigError(
-                [f"{path}:{where} YAML syntax error: {getattr(e, 'problem', e)}"]
-            ) from None
-        if not isinstance(data, dict):
-            raise ConfigError([f"{path}: a sweep file is a mapping of SweepConfig fields"])
-        gpus = data.get("gpus_per_trial")
-        if isinstance(gpus, int | float) and not isinstance(gpus, bool):
-            data["gpus_per_trial"] = str(gpus)  # `gpus_per_trial: 1` means "1"
+        data = load_mapping(path, "sweep file", "SweepConfig fields")
         problems, values = yaml_field_problems(cls, data)
+        if "name" not in data:
+            problems.append("'name' is required")
+        values.setdefault("name", "sweep")  # missing or mistyped: already a problem
         # The well-typed fields make a sweep whose own problems (grid shapes, seeds, every
         # arm's trial config) join the type problems: all of them in one message.
         sweep = cls(**values)
@@ -288,6 +275,15 @@ class SweepConfig:
         if problems:
             raise ConfigError([f"{path}: {p}" for p in dict.fromkeys(problems)])
         return sweep
+
+    def updated(self, data: dict, where: str) -> SweepConfig:
+        """This sweep with the fields of a YAML mapping (``--config`` FILE) in place of its
+        own; one ConfigError naming ``where`` and every unknown key or value of the wrong
+        type (the sweep's own problems: ``validate``)."""
+        problems, values = yaml_field_problems(type(self), data)
+        if problems:
+            raise ConfigError([f"{where}: {p}" for p in problems])
+        return dataclasses.replace(self, **values)
 
     @property
     def sweep_dir(self) -> Path:
@@ -299,16 +295,17 @@ class SweepConfig:
 
 
 def yaml_field_problems(cls, data: dict) -> tuple[list[str], dict]:
-    """(problems, SweepConfig keyword values) of a YAML mapping: unknown keys, missing name,
-    fields of the wrong type. A field of the wrong type is left out of the values (its
-    default stands in), so the rest can still be checked."""
+    """(problems, SweepConfig keyword values) of a YAML mapping: unknown keys and fields of
+    the wrong type. A field of the wrong type is left out of the values (its default stands
+    in), so the rest can still be checked."""
     known = [f.name for f in fields(cls)]
     problems = [
         f"unknown key {k!r}; known keys: {', '.join(known)}" for k in data if k not in known
     ]
     values = {k: v for k, v in data.items() if k in known}
-    if "name" not in data:
-        problems.append("'name' is required")
+    gpus = values.get("gpus_per_trial")
+    if isinstance(gpus, int | float) and not isinstance(gpus, bool):
+        values["gpus_per_trial"] = str(gpus)  # `gpus_per_trial: 1` means "1"
     for key, kind in (
         ("base", dict),
         ("grid", dict),
@@ -334,18 +331,20 @@ def yaml_field_problems(cls, data: dict) -> tuple[list[str], dict]:
                 f"{', '.join(SEARCH_KINDS)}, got {spec!r}"
             )
             del values["search"][key]
-    pairs = values.get("overrides", [])
-    if not all(
-        isinstance(p, list | tuple) and len(p) == 2 and all(isinstance(m, dict) for m in p)
-        for p in pairs
-    ):
-        problems.append("'overrides' is a list of [match, values] pairs of mappings")
-        pairs = []
-    values["overrides"] = tuple((dict(m), dict(v)) for m, v in pairs)
-    values["seeds"] = tuple(values.get("seeds", cls.seeds))
-    values["confirm_seeds"] = tuple(values.get("confirm_seeds", cls.confirm_seeds))
-    values["search"] = {k: tuple(v) for k, v in values.get("search", {}).items()}
-    values.setdefault("name", "sweep")  # missing or mistyped: already a problem
+    if "overrides" in values:
+        pairs = values["overrides"]
+        if not all(
+            isinstance(p, list | tuple) and len(p) == 2 and all(isinstance(m, dict) for m in p)
+            for p in pairs
+        ):
+            problems.append("'overrides' is a list of [match, values] pairs of mappings")
+            pairs = []
+        values["overrides"] = tuple((dict(m), dict(v)) for m, v in pairs)
+    for key in ("seeds", "confirm_seeds", "loggers"):
+        if key in values and isinstance(values[key], list):
+            values[key] = tuple(values[key])
+    if "search" in values:
+        values["search"] = {k: tuple(v) for k, v in values["search"].items()}
     return problems, values
 
 
@@ -403,6 +402,10 @@ def logger_problems(loggers) -> list[str]:
 
 def placement_problems(sweep: SweepConfig) -> list[str]:
     """Problems of the sweep's GPU declarations (``gpus_per_trial``, ``gpu``, memory)."""
+    # Imported here, not at the top: the planner loads the model families (torch), and
+    # SweepConfig, with the flags made from it, loads without them (start-up time).
+    from scale_fpt import planner
+
     out = []
     try:
         planner.parse_gpus_per_trial(sweep.gpus_per_trial)

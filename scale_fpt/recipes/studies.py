@@ -1,4 +1,5 @@
-"""The paper's studies and their presets, shipped with the package.
+"""The studies and their presets (a recipe of ``scale_fpt.recipes``: the library never
+imports it).
 
 ``scale-fpt sweep STUDY --preset local|paper`` runs one; ``sweeps/STUDY.py`` is the same
 study as a script for ``ray submit`` / ``ray job submit`` (which copy or run a file).
@@ -12,8 +13,8 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from scale_fpt.recipes.paper import PAPER_GPU, PAPER_STEPS, paper_overrides
 from scale_fpt.scaling import PYTHIA_LADDER, pythia_revisions
-from scale_fpt.study import PAPER_GPU, PAPER_STEPS, paper_overrides
 from scale_fpt.sweep import SweepConfig
 
 
@@ -156,7 +157,7 @@ Presets:
     paper  gpt2 pretrained, all seven tasks, every subset, 3 seeds (10-12: none shared with
            scale-paper), lr 1e-3 (so fpt+attn diverges on some tasks as in the paper;
            diverged trials keep their last accuracy). Frozen-body subsets train the task's
-           budget (study.PAPER_STEPS); fpt+ff, fpt+attn and full train to convergence
+           budget (recipes.paper.PAPER_STEPS); fpt+ff, fpt+attn and full train to convergence
            (patience of 25% of that budget, in steps) within twice it.""",
     {"local": finetune_local, "paper": finetune_paper},
 )
@@ -251,7 +252,7 @@ Presets:
     paper       gpt2 on all seven tasks: fpt vs full x pretrained vs random; lr in
                 [1e-6, 1e-2] and batch size in {4, 8, 16}, 12 configurations per arm,
                 seeds 0-2, confirmation 3-5, ASHA off (the searcher sees full-length runs
-                only). Frozen arms train the task's budget (study.PAPER_STEPS); full arms to
+                only). Frozen arms train the task's budget (recipes.paper.PAPER_STEPS); full arms to
                 convergence (patience in steps) within twice it.
     paper-grid  the paper's arms on a shared grid: lr 1e-6, 3e-6, ..., 3e-3, 1e-2 (9 rates),
                 batch size 8.""",
