@@ -2,14 +2,20 @@
 the written-out backward computes what the module-by-module formulation (autograd through
 every step, the layer's previous implementation, kept here as the reference) computes: the
 same hidden states bit for bit, and the same gradients (float64, to rounding), with the
-weights trained (full LSTM) or frozen (the frozen-LSTM arm trains the norms)."""
+weights trained (full LSTM) or frozen (the frozen-LSTM arm trains the norms). Its FLOPs
+have no attention term."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from scale_fpt import scaling
+from scale_fpt.config import TrialConfig
+from scale_fpt.models import build_model
 from scale_fpt.models.fpt import LayerNormLSTMLayer, LSTMBackbone
+from scale_fpt.tasks import task_spec
+from scale_fpt.trial import step_flops
 
 
 def stepwise(layer: LayerNormLSTMLayer, x: torch.Tensor) -> torch.Tensor:
@@ -81,3 +87,17 @@ def test_stacked_layers_train_as_the_stepwise_stack():
     theirs = torch.autograd.grad((stack(None, x) * weights).sum(), leaves)
     for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layer_norm", [True, False], ids=["layernorm", "nn.LSTM"])
+def test_lstm_step_flops_count_no_attention(layer_norm, monkeypatch):
+    def attention(*args):
+        raise AssertionError("an LSTM has no attention")
+
+    monkeypatch.setattr(scaling, "attention_flops_per_sequence", attention)
+    config = TrialConfig.from_flat(
+        {"accelerator": "cpu", "task": "bit-xor", "model": "lstm", "init": "random",
+         "lstm_width": 16, "lstm_layer_norm": layer_norm}
+    )  # fmt: skip
+    spec = task_spec(config.task)
+    assert step_flops(build_model(config, spec), spec, 4)[0] > 0
