@@ -68,14 +68,14 @@ class LayerNormRecurrence(torch.autograd.Function):
         W = W4 // 4
         new = from_input.new_empty
         h_prev, c_prev = new(T, B, W), new(T, B, W)  # each step's incoming state
-        r, r_mean, r_rstd = new(T, B, W4), new(T, B, 1), new(T, B, 1)
-        c_pre, c_mean, c_rstd = new(T, B, W), new(T, B, 1), new(T, B, 1)
+        r, c_pre = new(T, B, W4), new(T, B, W)  # what each norm normalises
         sig, tanh_g, tanh_c, hs = new(T, B, 3 * W), new(T, B, W), new(T, B, W), new(B, T, W)
+        stats = []  # each step's means and reciprocal deviations (their dtype is the norm's)
         h = c = from_input.new_zeros(B, W)
         for t in range(T):
             h_prev[t], c_prev[t] = h, c
             torch.mm(h, weight.t(), out=r[t])
-            normed, r_mean[t], r_rstd[t] = torch.native_layer_norm(r[t], (W4,), r_gain, r_bias, eps)
+            normed, *r_stats = torch.native_layer_norm(r[t], (W4,), r_gain, r_bias, eps)
             gates = from_input[:, t] + normed
             *ifo, g = gates.chunk(4, dim=-1)
             i, f, o = sig[t].chunk(3, dim=-1)
@@ -85,20 +85,22 @@ class LayerNormRecurrence(torch.autograd.Function):
                 torch.sigmoid(gate, out=out)
             torch.tanh(g, out=tanh_g[t])
             c_pre[t] = f * c + i * tanh_g[t]
-            c, c_mean[t], c_rstd[t] = torch.native_layer_norm(c_pre[t], (W,), c_gain, c_bias, eps)
+            c, *c_stats = torch.native_layer_norm(c_pre[t], (W,), c_gain, c_bias, eps)
+            stats.append((*r_stats, *c_stats))
             torch.tanh(c, out=tanh_c[t])
             h = hs[:, t] = o * tanh_c[t]
+        r_mean, r_rstd, c_mean, c_rstd = (torch.stack(each) for each in zip(*stats, strict=True))
         ctx.save_for_backward(
-            weight, r_gain, r_bias, c_gain, c_bias, h_prev, c_prev, r, r_mean, r_rstd, c_pre, c_mean, c_rstd,
-            sig, tanh_g, tanh_c,
+            weight, r_gain, r_bias, c_gain, c_bias, h_prev, c_prev, r, r_mean, r_rstd,
+            c_pre, c_mean, c_rstd, sig, tanh_g, tanh_c,
         )  # fmt: skip
         return hs
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_hs):
-        (weight, r_gain, r_bias, c_gain, c_bias, h_prev, c_prev, r, r_mean, r_rstd, c_pre, c_mean, c_rstd,
-         sig, tanh_g, tanh_c) = ctx.saved_tensors  # fmt: skip
+        (weight, r_gain, r_bias, c_gain, c_bias, h_prev, c_prev, r, r_mean, r_rstd,
+         c_pre, c_mean, c_rstd, sig, tanh_g, tanh_c) = ctx.saved_tensors  # fmt: skip
         T, B, W = h_prev.shape
         input_only = [True, False, False]
         d_gates = grad_hs.new_empty(T, B, 4 * W)  # the gradient of from_input, step-major
