@@ -67,14 +67,15 @@ class LayerNormRecurrence(torch.autograd.Function):
         B, T, W4 = from_input.shape
         W = W4 // 4
         new = from_input.new_empty
-        h_prev, c_prev = new(T, B, W), new(T, B, W)  # each step's incoming state
+        h_states, c_prev = new(T + 1, B, W), new(T, B, W)  # h_states[t]: step t's incoming h
         r, c_pre = new(T, B, W4), new(T, B, W)  # what each norm normalises
-        sig, tanh_g, tanh_c, hs = new(T, B, 3 * W), new(T, B, W), new(T, B, W), new(B, T, W)
+        sig, tanh_g, tanh_c = new(T, B, 3 * W), new(T, B, W), new(T, B, W)
         stats = []  # each step's means and reciprocal deviations (their dtype is the norm's)
-        h = c = from_input.new_zeros(B, W)
+        h_states[0] = 0.0
+        c = from_input.new_zeros(B, W)
         for t in range(T):
-            h_prev[t], c_prev[t] = h, c
-            torch.mm(h, weight.t(), out=r[t])
+            c_prev[t] = c
+            torch.mm(h_states[t], weight.t(), out=r[t])
             normed, *r_stats = torch.native_layer_norm(r[t], (W4,), r_gain, r_bias, eps)
             gates = from_input[:, t] + normed
             *ifo, g = gates.chunk(4, dim=-1)
@@ -88,20 +89,21 @@ class LayerNormRecurrence(torch.autograd.Function):
             c, *c_stats = torch.native_layer_norm(c_pre[t], (W,), c_gain, c_bias, eps)
             stats.append((*r_stats, *c_stats))
             torch.tanh(c, out=tanh_c[t])
-            h = hs[:, t] = o * tanh_c[t]
+            torch.mul(o, tanh_c[t], out=h_states[t + 1])
         r_mean, r_rstd, c_mean, c_rstd = (torch.stack(each) for each in zip(*stats, strict=True))
         ctx.save_for_backward(
-            weight, r_gain, r_bias, c_gain, c_bias, h_prev, c_prev, r, r_mean, r_rstd,
+            weight, r_gain, r_bias, c_gain, c_bias, h_states, c_prev, r, r_mean, r_rstd,
             c_pre, c_mean, c_rstd, sig, tanh_g, tanh_c,
         )  # fmt: skip
-        return hs
+        # (B, T, W) as a copy: the caller may change it, the saved states must stay
+        return h_states[1:].transpose(0, 1).contiguous()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_hs):
-        (weight, r_gain, r_bias, c_gain, c_bias, h_prev, c_prev, r, r_mean, r_rstd,
+        (weight, r_gain, r_bias, c_gain, c_bias, h_states, c_prev, r, r_mean, r_rstd,
          c_pre, c_mean, c_rstd, sig, tanh_g, tanh_c) = ctx.saved_tensors  # fmt: skip
-        T, B, W = h_prev.shape
+        T, B, W = c_prev.shape
         input_only = [True, False, False]
         d_gates = grad_hs.new_empty(T, B, 4 * W)  # the gradient of from_input, step-major
         d_r = torch.empty_like(d_gates)
@@ -123,7 +125,8 @@ class LayerNormRecurrence(torch.autograd.Function):
             dh = d_r[t] @ weight
             dc = dcp * f
         grads = ctx.needs_input_grad
-        d_weight = d_r.view(T * B, 4 * W).t() @ h_prev.view(T * B, W) if grads[1] else None
+        h_prev = h_states[:-1].view(T * B, W)
+        d_weight = d_r.view(T * B, 4 * W).t() @ h_prev if grads[1] else None
         norms = [False, grads[2] or grads[3], grads[2] or grads[3]]
         _, d_r_gain, d_r_bias = _layer_norm_backward(
             d_gates, r, (4 * W,), r_mean, r_rstd, r_gain, r_bias, norms
