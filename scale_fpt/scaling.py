@@ -263,9 +263,10 @@ def attention_bytes(
     backward: bool = True,
     fused: bool = False,
 ) -> int:
-    """Peak bytes of materialised attention in a training step: 0 with ``fused`` (the
+    """Peak bytes of materialised attention in a training step. With ``fused`` (the
     Triton kernel ``models.flash_attention``, which a GPU with Triton runs for keyed
-    dropout: O(T) per query row, as SDPA). Otherwise (a CPU, or a GPU without Triton or
+    dropout: O(T) per query row, as SDPA) only its bit-packed dropout mask, T ceil(T / 8)
+    bytes per (row, head), kept by every block for the backward. Otherwise (a CPU, or a GPU without Triton or
     with ``SCALE_FPT_FLASH=0``) keyed dropout on the attention probabilities materialises
     them (torch's fused SDPA kernels draw their own masks). The peak is the larger of: the forward pass at the last block (the
     blocks below keep ``ATTENTION_KEPT_WITH_DROPOUT`` (B, H, T, T) tensors each, the last
@@ -276,8 +277,11 @@ def attention_bytes(
     dropout SDPA's fused kernels keep O(T) per query row: 0 here."""
     from scale_fpt.keyed_random import DRAW_BLOCK, DRAW_BYTES_PER_ELEMENT
 
-    if fused or dropout == 0.0 or not n_head:
+    if dropout == 0.0 or not n_head:
         return 0
+    if fused:
+        mask = batch * n_head * n_tokens * math.ceil(n_tokens / 8)
+        return mask * (n_layer if backward else 1)
     width = 4 if precision == "fp32" else 2
     elements = batch * n_head * n_tokens * n_tokens  # one (B, H, T, T) tensor
     kept = ATTENTION_KEPT_WITH_DROPOUT * (n_layer if backward else 0)

@@ -33,7 +33,7 @@ from scale_fpt.loop import (
     save_checkpoint,
     weights_file,
 )
-from scale_fpt.models import BuiltModel, build_model
+from scale_fpt.models import BuiltModel, LSTMBackbone, build_model
 from scale_fpt.packing import STEP_KINDS, pack_problem, step_kind
 from scale_fpt.provenance import git_sha
 from scale_fpt.results import SCHEMA_VERSION
@@ -97,7 +97,7 @@ def step_flops(built: BuiltModel, spec: TaskSpec, batch_size: int) -> tuple[int,
         if p.dim() == 2 and id(p) not in embedding_weights:
             matmul += p.numel()
             trained += p.numel() if p.requires_grad else 0
-    is_transformer = not hasattr(module.backbone, "lstm")
+    is_transformer = not isinstance(module.backbone, LSTMBackbone)
     attention = (
         scaling.attention_flops_per_sequence(built.n_layer, built.d_model, spec.n_tokens)
         if is_transformer

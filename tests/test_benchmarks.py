@@ -60,3 +60,17 @@ def test_attention_benchmark_runs_its_arms_in_tritons_interpreter():
     assert float(rows["triton (keyed)"][3]) < 1e-5
     assert rows["materialised (keyed)"][1] == "1x"
     assert "T 32, head size 16, float32, dropout 0.1, 2 member keys, device cpu" in done.stdout
+
+
+@pytest.mark.slow
+def test_lstm_benchmark_times_both_backbones_side_by_side():
+    """The plumbing of benchmarks/lstm.py at a tiny size: both arms timed in one run, their
+    ratios and the target lines printed (its figures: docs/statistics.md)."""
+    command = [sys.executable, "benchmarks/lstm.py", "--seq", "4", "--width", "8", "--steps", "1"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split("|")[1].strip() for line in done.stdout.splitlines() if line[:2] == "| "]
+    assert rows == ["backbone", "nn.LSTM", "layernorm"]
+    assert "3 layers x 8, T 4, batch 4, fp32, device cpu" in done.stdout
+    assert done.stdout.count("target: layernorm / nn.LSTM") == 2

@@ -1,6 +1,8 @@
 """The Triton attention kernel (scale_fpt.models.flash_attention) in Triton's interpreter on
 the CPU: its in-kernel dropout mask is keyed_random's, bit for bit; forward and backward
-equal the materialised attention (fp32 to 1e-5); chosen queries (the read-out rows) draw
+equal the materialised attention (fp32 to 1e-5); the backward is two Triton launches and no
+torch kernels, and the mask is drawn once per element (the forward), read from its bits;
+chosen queries (the read-out rows) draw
 the masks all queries draw; torch.compile traces it whole. Skipped where Triton is not
 installed. GPU runs of the compiled kernel, bf16 included (Triton 3.6's interpreter
 multiplies bf16 tiles wrongly in ``tl.dot``), are in test_gpu.py.
@@ -13,9 +15,11 @@ any other process they are skipped.
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("triton")
 
@@ -34,7 +38,7 @@ interpreted = pytest.mark.skipif(
 @pytest.mark.skipif(INTERPRETING, reason="the child itself")
 def test_kernels_in_tritons_interpreter():
     output = run_pytest_child(__file__, {"TRITON_INTERPRET": "1"})
-    assert "\n6 passed, 1 skipped in" in output  # every check ran
+    assert "\n7 passed, 1 skipped in" in output  # every check ran
 
 
 @pytest.fixture
@@ -156,3 +160,74 @@ def test_bad_input_is_refused(flash):
         flash(q, k, v, 0.3, keys=site_keys([1, 2]), p=0.1, block=BLOCK)
     with pytest.raises(ValueError, match="contiguous last dimension"):
         flash(q.transpose(-1, -2), k, v, 0.3, block=BLOCK)
+
+
+class Launches(TorchDispatchMode):
+    """What a GPU would run: every torch op dispatched (the ops inside this project's custom
+    ops included, run through their kernels) and every Triton kernel launched, by name."""
+
+    def __init__(self, monkeypatch):
+        super().__init__()
+        self.ops, self.kernels = Counter(), Counter()
+        self.launching = False
+        from triton.runtime.interpreter import InterpretedFunction
+
+        launch = InterpretedFunction.run
+
+        def counted(kernel, *args, **kwargs):
+            self.kernels[kernel.__name__] += 1
+            self.launching = True  # the interpreter's own copies are no GPU work
+            try:
+                return launch(kernel, *args, **kwargs)
+            finally:
+                self.launching = False
+
+        monkeypatch.setattr(InterpretedFunction, "run", counted)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.launching:
+            self.ops[str(func)] += 1
+        if func.namespace == "scale_fpt":  # count its body's ops too
+            kernel = torch.library.get_kernel(func, "CPU")
+            with self:
+                return kernel.call_boxed(torch._C._dispatch_keyset_full(), *args, **kwargs or {})
+        return func(*args, **kwargs or {})
+
+
+@interpreted
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # counts only: see below
+def test_backward_is_two_launches_and_draws_no_mask(flash, monkeypatch):
+    """Per layer (one attention call), pinned so that a change adding launches fails: the
+    forward is one launch that hashes each element of the (query, key) tiles it visits once
+    and writes the kept flags as bits; the backward is two Triton launches and no torch
+    kernels (allocations only; gradients written in bf16, no casts), and hashes nothing.
+    (The interpreter's bf16 products are wrong, see above: only counts are checked.)"""
+    from scale_fpt.models import flash_kernels
+
+    N, H, T = 2, 2, 40  # query blocks of 16, 16, 8: 1 + 2 + 3 causal tiles per (row, head)
+    q, k, v = qkv(N=N, H=H, T=T, dtype=torch.bfloat16)
+    weights = torch.randn(N, H, T, 8).to(torch.bfloat16)
+    hashed = []
+    keep = flash_kernels._keep
+
+    def counted_keep(key, row, offs_n, threshold):
+        hashed.append(row.shape[0] * offs_n.shape[0])
+        return keep(key, row, offs_n, threshold)
+
+    monkeypatch.setattr(flash_kernels, "_keep", counted_keep)
+    launches = Launches(monkeypatch)
+    with launches:
+        out = flash(q, k, v, 0.3, keys=site_keys([5, 6]), p=0.1, block=BLOCK)
+    tiles = N * H * (1 + 2 + 3)
+    assert launches.kernels == {"forward_kernel": 1}
+    assert sum(hashed) == tiles * BLOCK * BLOCK  # each visited element once
+    (mask,) = [t for t in out.grad_fn.saved_tensors if t is not None and t.dtype == torch.uint8]
+    assert mask.shape == (N, H, T, 5)  # one bit per (query, key)
+
+    launches, hashed[:] = Launches(monkeypatch), []
+    with launches:
+        torch.autograd.grad(out, (q, k, v), weights)
+    assert launches.kernels == {"query_grads_kernel": 1, "key_grads_kernel": 1}
+    no_kernel = {"aten.empty.memory_format", "aten.detach.default"}  # (saved tensors)
+    assert set(launches.ops) - no_kernel == {"scale_fpt.flash_attention_backward.default"}
+    assert hashed == []

@@ -13,9 +13,12 @@ the same counter-based generator as ``keyed_random.keep_mask_rows``:
 
 (uint64 arithmetic, which wraps as the int64 torch ops do), so a packed member draws its solo
 masks, and computing only some queries (``positions``: the read-out rows) draws what the full
-computation draws for them. The backward pass recomputes the probabilities from the saved
-log-sum-exp and the mask from the keys (FlashAttention-2's scheme: one kernel for dK and dV
-over query blocks, one for dQ over key blocks, no atomics).
+computation draws for them. The forward is the only place the mask is drawn (one hash per
+attention element): it writes the kept flags bit-packed, one bit per (query, key) it visits,
+and the backward reads them. The backward recomputes the probabilities from the saved
+log-sum-exp (FlashAttention-2's scheme, no atomics) in two launches: one kernel for dQ over
+key blocks, which first computes ``delta = rowsum(dO * O)`` of its rows, then one for dK
+and dV over query blocks; the gradients are written in the inputs' dtype.
 
 The kernels are ``torch.library`` custom ops, so ``torch.compile`` treats them as opaque
 calls and CUDA graphs replay them (no host reads). On CPU tensors they run only under
@@ -34,16 +37,12 @@ BLOCK = 64
 """Query and key block size on a GPU (tests pass smaller ones to cross block edges)."""
 
 
-def _launch_args(q, k, v, positions, keys, scale, p, block):
-    """The arguments every kernel shares after its tensors, and the dropout switches."""
-    N, H, Tq, hd = q.shape
-    T = k.shape[-2]
+def _launch_args(q, positions, dropout, p, block):
+    """The threshold and scale of kept draws, and the kernels' shared compile-time
+    arguments."""
+    hd = q.shape[-1]
     threshold = round(p * 2**32)
     keep_scale = 2**32 / (2**32 - threshold)
-    dropout = keys is not None and p > 0.0
-    rows_per_key = N // len(keys) if dropout else N  # no keys: every row reads the stand-in
-    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
-    scalars = (H, Tq, T, rows_per_key, scale, threshold, keep_scale)
     meta = {
         "HEAD_DIM": hd,
         "BLOCK_D": max(16, triton.next_power_of_2(hd)),
@@ -53,25 +52,37 @@ def _launch_args(q, k, v, positions, keys, scale, p, block):
         "DROPOUT": dropout,
         "PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
     }
-    return strides, scalars, meta
+    return threshold, keep_scale, meta
 
 
-def _pointers(q, positions, keys):
-    """Stand-ins for absent positions and keys (one element: the kernels read no positions
-    then, and load the keys' first element without using it)."""
-    empty = torch.zeros(1, dtype=torch.int64, device=q.device)
-    return (empty if positions is None else positions.contiguous()), (
-        empty if keys is None else keys
-    )
+def _dropout(keys, p) -> bool:
+    return keys is not None and p > 0.0
 
 
-def _check(q, k, v, positions, keys):
+def _mask_shape(q, k, keys, p) -> tuple[int, ...]:
+    """The bit-packed dropout mask's shape: (N, H, Tq, cdiv(T, 8)) bytes, one bit per
+    (query, key); one unread byte without dropout."""
+    return (*q.shape[:3], triton.cdiv(k.shape[-2], 8)) if _dropout(keys, p) else (1,)
+
+
+def _stand_in(q, tensor):
+    """An absent positions or keys tensor: one unread element (the kernels read no
+    positions then, and load the keys' first element without using it). ``empty``: no
+    kernel launch."""
+    if tensor is None:
+        return torch.empty(1, dtype=torch.int64, device=q.device)
+    return tensor.contiguous()
+
+
+def _check(q, k, v, positions, keys, block):
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("flash attention needs q, k, v with a contiguous last dimension")
     if keys is not None and q.shape[0] % len(keys):
         raise ValueError(f"{q.shape[0]} batch rows do not split into {len(keys)} key chunks")
     if positions is None and q.shape[-2] != k.shape[-2]:
         raise ValueError("without positions the queries must be all T positions")
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"block {block} is not a power of 2 >= 16")
 
 
 @torch.library.custom_op("scale_fpt::flash_attention_forward", mutates_args=())
@@ -84,25 +95,31 @@ def flash_forward(
     scale: float,
     p: float,
     block: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out (N, H, Tq, hd), log-sum-exp (N, H, Tq) float32) of causal attention with keyed
-    dropout (see the module docstring)."""
-    _check(q, k, v, positions, keys)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out (N, H, Tq, hd), log-sum-exp (N, H, Tq) float32, the bit-packed dropout mask
+    (``_mask_shape``) uint8) of causal attention with keyed dropout (see the module
+    docstring): one kernel launch."""
+    _check(q, k, v, positions, keys, block)
     N, H, Tq, hd = q.shape
+    T = k.shape[-2]
     out = torch.empty(N, H, Tq, hd, dtype=q.dtype, device=q.device)
     lse = torch.empty(N, H, Tq, dtype=torch.float32, device=q.device)
-    strides, scalars, meta = _launch_args(q, k, v, positions, keys, scale, p, block)
-    pos, key_tensor = _pointers(q, positions, keys)
-    grid = (N * H, triton.cdiv(Tq, block))
-    flash_kernels.forward_kernel[grid](
-        q, k, v, out, lse, pos, key_tensor, *strides, *out.stride()[:3], *scalars, **meta
-    )
-    return out, lse
+    mask = torch.empty(_mask_shape(q, k, keys, p), dtype=torch.uint8, device=q.device)
+    dropout = _dropout(keys, p)
+    threshold, keep_scale, meta = _launch_args(q, positions, dropout, p, block)
+    rows_per_key = N // len(keys) if dropout else N  # no keys: the stand-in's row
+    flash_kernels.forward_kernel[(N * H, triton.cdiv(Tq, block))](
+        q, k, v, out, lse, mask, _stand_in(q, positions), _stand_in(q, keys),
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+        H, Tq, T, rows_per_key, scale, threshold, keep_scale, **meta,
+    )  # fmt: skip
+    return out, lse, mask
 
 
 @flash_forward.register_fake
 def _(q, k, v, positions, keys, scale, p, block):
-    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+    mask = q.new_empty(_mask_shape(q, k, keys, p), dtype=torch.uint8)
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32), mask
 
 
 @torch.library.custom_op("scale_fpt::flash_attention_backward", mutates_args=())
@@ -113,48 +130,54 @@ def flash_backward(
     v: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
+    mask: torch.Tensor,
     positions: torch.Tensor | None,
-    keys: torch.Tensor | None,
     scale: float,
     p: float,
+    dropout: bool,
     block: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of ``flash_forward`` for the output gradient ``grad``."""
+    """(dq, dk, dv) of ``flash_forward`` for the output gradient ``grad``: two kernel
+    launches, no torch kernels (dq, dk, dv are written in q's dtype)."""
     N, H, Tq, hd = q.shape
     T = k.shape[-2]
     grad = grad if grad.stride(-1) == 1 else grad.contiguous()
-    delta = (grad.float() * out.float()).sum(-1)  # (N, H, Tq): rowsum(dO * O)
-    dq = torch.empty(N, H, Tq, hd, dtype=torch.float32, device=q.device)
-    dk = torch.empty(N, H, T, hd, dtype=torch.float32, device=q.device)
-    dv = torch.empty_like(dk)
-    strides, scalars, meta = _launch_args(q, k, v, positions, keys, scale, p, block)
-    pos, key_tensor = _pointers(q, positions, keys)
-    tensors = (q, k, v, grad, lse, delta)
-    flash_kernels.key_grads_kernel[(N * H, triton.cdiv(T, block))](
-        *tensors, dk, dv, pos, key_tensor, *strides, *grad.stride()[:3], *scalars, **meta
-    )
+    delta = torch.empty(N, H, Tq, dtype=torch.float32, device=q.device)
+    dq = torch.empty(N, H, Tq, hd, dtype=q.dtype, device=q.device)
+    dk = torch.empty(N, H, T, hd, dtype=k.dtype, device=q.device)
+    dv = torch.empty(N, H, T, hd, dtype=v.dtype, device=q.device)
+    _, keep_scale, meta = _launch_args(q, positions, dropout, p, block)
+    pos = _stand_in(q, positions)
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
+    scalars = (H, Tq, T, scale, keep_scale)
     flash_kernels.query_grads_kernel[(N * H, triton.cdiv(Tq, block))](
-        *tensors, dq, pos, key_tensor, *strides, *grad.stride()[:3], *scalars, **meta
-    )
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        q, k, v, out, grad, lse, mask, delta, dq, pos,
+        *strides, *out.stride()[:3], *grad.stride()[:3], *scalars, **meta,
+    )  # fmt: skip
+    flash_kernels.key_grads_kernel[(N * H, triton.cdiv(T, block))](
+        q, k, v, grad, lse, mask, delta, dk, dv, pos,
+        *strides, *grad.stride()[:3], *scalars, **meta,
+    )  # fmt: skip
+    return dq, dk, dv
 
 
 @flash_backward.register_fake
-def _(grad, q, k, v, out, lse, positions, keys, scale, p, block):
+def _(grad, q, k, v, out, lse, mask, positions, scale, p, dropout, block):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, positions, keys, scale, p, block = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, positions, keys)
-    ctx.scale, ctx.p, ctx.block = scale, p, block
+    out, lse, mask = output
+    ctx.save_for_backward(q, k, v, out, lse, mask, positions)
+    ctx.set_materialize_grads(False)  # the unused lse and mask gradients: no zeros to fill
+    ctx.scale, ctx.p, ctx.dropout, ctx.block = scale, p, _dropout(keys, p), block
 
 
-def _backward(ctx, grad, grad_lse):
-    q, k, v, out, lse, positions, keys = ctx.saved_tensors
+def _backward(ctx, grad, grad_lse, grad_mask):
+    q, k, v, out, lse, mask, positions = ctx.saved_tensors
     dq, dk, dv = flash_backward(
-        grad, q, k, v, out, lse, positions, keys, ctx.scale, ctx.p, ctx.block
+        grad, q, k, v, out, lse, mask, positions, ctx.scale, ctx.p, ctx.dropout, ctx.block
     )
     return dq, dk, dv, None, None, None, None, None
 
@@ -176,5 +199,5 @@ def flash_attention(
     dropout ``p`` on the probabilities keyed on ``keys`` ((C,) int64, one per chunk of N / C
     batch rows; None: no dropout). ``positions`` (N, Tq) int64: the queries' positions among
     the keys; None: Tq == T, query i at position i."""
-    out, _ = flash_forward(q, k, v, positions, keys, scale, p, block)
+    out, _, _ = flash_forward(q, k, v, positions, keys, scale, p, block)
     return out
