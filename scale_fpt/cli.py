@@ -17,7 +17,9 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from scale_fpt.config import CONCERNS, FIELD_TYPES, ConfigError, TrialConfig, flag, shape_init
+from scale_fpt.config import CONCERNS, FIELD_TYPES, ConfigError, TrialConfig, flag
+from scale_fpt.gpus import DEFAULT_GPU, GPUS, gpu_with_memory
+from scale_fpt.vocabulary import Status
 
 EXIT_BAD_INPUT = 2
 ALIASES = {"max_steps": ["--steps"]}
@@ -171,7 +173,6 @@ def build_parser() -> Parser:
 
 
 def add_plan_flags(parser: argparse.ArgumentParser) -> None:
-    from scale_fpt.planner import DEFAULT_GPU, GPUS
 
     group = parser.add_argument_group("GPU plan")
     group.add_argument(
@@ -310,7 +311,7 @@ def train(args: argparse.Namespace, config: TrialConfig) -> int:
         code = 0
     except KeyboardInterrupt:
         (row,) = trial.trial_rows()
-        row = {**row, "status": "stopped"}
+        row = {**row, "status": Status.STOPPED}
         code = 130
     except ResultsError:
         # The results directory failed (full, unwritable), not the trial: say that, once
@@ -374,9 +375,9 @@ def plan_flag_problems(args: argparse.Namespace) -> list[str]:
     from scale_fpt import planner
 
     problems = [] if args.max_gpus >= 1 else [f"--max-gpus: must be >= 1, got {args.max_gpus}"]
-    if args.gpu not in planner.GPUS and not args.gpu_memory > 0:
+    if args.gpu not in GPUS and not args.gpu_memory > 0:
         problems.append(
-            f"--gpu: unknown GPU {args.gpu!r}; choose from {', '.join(planner.GPUS)} "
+            f"--gpu: unknown GPU {args.gpu!r}; choose from {', '.join(GPUS)} "
             "(or give --gpu-memory GiB)"
         )
     try:
@@ -389,34 +390,24 @@ def plan_flag_problems(args: argparse.Namespace) -> list[str]:
 def gpu_plan(args: argparse.Namespace, config: TrialConfig):
     """The planner's placement of the trial on ``--gpu`` (flags checked by
     ``plan_flag_problems``)."""
-    from scale_fpt import planner
+    from scale_fpt.profile import config_profile
 
-    if args.gpu_memory > 0:
-        gpu = planner.gpu_with_memory(args.gpu_memory, args.gpu)
-    else:
-        gpu = planner.GPUS[args.gpu]
-    return planner.plan_trial(config, args.gpus_per_trial, gpu, args.max_gpus)
+    gpu = gpu_with_memory(args.gpu_memory, args.gpu) if args.gpu_memory > 0 else GPUS[args.gpu]
+    return config_profile(config).plan(args.gpus_per_trial, gpu, args.max_gpus)
 
 
 def plan(config: TrialConfig, placement) -> int:
-    """Counts from the architecture alone: built on the meta device, no weights loaded."""
-    import torch
-
+    """Counts from the architecture alone (the trial's profile: built on the meta device, no
+    weights loaded)."""
     from scale_fpt import planner
-    from scale_fpt.models import build_model, empty_groups, family_name
-    from scale_fpt.tasks import task_spec
+    from scale_fpt.models import empty_groups, family_name
+    from scale_fpt.profile import config_profile
     from scale_fpt.tasks.preprocessing import preprocessing
-    from scale_fpt.trial import step_flops
 
-    spec = task_spec(config.task)
-    architecture = config.replace(init=shape_init(config.model.init))
-    with torch.device("meta"):
-        built = build_model(architecture, spec)
-    train = config.train
-    train_flops, eval_flops = step_flops(built, spec, train.batch_size)
-    one = planner.trial_memory(
-        planner.model_shape(config), train.precision, train.batch_size, train.zero_stage
-    )
+    profile = config_profile(config)
+    built, spec, train = profile.built, profile.spec, config.train
+    train_flops, eval_flops = profile.flops
+    one = planner.trial_memory(profile.shape, train.precision, train.batch_size, train.zero_stage)
     memory, activations = one.weights + one.gradients + one.optimizer, one.activations
     attention = one.attention
     print(f"{'group':<10}{'trainable':>16}{'frozen':>16}{'total':>16}")

@@ -26,7 +26,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from scale_fpt.config import ConfigError, TrialConfig
+from scale_fpt.config import ConfigError, parse_trial
+from scale_fpt.preflight import DATA_FOLDERS, data_problem, weights_needed
 
 MIRROR_ENV = "SCALE_FPT_MIRROR"
 
@@ -89,7 +90,7 @@ SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from scale_fpt.presets import STUDIES
+    from scale_fpt.presets import STUDIES  # torch: not for --help
     from scale_fpt.study import add_study_flags
 
     parser.add_argument(
@@ -126,11 +127,10 @@ NOT_READ = {
 def needs(args: argparse.Namespace) -> tuple[list[str], list[tuple[str, str, bool]]]:
     """(The data folders, the (hub id, revision, config only) weights) the arguments' sweep
     reads."""
-    from scale_fpt.preflight import DATA_FOLDERS, weights_needed
-    from scale_fpt.study import split
+    from scale_fpt.study import split  # torch: not for --help
 
     if args.target:
-        arms = sweep_of(args).arms()
+        arms = sweep_of(args).trials()
     else:
         arms = [{"task": task} for task in split(args.tasks) if task in DATA_FOLDERS] + [
             {"model": model, "init": init}
@@ -142,7 +142,7 @@ def needs(args: argparse.Namespace) -> tuple[list[str], list[tuple[str, str, boo
     folders, weights = set(), set()
     root = Path(args.data_root).absolute()
     for arm in arms:
-        config = TrialConfig.from_flat(arm)
+        config = parse_trial(arm)
         folder, own = DATA_FOLDERS.get(config.task.task), config.task.data_dir
         if folder and (not own or Path(own) == root / folder):  # not a data_dir of its own
             folders.add(folder)
@@ -157,9 +157,9 @@ def needs(args: argparse.Namespace) -> tuple[list[str], list[tuple[str, str, boo
 
 def sweep_of(args: argparse.Namespace):
     """The sweep ``scale-fpt sweep TARGET`` with these flags would run."""
-    from scale_fpt.presets import STUDIES
+    from scale_fpt.presets import STUDIES  # torch: not for --help
     from scale_fpt.study import narrow
-    from scale_fpt.sweep import SweepConfig
+    from scale_fpt.sweep import SweepConfig  # torch: not for --help
 
     if args.target in STUDIES:
         presets = STUDIES[args.target].presets
@@ -187,10 +187,9 @@ def mirror_url(mirror: str, folder: str, source: Source) -> str:
 def data_problem_in(folder: str, path: Path) -> str:
     """Why the task of ``folder`` cannot read its data in ``path`` ('' when it can: the
     preflight's check)."""
-    from scale_fpt.preflight import DATA_FOLDERS, data_problem
 
     task = next(t for t, f in DATA_FOLDERS.items() if f == folder)
-    return data_problem(TrialConfig.from_flat({"task": task, "data_dir": str(path)}))
+    return data_problem(parse_trial({"task": task, "data_dir": str(path)}))
 
 
 class HubChecksum(urllib.request.HTTPRedirectHandler):
@@ -300,7 +299,7 @@ def fetch_weights(source: str, revision: str, config_only: bool, say) -> str:
     """Fetch one hub model into the Hugging Face cache; '' or the problem."""
     from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
 
-    from scale_fpt.models.backbones import hub_reachable
+    from scale_fpt.models.backbones import hub_reachable  # torch: not for --help
 
     patterns = ["config.json"] if config_only else list(WEIGHT_FILES)
     what = f"{source}{'@' + revision if revision else ''}{' (config)' if config_only else ''}"

@@ -32,7 +32,6 @@ from scale_fpt.config import CONCERNS, ConfigError
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
-STATUSES = ("completed", "diverged", "failed", "stopped", "running")
 
 ARROW_TYPES = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
 

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from scale_fpt.config import ConfigError, TrialConfig
+from scale_fpt.config import ConfigError, parse_trial
 from scale_fpt.report.published import STEPS, TASK_COLUMNS
 
 PAPER_STEPS = {
@@ -180,7 +180,7 @@ def add_study_flags(
 
 def add_gpu_flags(p: argparse.ArgumentParser) -> None:
     """What each trial asks Ray for (``SweepConfig.gpus_per_trial``, ``gpu``, ...)."""
-    from scale_fpt.planner import GPUS
+    from scale_fpt.gpus import GPUS
 
     p.add_argument(
         "--gpus-per-trial",
@@ -312,12 +312,11 @@ def parse_assignments(assignments: list[str]) -> tuple[dict, dict[str, dict]]:
 
 def local_backbones(sweep) -> list[tuple[str, str]]:
     """(CPU preset, corpus) pairs that arms of this sweep load as pretrained weights."""
-    from scale_fpt.config import TrialConfig
     from scale_fpt.models.backbones import CPU_PRESETS, LOCAL_CORPORA
 
     needed = set()
-    for arm in sweep.arms():
-        model = TrialConfig.from_flat(arm).model
+    for arm in sweep.trials():
+        model = parse_trial(arm).model
         local = model.model in CPU_PRESETS and model.weights in ("", *LOCAL_CORPORA)
         if local and model.init != "random":
             needed.add((model.model, model.weights or "language"))
@@ -385,31 +384,33 @@ def check_data_and_weights(sweep) -> None:
     (``scale_fpt.preflight``): before Ray starts and before any GPU node is asked for."""
     from scale_fpt.preflight import preflight_problems
 
-    problems = preflight_problems(sweep.arms())
+    problems = preflight_problems(sweep.trials())
     if problems:
         raise ConfigError(problems)
 
 
 def placement_table(sweep) -> str:
     """What runs where: each distinct plan with its trials, and the study's GPU-hours per
-    model (``planner.study_gpu_hours``) on the GPU the sweep plans for. Needs no Ray: the
-    GPU is the declared one (``--gpu``), else ``planner.DEFAULT_GPU``."""
+    model (``placement.study_gpu_hours``) on the GPU the sweep plans for. Needs no Ray: the
+    GPU is the declared one (``--gpu``), else ``gpus.DEFAULT_GPU``."""
     from collections import Counter
 
     from scale_fpt import planner
     from scale_fpt.cluster import GPUOffer
-    from scale_fpt.sweep.placement import sweep_gpus
+    from scale_fpt.gpus import DEFAULT_GPU, GPUS
+    from scale_fpt.profile import plan_trial
+    from scale_fpt.sweep.placement import study_gpu_hours, sweep_gpus
 
     if sweep.gpu or sweep.gpu_memory_gb or sweep.gpus_per_trial == "0":
         offer = sweep_gpus(sweep)
     else:
-        offer = GPUOffer(planner.GPUS[planner.DEFAULT_GPU], 0, "default")
+        offer = GPUOffer(GPUS[DEFAULT_GPU], 0, "default")
     max_gpus = offer.max_gpus_per_node or 8
-    arms = sweep.arms()
+    arms = sweep.trials()
     counts: Counter = Counter()
     for arm in arms:
-        config = TrialConfig.from_flat(arm)
-        plan = planner.plan_trial(config, sweep.gpus_per_trial, offer.gpu, max_gpus)
+        config = parse_trial(arm)
+        plan = plan_trial(config, sweep.gpus_per_trial, offer.gpu, max_gpus)
         budget = f"{config.train.max_steps:,} steps" + (
             f" (patience {config.train.patience:,})" if config.train.patience else ""
         )
@@ -433,7 +434,7 @@ def placement_table(sweep) -> str:
         for (model, finetune, task, budget, batch, where), n in sorted(counts.items())
     ]
     if offer.gpu is not None:
-        hours = planner.study_gpu_hours(arms, sweep.gpus_per_trial, offer.gpu, max_gpus)
+        hours = study_gpu_hours(arms, sweep.gpus_per_trial, offer.gpu, max_gpus)
         hours = {model: h * per_arm for model, h in hours.items()}
         estimate = (
             "GPU-hours (estimate: planned GPU share x max_steps x step time, "
@@ -445,7 +446,7 @@ def placement_table(sweep) -> str:
         else:
             lines.append(
                 f"{estimate}unknown: {offer.gpu.name} has no published bf16 peak "
-                f"(scaling.DEVICE_PEAKS); name the GPU with --gpu ({', '.join(planner.GPUS)})"
+                f"(gpus.CHIPS); name the GPU with --gpu ({', '.join(GPUS)})"
             )
     return "\n".join(lines)
 
@@ -460,7 +461,7 @@ def confirmation_line(sweep) -> str:
     return (
         f"; then each arm's chosen {' and '.join(sweep.choice_fields())} on fresh seeds "
         f"{', '.join(map(str, sweep.confirm_seeds))} (sweep {confirm.name}, "
-        f"{len(confirm.arms())} trials)"
+        f"{len(confirm.trials())} trials)"
     )
 
 

@@ -22,7 +22,7 @@ from test_faults import rows_by, run_with_fault, sweep_config, tune_trial_dir
 from scale_fpt import cli, planner
 from scale_fpt.cluster import GPUOffer
 from scale_fpt.config import ConfigError, TrialConfig
-from scale_fpt.packing import pack_problem, step_kind
+from scale_fpt.profile import pack_problem, step_kind
 from scale_fpt.recovery import tune_reports
 from scale_fpt.results import load_results
 from scale_fpt.steps.engine import deepspeed_config

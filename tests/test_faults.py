@@ -194,7 +194,7 @@ def uninterrupted_curve(sweep: SweepConfig, **arm) -> pd.DataFrame:
     """The curve the trial of ``arm`` has when nothing interrupts it (run here, in-process)."""
     from scale_fpt.trial import TrialRun
 
-    (flat,) = [a for a in sweep.arms() if all(a.get(k) == v for k, v in arm.items())]
+    (flat,) = [a for a in sweep.trials() if all(a.get(k) == v for k, v in arm.items())]
     trial = TrialRun([TrialConfig.from_flat(flat)], sweep=sweep.name)
     rows: list[dict] = []
     try:

@@ -16,7 +16,7 @@ import yaml
 from ray_clusters import LocalCluster, free_port
 
 from scale_fpt.cluster import gpu_offer, node_types_offer
-from scale_fpt.planner import GPUS
+from scale_fpt.gpus import GPUS
 
 ROOT = Path(__file__).resolve().parent.parent
 

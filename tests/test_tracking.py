@@ -97,7 +97,9 @@ def test_sweep_progress_errors_and_trackers(tmp_path, capsys, monkeypatch):
     ml_run = ml_runs[xor]
     assert ml_run.info.status == "FINISHED"
     assert ml_run.data.params["task"] == "bit-xor" and ml_run.data.params["max_steps"] == "40"
-    val = sorted((m.step, m.value) for m in client.get_metric_history(ml_run.info.run_id, "val/accuracy"))
+    val = sorted(
+        (m.step, m.value) for m in client.get_metric_history(ml_run.info.run_id, "val/accuracy")
+    )
     assert [step for step, _ in val] == [20, 40]
     assert [value for _, value in val] == pytest.approx(expected["val_accuracy"].tolist())
     assert ml_run.data.metrics["best_val_accuracy"] == pytest.approx(best)
