@@ -25,7 +25,7 @@ random images written to Parquet first, augmented), so both arms pay for their b
 ``--data synthetic`` cycles through batches made once.
 
 Packed MFU counts model FLOPs, the same definition for every path: each trial's 4N +
-attention (``trial.step_flops``), over the device's published dense peak on a GPU, the
+attention (``profile.step_flops``), over the device's published dense peak on a GPU, the
 measured matmul rate on a CPU (printed beside either way).
 """
 

@@ -5,7 +5,7 @@
                     an unpacked packable trial is K = 1
         EngineStep  one trial on a DeepSpeed engine (ZeRO, several workers, ff/attn/full
                     fine-tuning, fp16, LSTM, non-GPT-2 backbones)
-        (``packing.step_kind`` decides; ``packing`` also decides which trials share a cohort)
+        (``profile.step_kind`` decides; ``packing`` also decides which trials share a cohort)
     fit(step, states, train, position) owns everything between the steps:
         for each position < max_steps:  step.train_step(position)  (reads nothing on the host)
         at each of evaluation_steps(max_steps, eval_every, log_evals):

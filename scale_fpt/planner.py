@@ -77,7 +77,7 @@ class ModelShape:
     backbone_backward: bool
     """A trained parameter lies below the output head, so backward runs through the body."""
     train_flops_per_example: int = 0
-    """Training FLOPs of one example (``trial.step_flops``), for time estimates."""
+    """Training FLOPs of one example (``profile.step_flops``), for time estimates."""
     block: BlockShape | None = None
     """The family's block (``families.block_shape``: gated MLP, RMSNorm) whose saved
     activations ``scaling.activation_bytes`` counts; None: a GPT-2 block of ``d_model``."""

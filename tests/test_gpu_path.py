@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_TRIAL
+from helpers import TINY_TRIAL
 
 from scale_fpt.config import TrainConfig, TrialConfig
 from scale_fpt.keyed_random import keep_mask

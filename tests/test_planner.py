@@ -7,7 +7,7 @@ import math
 import os
 
 import pytest
-from conftest import run_pytest_child
+from helpers import run_pytest_child
 
 from scale_fpt import gpus, planner, scaling
 from scale_fpt.config import ConfigError, TrialConfig
@@ -331,7 +331,7 @@ def test_gpu_hours_hold_the_trials_share_for_its_steps():
 
 def test_every_planner_gpu_takes_its_peak_from_the_published_table():
     # One table of peaks: each GPU --gpu accepts finds its own chip's entry of
-    # scaling.DEVICE_PEAKS by the device name CUDA reports (as the benchmarks' MFU does), and
+    # gpus.CHIPS by the device name CUDA reports (as the benchmarks' MFU does), and
     # the planner's figure is that entry's. A GPU added to the planner without an entry, or
     # a pattern that catches another chip (A10G's catching an A100), fails here.
     for name, gpu in GPUS.items():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from conftest import TINY_TRIAL as TINY
+from helpers import TINY_TRIAL as TINY
 
 from scale_fpt.config import ConfigError
 from scale_fpt.presets import STUDIES

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import TINY_TRIAL as TINY
+from helpers import TINY_TRIAL as TINY
 
 from scale_fpt.sweep import SweepConfig
 from scale_fpt.sweep.progress import SweepProgress
