@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -101,3 +102,27 @@ def files_under(root: Path) -> list[str]:
 def truncate(path: Path) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
+
+
+@contextlib.contextmanager
+def own_ray(home=None, worker_setup=None, cpu_only: bool = False, **init_kwargs):
+    """A local Ray of the test's own (``address="local"``: never a cluster already running
+    on the machine), shut down afterwards. ``home``: the workers' SCALE_FPT_HOME;
+    ``worker_setup``: run in every worker process as it starts; ``cpu_only``: workers see no
+    GPU even on a GPU machine; ``init_kwargs``: ``ray.init``'s (CPUs, GPUs, memory)."""
+    import ray
+
+    from scale_fpt.sweep import connect_ray
+
+    env = {"SCALE_FPT_HOME": str(home)} if home else {}
+    if cpu_only:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    runtime_env = {"env_vars": env} if env else {}
+    if worker_setup is not None:
+        runtime_env["worker_process_setup_hook"] = worker_setup
+    ray.shutdown()
+    connect_ray(runtime_env=runtime_env or None, address="local", **init_kwargs)
+    try:
+        yield
+    finally:
+        ray.shutdown()

@@ -34,7 +34,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from helpers import TINY_TRIAL, TRAIN, files_under, truncate
+from helpers import TINY_TRIAL, TRAIN, files_under, own_ray, truncate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ray_clusters import LocalCluster, wait_until
@@ -63,14 +63,8 @@ HUGE_BATCH = 2**30
 
 @pytest.fixture(scope="module")
 def local_ray(tmp_path_factory):
-    """One local Ray for this module's in-process sweeps (address="local": never another
-    engineer's running cluster). Workers: RLIMIT_AS, and an empty SCALE_FPT_HOME (no locally
-    pretrained backbones)."""
-    import ray
-
-    from scale_fpt.sweep import connect_ray
-
-    ray.shutdown()
+    """One local Ray for this module's in-process sweeps. Workers: RLIMIT_AS, CPU only, and
+    an empty SCALE_FPT_HOME (no locally pretrained backbones)."""
     limit = WORKER_ADDRESS_SPACE
     home = tmp_path_factory.mktemp("empty_scale_fpt_home")
 
@@ -79,19 +73,16 @@ def local_ray(tmp_path_factory):
 
         resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
-    connect_ray(
-        runtime_env={
-            "worker_process_setup_hook": limit_address_space,
-            # CPU-only workers (num_gpus=0): on a GPU machine they must not see the GPU either
-            "env_vars": {"SCALE_FPT_HOME": str(home), "CUDA_VISIBLE_DEVICES": ""},
-        },
-        address="local",
+    # CPU-only workers (num_gpus=0): on a GPU machine they must not see the GPU either
+    with own_ray(
+        home,
+        limit_address_space,
+        cpu_only=True,
         num_cpus=2,
         num_gpus=0,
         object_store_memory=200 * 2**20,
-    )
-    yield
-    ray.shutdown()
+    ):
+        yield
 
 
 def sweep_config(tmp_path: Path, name: str, **fields) -> SweepConfig:
