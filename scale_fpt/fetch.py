@@ -91,7 +91,7 @@ SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from scale_fpt.presets import STUDIES  # torch: not for --help
-    from scale_fpt.study import add_study_flags
+    from scale_fpt.study import add_study_flags  # torch: not for --help
 
     parser.add_argument(
         "target",
@@ -158,7 +158,7 @@ def needs(args: argparse.Namespace) -> tuple[list[str], list[tuple[str, str, boo
 def sweep_of(args: argparse.Namespace):
     """The sweep ``scale-fpt sweep TARGET`` with these flags would run."""
     from scale_fpt.presets import STUDIES  # torch: not for --help
-    from scale_fpt.study import narrow
+    from scale_fpt.study import narrow  # torch: not for --help
     from scale_fpt.sweep import SweepConfig  # torch: not for --help
 
     if args.target in STUDIES:

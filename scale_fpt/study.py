@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from scale_fpt.config import ConfigError, parse_trial
+from scale_fpt.config import FIELD_TYPES, TASKS, ConfigError, coerce, parse_trial
 from scale_fpt.report.published import STEPS, TASK_COLUMNS
 
 PAPER_STEPS = {
@@ -288,8 +288,6 @@ def narrow(sweep, args: argparse.Namespace):
 def parse_assignments(assignments: list[str]) -> tuple[dict, dict[str, dict]]:
     """``["eval_every=100", "homology.data_dir=/d"]`` -> (typed values for every trial,
     {task: typed values for that task's trials})."""
-    from scale_fpt.config import FIELD_TYPES, TASKS, coerce
-
     kinds = FIELD_TYPES
     everywhere, per_task, problems = {}, {}, []
     for assignment in assignments:
