@@ -44,9 +44,9 @@ CUDA_WORKSPACE_BYTES = 64 * MIB
 fine-tuning step on an H100 held 56 MiB beyond every other term (2026-11-24)."""
 ALLOCATOR_SLACK = 0.15
 """Fraction on top of the allocated bytes: fragmentation of the caching allocator. One
-policy for both step kinds (``device_bytes``): slack grows with what a process allocates,
-where a fixed share of the device (a cohort's former 90%) left 8 GB of an 80 GB GPU idle yet
-counted no CUDA context at all."""
+policy for both step kinds (``device_bytes``): the slack grows with what a process
+allocates, where a fixed share of the device would leave most of a large GPU idle and
+count no CUDA context."""
 ZERO_BUCKET_ELEMENTS = 50_000_000
 """Elements of ZeRO's gradient buckets (``reduce_bucket_size``, ``allgather_bucket_size``),
 set in every ZeRO engine's config (``steps.engine.zero_optimization``; DeepSpeed's default

@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from helpers import TINY_TRIAL
 
 from scale_fpt import config as config_module
 from scale_fpt import planner, profile
-from scale_fpt.config import TrialConfig
+from scale_fpt.config import TrialConfig, parse_trial
 from scale_fpt.preflight import sweep_problems
 from scale_fpt.sweep import (
     Devices,
@@ -21,6 +22,7 @@ from scale_fpt.sweep import (
     trial_resources,
 )
 from scale_fpt.sweep.placement import cohort_resources, study_gpu_hours, sweep_gpus
+from scale_fpt.trial import TrialRun
 
 
 @pytest.fixture
@@ -78,6 +80,19 @@ def test_a_packed_grid_is_parsed_once_per_trial_and_built_once_per_shape(counted
     assert set(parses.values()) == {1}  # every reader shares one parse per trial
     # two shapes (fpt, full) whatever the seeds and learning rates: one meta build each
     assert sorted(builds.values()) == [1, 1]
+
+
+def test_a_worker_parses_each_member_once(counted):
+    parses, builds = counted
+    members = [{**TINY_TRIAL, "lr": lr, "max_steps": 1} for lr in (1e-3, 1e-2)]
+    configs = [parse_trial(m) for m in members]  # what tune_trial does with its members
+    run = TrialRun(configs, sweep="s")
+    try:
+        rows = run.trial_rows()
+    finally:
+        run.close()
+    assert run.kind == "cohort" and [r["cohort_size"] for r in rows] == [2, 2]
+    assert sorted(parses.values()) == [1, 1] and sorted(builds.values()) == [1]
 
 
 def test_the_profile_reads_as_the_trial_rows_and_the_plan_do():
