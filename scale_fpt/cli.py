@@ -311,7 +311,7 @@ def train(args: argparse.Namespace, config: TrialConfig) -> int:
         code = 0
     except KeyboardInterrupt:
         (row,) = trial.trial_rows()
-        row = {**row, "status": Status.STOPPED}
+        row = {**row, "status": Status.STOPPED.value}
         code = 130
     except ResultsError:
         # The results directory failed (full, unwritable), not the trial: say that, once

@@ -118,7 +118,7 @@ class TrialState:
     """Everything about a trial in progress that a checkpoint must carry besides weights."""
 
     step: int = 0
-    status: str = Status.RUNNING
+    status: str = Status.RUNNING.value
     stop_reason: str | None = None
     history: list[Evaluation] = field(default_factory=list)
     train_seconds: float = 0.0
@@ -155,8 +155,8 @@ class TrialState:
         return next((e.step for e in self.history if e.val_accuracy >= threshold), None)
 
     def end(self, reason: str) -> None:
-        self.status = Status.DIVERGED if reason == StopReason.DIVERGED else Status.COMPLETED
-        self.stop_reason = reason
+        self.status = (Status.DIVERGED if reason == StopReason.DIVERGED else Status.COMPLETED).value
+        self.stop_reason = StopReason(reason).value
 
     def to_dict(self) -> dict:
         return asdict(self)  # nested Evaluations become dicts too

@@ -6,8 +6,9 @@
 - a **cohort**: trials trained together on one step (``packing``);
 - a **step kind**: the step object a trial trains on (``StepKind``).
 
-The enums are ``str``-valued: a row holds ``Status.COMPLETED`` and Parquet stores
-``"completed"``, exactly as before they were named.
+The enums are ``str``-valued and compare equal to their values; rows, checkpoints and
+trackers get the plain value (``Status.COMPLETED.value``: ``"completed"``), so Parquet, W&B
+and MLflow see the same strings as before the words were named.
 """
 
 from __future__ import annotations

@@ -193,7 +193,7 @@ def test_logger_names_and_missing_packages_stop_the_command_before_ray(
     """Exit 2 and nothing written: ``run_sweep`` (which writes the results directory before
     it starts Ray) was never reached."""
     from scale_fpt import cli
-    from scale_fpt.sweep import tracking
+    from scale_fpt.sweep import config as sweep_config
 
     results = tmp_path / "results"
     narrow = ["--tasks", "bit-xor", "--inits", "random", "--seeds", "0", "--steps", "4"]
@@ -204,7 +204,7 @@ def test_logger_names_and_missing_packages_stop_the_command_before_ray(
         "--logger: unknown logger(s) tensorbored; expected a comma list of tensorboard, wandb, mlflow, or none"
         in err
     )
-    monkeypatch.setitem(tracking.PACKAGES, "wandb", "wandb_is_not_installed")
+    monkeypatch.setitem(sweep_config.PACKAGES, "wandb", "wandb_is_not_installed")
     assert cli.main(["sweep", "scale", "--logger", "tensorboard,wandb", *narrow]) == 2
     err = capsys.readouterr().err
     assert (

@@ -91,7 +91,11 @@ def results_callback_class():
             for row in self.reported_rows(trial):
                 # "running" at the end: stopped by the scheduler before its last step.
                 if row["status"] == Status.RUNNING:
-                    row = {**row, "status": Status.STOPPED, "stop_reason": StopReason.SCHEDULER}
+                    row = {
+                        **row,
+                        "status": Status.STOPPED.value,
+                        "stop_reason": StopReason.SCHEDULER.value,
+                    }
                 self.writer.write_trial({**row, "checkpoint": checkpoint})
 
         def write_error(self, trial):
