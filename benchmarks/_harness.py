@@ -1,5 +1,5 @@
 """What every benchmark shares: the machine, its matmul peak, synthetic task data, peak
-memory, timing, FLOP counts (``scale_fpt.scaling`` via ``trial.step_flops``) and tables.
+memory, timing, FLOP counts (``scale_fpt.scaling`` via ``profile.step_flops``) and tables.
 
 Benchmarks never need the real datasets: a ``SyntheticTask`` has the task's exact shapes
 (``scale_fpt.tasks.task_spec``) filled with random tensors, generated once on the device.
@@ -112,14 +112,14 @@ def matmul_rounds(seconds: float = 2.0, n: int | None = None) -> tuple[list[floa
 
 class Peaks:
     """The denominators of MFU for this machine: on a GPU the published dense peak of the
-    device and precision (``scaling.DEVICE_PEAKS``), on a CPU (or a GPU not in the table)
+    device and precision (``gpus.CHIPS``), on a CPU (or a GPU not in the table)
     the measured matmul rate. The measured rate is printed beside either way."""
 
     def __init__(self, measured: float, how: str):
-        from scale_fpt import scaling
+        from scale_fpt import gpus
 
         self.measured, self.how = measured, how
-        found = scaling.device_peak(torch.cuda.get_device_name(), PRECISION) if CUDA else None
+        found = gpus.device_peak(torch.cuda.get_device_name(), PRECISION) if CUDA else None
         self.published = found[1] if found else None
         self.kind = (
             f"published dense {PRECISION} peak of the {found[0].name} ({found[0].source})"
@@ -355,13 +355,12 @@ def trial_config(model: str, task: str, finetune: str, batch_size: int, **extra)
 
 def flops_per_step(config: TrialConfig) -> int:
     """Model FLOPs of one training step of ``config`` (4N + attention frozen, 6N full),
-    counted by ``scale_fpt.trial.step_flops`` on the model built on the meta device: the one
+    counted by the trial's profile on the model built on the meta device: the one
     definition both paths are measured by (the packed path runs fewer, as it skips the last
     block for tokens that are not read out; its MFU counts the trial's work all the same)."""
-    from scale_fpt.trial import counting_model, step_flops
+    from scale_fpt.profile import config_profile
 
-    spec = task_spec(config.task)
-    return step_flops(counting_model(config, spec), spec, config.train.batch_size)[0]
+    return config_profile(config).flops[0]
 
 
 # --------------------------------------------------------------------------- timing

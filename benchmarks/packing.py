@@ -25,7 +25,7 @@ random images written to Parquet first, augmented), so both arms pay for their b
 ``--data synthetic`` cycles through batches made once.
 
 Packed MFU counts model FLOPs, the same definition for every path: each trial's 4N +
-attention (``trial.step_flops``), over the device's published dense peak on a GPU, the
+attention (``profile.step_flops``), over the device's published dense peak on a GPU, the
 measured matmul rate on a CPU (printed beside either way).
 """
 
@@ -56,20 +56,20 @@ PLANNED_TASKS = ("bit-xor", "bit-memory")
 def planned_k(model: str, task: str, batch: int, dropout: float, procs: int) -> int:
     """K of ``--k plan``: the members that fit beside one frozen body in this device's
     memory (a GPU's, or the host's RAM on a CPU) shared by ``procs`` processes, by the
-    planner's count (``packing.cohort_memory_parts``, ``scaling.members_that_fit``): what
-    ``--pack auto`` would put in one cohort."""
+    planner's count (``TrialProfile.cohort_memory_parts``, ``planner.members_that_fit``):
+    what ``--pack auto`` would put in one cohort."""
     import psutil
 
-    from scale_fpt import planner, scaling
-    from scale_fpt.packing import cohort_memory_parts
+    from scale_fpt import planner
+    from scale_fpt.profile import profile_of
 
     member = member_configs(model, task, 1, batch, dropout)[0].to_flat()
     if h.CUDA:
         device = torch.cuda.get_device_properties(0).total_memory
     else:
         device = psutil.virtual_memory().total
-    parts = cohort_memory_parts(member, h.CUDA and planner.gpu_fuses_attention())
-    return max(1, scaling.members_that_fit(*parts, device // procs))
+    parts = profile_of(member).cohort_memory_parts(h.CUDA and planner.gpu_fuses_attention())
+    return max(1, planner.members_that_fit(*parts, device // procs, gpu=h.CUDA))
 
 
 def member_configs(

@@ -30,6 +30,7 @@ from scale_fpt.analysis.coverage import (
     preset_designs,
 )
 from scale_fpt.analysis.means import MEANS_FORMS
+from scale_fpt.recipes.studies import STUDIES
 
 TRUTHS = {
     "power_floor": {"A": 40.0, "alpha": 0.3, "E": 0.05},
@@ -39,7 +40,7 @@ TRUTHS = {
 
 
 def print_law_checks(studies: int, seed: int, forms: list[str]) -> None:
-    designs = preset_designs()
+    designs = preset_designs(STUDIES)
     print("| preset | sizes x seeds | form | interval, scenario | coverage ± MC error | "
           "calibrated | bounded |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")

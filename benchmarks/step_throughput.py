@@ -1,6 +1,6 @@
 """Training-step throughput at the hardware limit: tokens/s, FLOP/s and model FLOP
 utilisation (MFU) of one training step, side by side: on a GPU against the device's
-published dense peak (``scaling.DEVICE_PEAKS``), with the matmul rate measured in the same
+published dense peak (``gpus.CHIPS``), with the matmul rate measured in the same
 run beside it; on a CPU against that measured rate.
 
     python benchmarks/step_throughput.py                      # the README's table

@@ -24,11 +24,14 @@ import yaml
 from tqdm import tqdm
 
 from scale_fpt import fetch as fetch_module
-from scale_fpt.config import CONCERNS, FIELD_TYPES, ConfigError, TrialConfig, shape_init
+from scale_fpt import planner
+from scale_fpt.config import CONCERNS, FIELD_TYPES, ConfigError, TrialConfig
 from scale_fpt.flags import add_field_flags, load_mapping
+from scale_fpt.gpus import DEFAULT_GPU, GPUS, gpu_with_memory
 from scale_fpt.recipes import STUDY_NAMES, load_study
 from scale_fpt.study import add_study_flags, narrow, run_study, sweep_flag_values
 from scale_fpt.sweep.config import SweepConfig
+from scale_fpt.vocabulary import Status
 
 EXIT_BAD_INPUT = 2
 TRIAL_ALIASES = {"max_steps": ["--steps"]}
@@ -160,8 +163,7 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--gpu",
         default="",
-        help="the GPU to plan for, a name of the planner's table (an unknown name lists them; "
-        "default: the planner's default GPU)",
+        help=f"the GPU to plan for: {', '.join(GPUS)} (default: {DEFAULT_GPU})",
     )
     group.add_argument(
         "--gpu-memory",
@@ -340,7 +342,7 @@ def train(args: argparse.Namespace, config: TrialConfig) -> int:
         code = 0
     except KeyboardInterrupt:
         (row,) = trial.trial_rows()
-        row = {**row, "status": "stopped"}
+        row = {**row, "status": Status.STOPPED.value}
         code = 130
     except ResultsError:
         # The results directory failed (full, unwritable), not the trial: say that, once
@@ -396,13 +398,10 @@ def progress_bar(config: TrialConfig, start: int, disable: bool):
 
 
 def plan_flag_problems(args: argparse.Namespace) -> list[str]:
-    # The planner loads the model families (torch): not for --help (start-up time).
-    from scale_fpt import planner
-
     problems = [] if args.max_gpus >= 1 else [f"--max-gpus: must be >= 1, got {args.max_gpus}"]
-    if args.gpu and args.gpu not in planner.GPUS and not args.gpu_memory > 0:
+    if args.gpu and args.gpu not in GPUS and not args.gpu_memory > 0:
         problems.append(
-            f"--gpu: unknown GPU {args.gpu!r}; choose from {', '.join(planner.GPUS)} "
+            f"--gpu: unknown GPU {args.gpu!r}; choose from {', '.join(GPUS)} "
             "(or give --gpu-memory GiB)"
         )
     try:
@@ -415,37 +414,28 @@ def plan_flag_problems(args: argparse.Namespace) -> list[str]:
 def gpu_plan(args: argparse.Namespace, config: TrialConfig):
     """The planner's placement of the trial on ``--gpu`` (flags checked by
     ``plan_flag_problems``)."""
-    # The planner loads the model families (torch): not for --help (start-up time).
-    from scale_fpt import planner
+    # The profile builds models (torch): imported when a plan is made, not for --help
+    # (start-up time).
+    from scale_fpt.profile import config_profile
 
-    name = args.gpu or planner.DEFAULT_GPU
-    if args.gpu_memory > 0:
-        gpu = planner.gpu_with_memory(args.gpu_memory, name)
-    else:
-        gpu = planner.GPUS[name]
-    return planner.plan_trial(config, args.gpus_per_trial, gpu, args.max_gpus)
+    name = args.gpu or DEFAULT_GPU
+    gpu = gpu_with_memory(args.gpu_memory, name) if args.gpu_memory > 0 else GPUS[name]
+    return config_profile(config).plan(args.gpus_per_trial, gpu, args.max_gpus)
 
 
 def plan(config: TrialConfig, placement) -> int:
-    """Counts from the architecture alone: built on the meta device, no weights loaded."""
-    # The models load torch: imported when a plan is made, not for --help (start-up time).
-    import torch
-
-    from scale_fpt import planner
-    from scale_fpt.models import build_model, empty_groups, family_name
-    from scale_fpt.tasks import task_spec
+    """Counts from the architecture alone (the trial's profile: built on the meta device, no
+    weights loaded)."""
+    # Models, profile and preprocessing load torch: imported for a plan, not for --help
+    # (start-up time).
+    from scale_fpt.models import empty_groups, family_name
+    from scale_fpt.profile import config_profile
     from scale_fpt.tasks.preprocessing import preprocessing
-    from scale_fpt.trial import step_flops
 
-    spec = task_spec(config.task)
-    architecture = config.replace(init=shape_init(config.model.init))
-    with torch.device("meta"):
-        built = build_model(architecture, spec)
-    train = config.train
-    train_flops, eval_flops = step_flops(built, spec, train.batch_size)
-    one = planner.trial_memory(
-        planner.model_shape(config), train.precision, train.batch_size, train.zero_stage
-    )
+    profile = config_profile(config)
+    built, spec, train = profile.built, profile.spec, config.train
+    train_flops, eval_flops = profile.flops
+    one = planner.trial_memory(profile.shape, train.precision, train.batch_size, train.zero_stage)
     memory, activations = one.weights + one.gradients + one.optimizer, one.activations
     attention = one.attention
     print(f"{'group':<10}{'trainable':>16}{'frozen':>16}{'total':>16}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scale_fpt.config import ConfigError
-from scale_fpt.planner import GPU, GPUS, gpu_in_name
+from scale_fpt.gpus import DEFAULT_GPU, GPU, GPUS, gpu_in_name
 
 BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"
 """Where ``ray up`` leaves the cluster config on the head (its autoscaler reads it)."""
@@ -100,9 +100,7 @@ def node_types_offer(config: dict, source: str) -> GPUOffer | None:
     """GPUs of a cluster config's node types (min 0 counts: the autoscaler can launch
     them). The GPU is the one named in the GPU node types' names (``a10g-24gb-x1``), the
     smallest of them when several; a GPU type whose name names none is planned as
-    ``planner.DEFAULT_GPU``."""
-    from scale_fpt.planner import DEFAULT_GPU
-
+    ``gpus.DEFAULT_GPU``."""
     gpu_types = {
         name: int((spec or {}).get("resources", {}).get("GPU", 0))
         for name, spec in (config.get("available_node_types") or {}).items()
@@ -117,8 +115,6 @@ def node_types_offer(config: dict, source: str) -> GPUOffer | None:
 def running_nodes_offer() -> GPUOffer | None:
     """GPUs of the nodes up now; the model from Ray's ``accelerator_type:X`` resource."""
     import ray
-
-    from scale_fpt.planner import DEFAULT_GPU
 
     nodes = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("GPU", 0) > 0]
     if not nodes:

@@ -12,6 +12,7 @@ Validation collects every problem and raises one :class:`ConfigError` naming eac
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field, fields
 
@@ -394,6 +395,21 @@ class TrialConfig:
 
     def replace(self, **flat) -> TrialConfig:
         return TrialConfig.from_flat({**self.to_flat(), **flat})
+
+
+def parse_trial(flat: dict) -> TrialConfig:
+    """``TrialConfig.from_flat(flat)``, parsed once per distinct flat config in a process:
+    every reader of one trial (packing, placement, resources, rows) shares its parse."""
+    items = tuple(sorted(flat.items()))
+    try:
+        return _parse_items(items)
+    except TypeError:  # an unhashable value: parsed, and refused, without the cache
+        return TrialConfig.from_flat(flat)
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse_items(items: tuple) -> TrialConfig:
+    return TrialConfig.from_flat(dict(items))
 
 
 def coerce(name: str, value, kind: type):

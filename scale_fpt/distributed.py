@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from scale_fpt.config import ConfigError, TrialConfig
+from scale_fpt.config import ConfigError, TrialConfig, parse_trial
 from scale_fpt.runtime import free_port
 from scale_fpt.trial import TrialRun, trial_id_for
 from scale_fpt.world import World
@@ -67,7 +67,7 @@ class RankWorker:
     ``TRIAL_ID/rankR/...`` for ``ray list actors``."""
 
     def run(self, flat: dict, sweep: str, world: World, checkpoint, staging: str) -> None:
-        run = TrialRun([TrialConfig.from_flat(flat)], sweep=sweep, world=world)
+        run = TrialRun([parse_trial(flat)], sweep=sweep, world=world)
         try:
             train_rank(run, checkpoint, staging)
         finally:

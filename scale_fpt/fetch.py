@@ -26,7 +26,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from scale_fpt.config import ConfigError, TrialConfig
+from scale_fpt.config import ConfigError, parse_trial
+from scale_fpt.preflight import DATA_FOLDERS, data_problem, weights_needed
+from scale_fpt.study import split
 
 MIRROR_ENV = "SCALE_FPT_MIRROR"
 
@@ -118,11 +120,8 @@ def needs(
     """(The data folders, the (hub id, revision, config only) weights) that ``sweep`` (the
     one ``scale-fpt sweep`` would run with these arguments), else the arguments' ``--tasks``
     and ``--models``, read."""
-    from scale_fpt.preflight import DATA_FOLDERS, weights_needed
-    from scale_fpt.study import split
-
     if sweep is not None:
-        arms = sweep.arms()
+        arms = sweep.trials()
     else:
         arms = [{"task": task} for task in split(args.tasks) if task in DATA_FOLDERS] + [
             {"model": model, "init": init}
@@ -134,7 +133,7 @@ def needs(
     folders, weights = set(), set()
     root = Path(data_root).absolute()
     for arm in arms:
-        config = TrialConfig.from_flat(arm)
+        config = parse_trial(arm)
         folder, own = DATA_FOLDERS.get(config.task.task), config.task.data_dir
         if folder and (not own or Path(own) == root / folder):  # not a data_dir of its own
             folders.add(folder)
@@ -157,10 +156,9 @@ def mirror_url(mirror: str, folder: str, source: Source) -> str:
 def data_problem_in(folder: str, path: Path) -> str:
     """Why the task of ``folder`` cannot read its data in ``path`` ('' when it can: the
     preflight's check)."""
-    from scale_fpt.preflight import DATA_FOLDERS, data_problem
 
     task = next(t for t, f in DATA_FOLDERS.items() if f == folder)
-    return data_problem(TrialConfig.from_flat({"task": task, "data_dir": str(path)}))
+    return data_problem(parse_trial({"task": task, "data_dir": str(path)}))
 
 
 class HubChecksum(urllib.request.HTTPRedirectHandler):
@@ -270,7 +268,7 @@ def fetch_weights(source: str, revision: str, config_only: bool, say) -> str:
     """Fetch one hub model into the Hugging Face cache; '' or the problem."""
     from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
 
-    from scale_fpt.models.backbones import hub_reachable
+    from scale_fpt.models.backbones import hub_reachable  # torch: not for --help
 
     patterns = ["config.json"] if config_only else list(WEIGHT_FILES)
     what = f"{source}{'@' + revision if revision else ''}{' (config)' if config_only else ''}"

@@ -5,7 +5,7 @@
                     an unpacked packable trial is K = 1
         EngineStep  one trial on a DeepSpeed engine (ZeRO, several workers, ff/attn/full
                     fine-tuning, fp16, LSTM, non-GPT-2 backbones)
-        (``packing.step_kind`` decides; ``packing`` also decides which trials share a cohort)
+        (``profile.step_kind`` decides; ``packing`` also decides which trials share a cohort)
     fit(step, states, train, position) owns everything between the steps:
         for each position < max_steps:  step.train_step(position)  (reads nothing on the host)
         at each of evaluation_steps(max_steps, eval_every, log_evals):
@@ -50,10 +50,10 @@ from scale_fpt.config import TrainConfig
 from scale_fpt.runtime import restore_rng, rng_state
 from scale_fpt.steps import NEVER, MemberMetrics
 from scale_fpt.tasks.base import EVAL_SPLITS
+from scale_fpt.vocabulary import Status, StopReason
 
 PROGRESS_FILE = "progress.pt"
 CHECKPOINT_FORMAT = 1
-STOP_REASONS = ("budget", "patience", "diverged", "scheduler", "failed")
 LOG_EVAL_START = 100
 """Log-spaced evaluations start at this step (below it, ``eval_every`` resolves enough)."""
 LOG_EVAL_MANTISSAS = (1, 1.5, 2, 3, 5, 7)
@@ -118,7 +118,7 @@ class TrialState:
     """Everything about a trial in progress that a checkpoint must carry besides weights."""
 
     step: int = 0
-    status: str = "running"
+    status: str = Status.RUNNING.value
     stop_reason: str | None = None
     history: list[Evaluation] = field(default_factory=list)
     train_seconds: float = 0.0
@@ -130,7 +130,7 @@ class TrialState:
 
     @property
     def running(self) -> bool:
-        return self.status == "running"
+        return self.status == Status.RUNNING
 
     def selected(self) -> Evaluation | None:
         """The evaluation with the best validation accuracy (the earliest on ties)."""
@@ -155,8 +155,8 @@ class TrialState:
         return next((e.step for e in self.history if e.val_accuracy >= threshold), None)
 
     def end(self, reason: str) -> None:
-        self.status = "diverged" if reason == "diverged" else "completed"
-        self.stop_reason = reason
+        self.status = (Status.DIVERGED if reason == StopReason.DIVERGED else Status.COMPLETED).value
+        self.stop_reason = StopReason(reason).value
 
     def to_dict(self) -> dict:
         return asdict(self)  # nested Evaluations become dicts too
@@ -214,7 +214,7 @@ def fit(
             states[i].train_seconds += train_seconds
             if diverged_at[i] != NEVER:
                 states[i].step = diverged_at[i]
-                states[i].end("diverged")
+                states[i].end(StopReason.DIVERGED)
         alive = [i for i in running if states[i].running]
         evaluated = []
         if alive:
@@ -234,7 +234,7 @@ def fit(
                 # means nothing, so the curve (and final_*) end at the one before. Test is
                 # measured, never read for a decision: a non-finite test loss alone ends
                 # nothing (and is recorded as it is).
-                state.end("diverged")
+                state.end(StopReason.DIVERGED)
                 continue
             state.history.append(
                 Evaluation(
@@ -251,9 +251,9 @@ def fit(
             )
             evaluated.append(i)
             if position == train.max_steps:
-                state.end("budget")
+                state.end(StopReason.BUDGET)
             elif train.patience and state.steps_since_best() >= train.patience:
-                state.end("patience")
+                state.end(StopReason.PATIENCE)
         running = [i for i in running if states[i].running]
         if running and running != alive:
             step.set_active(running)

@@ -1,8 +1,8 @@
 """Where a trial runs: GPUs per trial, ZeRO stage, trials per GPU, from its memory.
 
 Small pure functions (``trial_memory``, ``plan_memory``, ``gpu_share``, ``gpu_hours``) do
-the arithmetic on plain numbers; ``model_shape`` and ``plan_trial`` read those numbers off a
-``TrialConfig`` (the model is built on PyTorch's meta device: no weights, no data).
+the arithmetic on plain numbers; ``profile.TrialProfile`` reads those numbers off a
+``TrialConfig`` (the model built on PyTorch's meta device: no weights, no data).
 
 Memory of one training process on one GPU (bytes):
 
@@ -18,8 +18,9 @@ Memory of one training process on one GPU (bytes):
   T) scores, probabilities and keyed masks of the materialised attention path, per block
   kept for backward, plus the mask draw's temporaries (``scaling.attention_bytes``);
   SDPA's and the Triton kernel's fused attention hold none;
-- on top: the CUDA context (never in ``torch.cuda.max_memory_allocated``) and the caching
-  allocator's slack (fragmentation, cuBLAS workspaces).
+- on top: the one memory policy of every step kind (``device_bytes``): the caching
+  allocator's slack (fragmentation) in proportion to what is allocated, and the CUDA
+  context (never in ``torch.cuda.max_memory_allocated``).
 
 ZeRO stage 1 shards the optimiser state over the data-parallel workers, stage 2 also the
 gradients, stage 3 also the weights (keeping the two blocks being gathered whole).
@@ -27,22 +28,13 @@ gradients, stage 3 also the weights (keeping the two blocks being gathered whole
 
 from __future__ import annotations
 
-import functools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from scale_fpt.config import (
-    ConfigError,
-    ModelConfig,
-    TaskConfig,
-    TrainConfig,
-    TrialConfig,
-    shape_init,
-)
-from scale_fpt.models.families import block_shape, family_of
-from scale_fpt.scaling import BlockShape, activation_bytes, attention_bytes, device_peak
+from scale_fpt.config import FIELD_TYPES, ConfigError
+from scale_fpt.gpus import GPU, MIB
+from scale_fpt.scaling import BlockShape, activation_bytes, attention_bytes
 
-MIB = 2**20
 CUDA_CONTEXT_BYTES = 640 * MIB
 """CUDA context, cuBLAS/cuDNN handles and kernels of one process (~0.5 GB measured on
 CUDA 12 with lazy loading; outside the caching allocator)."""
@@ -51,8 +43,10 @@ CUDA_WORKSPACE_BYTES = 64 * MIB
 ``max_memory_allocated`` counts them): cuBLAS's is 32 MiB on Hopper, and a gpt2 bf16
 fine-tuning step on an H100 held 56 MiB beyond every other term (2026-11-24)."""
 ALLOCATOR_SLACK = 0.15
-"""Fraction on top of the allocated bytes: fragmentation of the caching allocator and
-library workspaces."""
+"""Fraction on top of the allocated bytes: fragmentation of the caching allocator. One
+policy for both step kinds (``device_bytes``): the slack grows with what a process
+allocates, where a fixed share of the device would leave most of a large GPU idle and
+count no CUDA context."""
 ZERO_BUCKET_ELEMENTS = 50_000_000
 """Elements of ZeRO's gradient buckets (``reduce_bucket_size``, ``allgather_bucket_size``),
 set in every ZeRO engine's config (``steps.engine.zero_optimization``; DeepSpeed's default
@@ -61,65 +55,6 @@ it accumulates gradients in fp32, as it does for bf16), two of them at stage 3
 (``overlap_comm``'s double buffer)."""
 MAX_TRIALS_PER_GPU = 4
 """Trials that share one GPU at most (beyond that they compete for its compute)."""
-
-
-@dataclass(frozen=True)
-class GPU:
-    """A GPU model the planner knows."""
-
-    name: str
-    """What ``--gpu`` and the cluster's node type names call it."""
-    memory_mib: int
-    """Device memory as CUDA reports it (``nvidia-smi``'s total)."""
-    model: str
-    """The device name ``torch.cuda.get_device_name`` gives (Ray's accelerator type is
-    its short form); also what finds the GPU's published peak in ``scaling.DEVICE_PEAKS``."""
-
-    @property
-    def memory_bytes(self) -> int:
-        return self.memory_mib * MIB
-
-    @property
-    def bf16_flops(self) -> float:
-        """Published dense bf16 peak in FLOP/s, for GPU-hour estimates: the entry of
-        ``scaling.DEVICE_PEAKS`` that the benchmarks' MFU divides by on this device (one
-        table); 0.0 for a GPU it lacks."""
-        found = device_peak(self.model, "bf16")
-        return found[1] if found else 0.0
-
-
-GPUS: dict[str, GPU] = {
-    g.name: g
-    for g in (
-        GPU("h200-141gb", 143771, "NVIDIA H200"),
-        GPU("h100-80gb", 81559, "NVIDIA H100 80GB HBM3"),
-        GPU("a100-80gb", 81920, "NVIDIA A100-SXM4-80GB"),
-        GPU("a100-40gb", 40960, "NVIDIA A100-SXM4-40GB"),
-        GPU("a10g-24gb", 23028, "NVIDIA A10G"),
-        GPU("l4-24gb", 23034, "NVIDIA L4"),
-    )
-}
-DEFAULT_GPU = "a10g-24gb"
-"""The GPU of cluster/gpu.yaml's worker types (what ``auto`` plans for when nothing says)."""
-
-
-def gpu_named(name: str) -> GPU:
-    if name not in GPUS:
-        raise ConfigError([f"--gpu: unknown GPU {name!r}; choose from {', '.join(GPUS)}"])
-    return GPUS[name]
-
-
-def gpu_with_memory(memory_gb: float, name: str = "") -> GPU:
-    """A GPU of ``memory_gb`` GiB (``--gpu-memory``), named after the table's GPU if given."""
-    base = GPUS.get(name)
-    label = base.name if base else f"{memory_gb:g}gb"
-    return GPU(label, int(memory_gb * 1024), base.model if base else "")
-
-
-def gpu_in_name(text: str) -> GPU | None:
-    """The known GPU whose name appears in ``text`` (a node type such as ``a10g-24gb-x4``)."""
-    lowered = text.lower().replace("_", "-")
-    return next((g for g in GPUS.values() if g.name in lowered), None)
 
 
 # --------------------------------------------------------------------------- memory
@@ -142,7 +77,7 @@ class ModelShape:
     backbone_backward: bool
     """A trained parameter lies below the output head, so backward runs through the body."""
     train_flops_per_example: int = 0
-    """Training FLOPs of one example (``trial.step_flops``), for time estimates."""
+    """Training FLOPs of one example (``profile.step_flops``), for time estimates."""
     block: BlockShape | None = None
     """The family's block (``families.block_shape``: gated MLP, RMSNorm) whose saved
     activations ``scaling.activation_bytes`` counts; None: a GPT-2 block of ``d_model``."""
@@ -179,8 +114,22 @@ class TrialMemory:
 
     @property
     def device(self) -> int:
-        """What the process needs of the device: allocated, slack and CUDA context."""
-        return math.ceil(self.allocated * (1 + ALLOCATOR_SLACK)) + CUDA_CONTEXT_BYTES
+        """What the process needs of the device (``device_bytes``)."""
+        return device_bytes(self.allocated)
+
+
+def device_bytes(allocated: int, gpu: bool = True) -> int:
+    """What a process whose tensors take ``allocated`` bytes needs of its device, whichever
+    step it runs: the allocator's slack on top and, on a GPU, the CUDA context."""
+    return math.ceil(allocated * (1 + ALLOCATOR_SLACK)) + (CUDA_CONTEXT_BYTES if gpu else 0)
+
+
+def members_that_fit(body: int, member: int, capacity: int, gpu: bool = True) -> int:
+    """How many cohort members (``member`` bytes each: trained state, activations) fit beside
+    one frozen ``body`` on a device of ``capacity`` bytes (``device_bytes``). 0 when not
+    even one fits."""
+    free = (capacity - (CUDA_CONTEXT_BYTES if gpu else 0)) / (1 + ALLOCATOR_SLACK) - body
+    return max(0, int(free // max(1, member)))
 
 
 def precision_bytes(precision: str) -> int:
@@ -191,7 +140,7 @@ def gpu_fuses_attention() -> bool:
     """Whether a GPU trial's keyed-dropout attention runs fused (``models.ops.FLASH``: Triton
     is installed, as with every CUDA build of torch, and ``SCALE_FPT_FLASH`` is not 0), so
     the planner counts no (B, H, T, T) tensors."""
-    from scale_fpt.models import ops
+    from scale_fpt.models import ops  # torch and the kernels: not for a plan on a laptop
 
     return ops.FLASH
 
@@ -357,81 +306,10 @@ def parse_gpus_per_trial(text: str) -> tuple[str, float]:
     )
 
 
-# --------------------------------------------------------------------------- from configs
-
-
-def model_shape(config: TrialConfig) -> ModelShape:
-    """The numbers memory depends on, for any model and fine-tuning subset (built on the
-    meta device: no weights read, nothing allocated)."""
-    return shape_of(config.task, config.model, config.train.finetune)
-
-
-@functools.lru_cache(maxsize=256)
-def shape_of(task: TaskConfig, model: ModelConfig, finetune: str) -> ModelShape:
-    """``model_shape`` of what the shape depends on (cached: a study has many seeds and
-    learning rates per shape)."""
-    import torch
-
-    from scale_fpt.models import build_model
-    from scale_fpt.tasks import task_spec
-    from scale_fpt.trial import step_flops
-
-    spec = task_spec(task)
-    architecture = TrialConfig(
-        task, replace(model, init=shape_init(model.init)), TrainConfig(finetune=finetune)
-    )
-    with torch.device("meta"):
-        built = build_model(architecture, spec)
-    config = getattr(built.module.backbone, "config", None)
-    family = family_of(config)
-    blocks = family.blocks(built.module.backbone) if family is not None else None
-    block = sum(p.numel() for p in blocks[0].parameters()) if blocks is not None else 0
-    return ModelShape(
-        total_params=built.total_params,
-        trained_params=built.trainable_params,
-        n_layer=built.n_layer,
-        d_model=built.d_model,
-        n_tokens=spec.n_tokens,
-        block_params=block,
-        backbone_backward=any(g != "output" for g in built.trained_groups),
-        train_flops_per_example=step_flops(built, spec, 1)[0],
-        block=block_shape(config) if family is not None else None,
-        n_head=getattr(config, "num_attention_heads", 0),
-        dropout=model.dropout,
-    )
-
-
-def plan_trial(
-    config: TrialConfig, gpus_per_trial: str, gpu: GPU | None, max_gpus: int = 8
-) -> TrialPlan:
-    """The plan of one trial config under a sweep's ``gpus_per_trial`` on ``gpu``
-    (None: no GPU anywhere, so ``auto`` plans CPU)."""
-    kind, value = parse_gpus_per_trial(gpus_per_trial)
-    if kind == "cpu" or (kind == "auto" and gpu is None):
-        return CPU_PLAN
-    gpu = gpu or GPUS[DEFAULT_GPU]
-    if kind == "share":
-        return gpu_share(value, gpu)
-    train = config.train
-    if kind == "auto" and getattr(train, "workers", 1) > 1:  # the config asks for N workers
-        kind, value = "gpus", float(train.workers)
-    return plan_memory(
-        model_shape(config),
-        train.precision,
-        train.batch_size,
-        gpu,
-        gpus=int(value),
-        zero_stage=train.zero_stage,
-        max_gpus=max_gpus,
-    )
-
-
 def with_plan(flat: dict, plan: TrialPlan) -> dict:
     """A flat trial config that runs as planned: its ZeRO stage and, for a trial over
     several GPUs, ``workers`` (the field TrainConfig gains for data-parallel trials; a
     config without it keeps one worker)."""
-    from scale_fpt.config import FIELD_TYPES
-
     out = {**flat, "zero_stage": plan.zero_stage}
     if "workers" in FIELD_TYPES:
         out["workers"] = plan.workers
@@ -461,22 +339,3 @@ def step_seconds(shape: ModelShape, batch_size: int, plan: TrialPlan) -> float:
 def gpu_hours(plan: TrialPlan, steps: int, seconds_per_step: float) -> float:
     """GPU-hours a trial holds: its share of GPUs (``gpu_share``) for its steps."""
     return plan.gpu_share * steps * seconds_per_step / 3600
-
-
-def study_gpu_hours(
-    arms: list[dict], gpus_per_trial: str, gpu: GPU, max_gpus: int = 8
-) -> dict[str, float]:
-    """GPU-hours of a study's trials on ``gpu`` per model (and ``total``): each trial's plan
-    (``plan_trial``) held for its ``max_steps`` at ``step_seconds``."""
-    out: dict[str, float] = {}
-    for arm in arms:
-        config = TrialConfig.from_flat(arm)
-        plan = plan_trial(config, gpus_per_trial, gpu, max_gpus)
-        if not plan.gpus or plan.gpu is None:
-            continue
-        shape = model_shape(config)
-        seconds = step_seconds(shape, config.train.batch_size, plan)
-        hours = gpu_hours(plan, config.train.max_steps, seconds)
-        out[config.model.model] = out.get(config.model.model, 0.0) + hours
-    out["total"] = sum(out.values())
-    return out

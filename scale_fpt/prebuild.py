@@ -46,7 +46,7 @@ def prebuild_ops(deepspeed: bool = True) -> None:
 
     if torch.cuda.is_available():
         return
-    from scale_fpt.models.ops import fused_kernels
+    from scale_fpt.models.ops import fused_kernels  # torch: only a CPU trial builds them
 
     with node_build_lock():
         if deepspeed:

@@ -13,7 +13,8 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-from scale_fpt.config import TrialConfig
+from scale_fpt.config import ABLATIONS, TrialConfig, parse_trial
+from scale_fpt.scaling import GPT2_SIZES
 
 DATA_FOLDERS = {
     "listops": "listops",
@@ -30,17 +31,17 @@ DATA_DOC = "docs/data.md"
 
 def data_problem(config: TrialConfig) -> str:
     """Why the trial cannot reach its data ('' when it can)."""
-    from scale_fpt.tasks.base import DataUnavailable
+    from scale_fpt.tasks.base import DataUnavailable  # torch: only when checked
 
     task = config.task
     try:
         if task.task == "homology":
-            from scale_fpt.tasks.homology import TAPE_SPLITS, find_split
+            from scale_fpt.tasks.homology import TAPE_SPLITS, find_split  # torch: only when checked
 
             for tape in TAPE_SPLITS.values():
                 find_split(task.data_dir, tape)
         elif task.task == "listops" and task.data_dir:
-            from scale_fpt.tasks.listops import find_lra_files
+            from scale_fpt.tasks.listops import find_lra_files  # torch: only when checked
 
             find_lra_files(task.data_dir)
         elif task.task in ("mnist", "cifar10", "cifar10-lra"):
@@ -51,7 +52,7 @@ def data_problem(config: TrialConfig) -> str:
 
 
 def image_data_problem(task: str, data_dir: str) -> str:
-    from scale_fpt.tasks.images import HUB_IDS, _parquet_files
+    from scale_fpt.tasks.images import HUB_IDS, _parquet_files  # torch: only when checked
 
     hub_id = HUB_IDS[task]
     if data_dir:
@@ -66,7 +67,7 @@ def image_data_problem(task: str, data_dir: str) -> str:
         )
     if hub_dataset_cached(hub_id):
         return ""
-    from scale_fpt.models.backbones import hub_reachable
+    from scale_fpt.models.backbones import hub_reachable  # torch: only when checked
 
     if hub_reachable():
         return ""
@@ -87,16 +88,23 @@ def hub_dataset_cached(hub_id: str) -> bool:
 
 def weights_needed(config: TrialConfig) -> tuple[str, bool]:
     """(The hub id or directory whose files the trial reads, whether it reads only its
-    ``config.json``); ``("", False)`` when it reads none: the LSTM, an architecture built
-    from a preset's numbers, a CPU preset's local backbone (made by the sweep itself)."""
-    from scale_fpt.models.backbones import CPU_PRESETS, LOCAL_CORPORA, weights_source
-    from scale_fpt.scaling import GPT2_SIZES
+    ``config.json``); ``("", False)`` when it reads none: the LSTM, a body drawn at random
+    (``random`` and the ablation arms) on an architecture built from a preset's numbers
+    (GPT-2, Pythia and the family CPU presets: ``load_architecture``), a CPU preset's local
+    backbone (made by the sweep itself)."""
+    from scale_fpt.models.backbones import (  # torch: only when checked
+        CPU_PRESETS,
+        LOCAL_CORPORA,
+        family_size,
+        weights_source,
+    )
 
     model = config.model
     if model.model == "lstm":
         return "", False
-    if model.init == "random":
-        return ("", False) if model.model in GPT2_SIZES else (model.model, True)
+    if model.init in ("random", *ABLATIONS):
+        preset = model.model in GPT2_SIZES or family_size(model.model) is not None
+        return ("", False) if preset else (model.model, True)
     if model.model in CPU_PRESETS and model.weights in ("", *LOCAL_CORPORA):
         return "", False
     return weights_source(model), False
@@ -119,7 +127,7 @@ def weights_problem(config: TrialConfig) -> str:
 
     if isinstance(try_to_load_from_cache(source, "config.json"), str):
         return ""
-    from scale_fpt.models.backbones import hub_reachable
+    from scale_fpt.models.backbones import hub_reachable  # torch: only when checked
 
     if hub_reachable():
         return ""
@@ -129,11 +137,11 @@ def weights_problem(config: TrialConfig) -> str:
 
 
 def sweep_problems(arms: list[dict]) -> list[str]:
-    """One line per distinct problem, naming the arms it stops (``SweepConfig.arms()``)."""
+    """One line per distinct problem, naming the arms it stops (``SweepConfig.trials()``)."""
     stopped: dict[str, list[str]] = defaultdict(list)
     checked: dict[tuple, list[str]] = {}
     for arm in arms:
-        config = TrialConfig.from_flat(arm)
+        config = parse_trial(arm)
         key = (config.task, config.model.model, config.model.init, config.model.weights)
         if key not in checked:
             checked[key] = [p for p in (data_problem(config), weights_problem(config)) if p]

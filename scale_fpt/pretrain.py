@@ -30,7 +30,9 @@ from scale_fpt.models.backbones import (
     local_backbone_dir,
     quiet_transformers,
 )
+from scale_fpt.runtime import flush_denormals
 from scale_fpt.scaling import GPT2_SIZES
+from scale_fpt.trial import TrialRun
 
 CORPORA = ("language", "bit-memory")
 
@@ -174,8 +176,6 @@ def documented_definitions(tree: ast.Module) -> list[ast.FunctionDef | ast.Class
 def pretrain_language(preset, text: bytes, steps, batch_size, seq_len, lr, seed):
     from transformers import GPT2LMHeadModel
 
-    from scale_fpt.runtime import flush_denormals
-
     flush_denormals()
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(gpt2_config(GPT2_SIZES[preset], dropout=0.1))
@@ -201,8 +201,6 @@ def pretrain_language(preset, text: bytes, steps, batch_size, seq_len, lr, seed)
 def pretrain_on_bit_memory(preset, steps, lr, seed):
     """Train a whole FPT on Bit Memory through the normal trial path; keep its backbone."""
     from torch import nn
-
-    from scale_fpt.trial import TrialRun
 
     config = TrialConfig.from_flat(
         {

@@ -32,7 +32,6 @@ from scale_fpt.config import CONCERNS, ConfigError
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
-STATUSES = ("completed", "diverged", "failed", "stopped", "running")
 
 ARROW_TYPES = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
 
@@ -104,6 +103,11 @@ TRIAL_OUTCOME = [
     ("wall_time_s", pa.float64(), "seconds of training and evaluation, summed over resumes"),
     ("train_time_s", pa.float64(), "seconds spent in training steps only"),
     ("device", pa.string(), "cpu, or the CUDA device name"),
+    (
+        "cohort_size",
+        pa.int64(),
+        "trials trained together on the trial's step (1: alone; null in rows written before)",
+    ),
     ("node_id", pa.string(), "Ray node id that ran the trial (last attempt; null outside Ray)"),
     ("gpu_ids", pa.string(), "JSON list of Ray's GPU ids assigned to the trial ([] for none)"),
     ("gpu_model", pa.string(), "CUDA device name the trial saw (null: no CUDA device visible)"),

@@ -275,7 +275,7 @@ def attention_bytes(
     of the backward pass (every block's kept tensors and the working gradients). With
     ``backward`` False (nothing trained below the output head) nothing is kept. Without
     dropout SDPA's fused kernels keep O(T) per query row: 0 here."""
-    from scale_fpt.keyed_random import DRAW_BLOCK, DRAW_BYTES_PER_ELEMENT
+    from scale_fpt.keyed_random import DRAW_BLOCK, DRAW_BYTES_PER_ELEMENT  # imports torch
 
     if dropout == 0.0 or not n_head:
         return 0
@@ -291,80 +291,9 @@ def attention_bytes(
     return max(forward, backward_start)
 
 
-USABLE_DEVICE_MEMORY = 0.9
-"""Share of a device's memory a plan fills: the rest is the CUDA context, the allocator's
-fragmentation and evaluation batches."""
-
-
-def members_that_fit(body_bytes: int, member_bytes: int, device_bytes: int) -> int:
-    """How many cohort members fit on a device beside one frozen body: its trained state
-    and activations each (``packing.cohort_memory_parts``), in ``USABLE_DEVICE_MEMORY`` of
-    the device. 0 when not even one fits."""
-    free = int(device_bytes * USABLE_DEVICE_MEMORY) - body_bytes
-    return max(0, free // max(1, member_bytes))
-
-
 def auto_cohort_size(n_members: int, slots: int, fits: int) -> int:
     """``--pack auto``'s K for a group of ``n_members`` compatible trials: spread over the
     ``slots`` that run cohorts side by side (GPUs; CPU cores / CPUs per trial: one cohort
     per core, the fastest placement measured on a CPU, benchmarks/packing.py), at most
-    ``fits`` per cohort (``members_that_fit``), and at least 1."""
+    ``fits`` per cohort (``planner.members_that_fit``), and at least 1."""
     return max(1, min(fits, math.ceil(n_members / max(1, slots))))
-
-
-@dataclass(frozen=True)
-class DevicePeak:
-    """A GPU's published dense peak (no 2:4 structured sparsity), FLOP/s per precision: the
-    denominator of MFU. Vendors print the sparse figure first; these are half of it."""
-
-    name: str
-    pattern: str
-    """Regular expression matched against ``torch.cuda.get_device_name()``."""
-    fp32: float
-    """Non-tensor FP32 (torch's default for fp32 matmuls, TF32 off)."""
-    tf32: float
-    bf16: float
-    fp16: float
-    source: str
-
-
-DEVICE_PEAKS = (
-    DevicePeak(
-        "H100 PCIe", r"H100.*PCIe", 51e12, 378e12, 756e12, 756e12,
-        "NVIDIA H100 datasheet (PCIe column; 756/1513 TFLOPS bf16 dense/sparse)",
-    ),
-    DevicePeak(
-        "H100 SXM", r"H100", 67e12, 494.7e12, 989.4e12, 989.4e12,
-        "NVIDIA H100 datasheet (SXM column; 989/1979 TFLOPS bf16 dense/sparse)",
-    ),
-    DevicePeak(
-        "H200 SXM", r"H200", 67e12, 494.7e12, 989.4e12, 989.4e12,
-        "NVIDIA H200 datasheet (SXM column; same tensor cores as H100 SXM)",
-    ),
-    DevicePeak(
-        "A100 40GB/80GB", r"A100", 19.5e12, 156e12, 312e12, 312e12,
-        "NVIDIA A100 datasheet (40 and 80 GB, SXM and PCIe alike)",
-    ),
-    DevicePeak(
-        "A10G", r"A10G?\b", 31.2e12, 62.5e12, 125e12, 125e12,
-        "NVIDIA A10 datasheet, 125/250 TFLOPS bf16 dense/sparse (NVIDIA publishes no A10G "
-        "sheet; the A10's figures are the ones in use for AWS's A10G)",
-    ),
-    DevicePeak(
-        "L4", r"\bL4\b", 30.3e12, 60e12, 121e12, 121e12,
-        "NVIDIA L4 datasheet (242.5 TFLOPS bf16 and 120 tf32 with sparsity: half dense)",
-    ),
-)  # fmt: skip
-"""Published dense peaks of the GPUs a study is likely to run on, most specific first."""
-
-
-def device_peak(device_name: str, precision: str) -> tuple[DevicePeak, float] | None:
-    """The published dense peak of ``device_name`` (a CUDA device name) for matmuls in
-    ``precision`` (fp32, tf32, bf16, fp16); None for a device not in ``DEVICE_PEAKS`` (and
-    for CPUs, whose peak is measured: there is no published figure for a cloud vCPU)."""
-    import re
-
-    for peak in DEVICE_PEAKS:
-        if re.search(peak.pattern, device_name):
-            return peak, getattr(peak, precision)
-    return None

@@ -31,13 +31,12 @@ import zlib
 
 from ray.tune.search import Searcher
 
-from scale_fpt.config import TrialConfig
-from scale_fpt.packing import cohorts, pack_problem
-from scale_fpt.trial import config_trial_id
-
-SEARCH_CONFIG = "search_config"
-"""Key of a member's Optuna trial number in a search's Tune config, and the trials column
-that records it (null for grid trials)."""
+from scale_fpt.config import parse_trial
+from scale_fpt.packing import cohorts
+from scale_fpt.profile import pack_problem
+from scale_fpt.storage import open_optuna_storage
+from scale_fpt.trial import SEARCH_CONFIG, config_trial_id, split_search_config
+from scale_fpt.vocabulary import Status
 
 
 def distributions(search: dict) -> dict:
@@ -57,7 +56,7 @@ def paper_point(arm: dict, space: dict) -> dict:
     """The arm's own values of the searched fields (lr: the paper's 1e-3, or the per-task
     value of the arm's overrides), as far as they lie in the search space: the point a new
     study evaluates first, so the table can set the paper's setting beside the best."""
-    flat = TrialConfig.from_flat(arm).to_flat()
+    flat = parse_trial(arm).to_flat()
     point = {}
     for key, distribution in space.items():
         value = flat[key]
@@ -73,38 +72,13 @@ def paper_point(arm: dict, space: dict) -> dict:
 
 
 def seed_groups(arms: list[dict]) -> list[list[dict]]:
-    """Flat arms grouped by everything but their seed (``SweepConfig.arms`` order): one
+    """Flat trials grouped by everything but their seed (``SweepConfig.trials`` order): one
     search per group, whose configurations are each trained for every seed of the group."""
     groups: dict[tuple, list[dict]] = {}
     for arm in arms:
         key = tuple(sorted((k, repr(v)) for k, v in arm.items() if k != "seed"))
         groups.setdefault(key, []).append(arm)
     return list(groups.values())
-
-
-def split_search_config(flat: dict) -> tuple[dict, int | None]:
-    """A member's flat trial config without its ``search_config`` tag, and the tag."""
-    flat = dict(flat)
-    return flat, flat.pop(SEARCH_CONFIG, None)
-
-
-def member_search_configs(sweep: str, tune_config: dict) -> dict[str, int]:
-    """``{trial_id: search_config}`` of the members of a search's Tune config ({} for grid
-    trials), to tag their rows on the driver."""
-    out = {}
-    for member in tune_config.get("members", []):
-        flat, number = split_search_config(member)
-        if number is not None:
-            out[config_trial_id(sweep, flat)] = number
-    return out
-
-
-def without_search_configs(tune_config: dict) -> dict:
-    """A search's Tune config with its members untagged (what the trainables take)."""
-    if "members" not in tune_config:
-        return tune_config
-    members = [split_search_config(m)[0] for m in tune_config["members"]]
-    return {**tune_config, "members": members}
 
 
 def seed_mean(values: list[float]) -> float | None:
@@ -176,8 +150,6 @@ class SeedMeanSearcher(Searcher):
     def study(self):
         if self._study is None:
             import optuna
-
-            from scale_fpt.storage import open_optuna_storage
 
             storage = open_optuna_storage(self.storage_url)
             existing = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(storage)}
@@ -329,7 +301,7 @@ def row_value(row: dict | None, metric: str) -> float:
     did not complete (a diverged seed fails its configuration, so a rate that diverged in
     some seeds cannot win on its survivors)."""
     value = (row or {}).get(metric)
-    if value is None or (row or {}).get("status") != "completed":
+    if value is None or (row or {}).get("status") != Status.COMPLETED:
         return math.nan
     return float(value)
 

@@ -18,8 +18,10 @@ import typing
 from collections import Counter
 from collections.abc import Callable
 
-from scale_fpt.config import FIELD_TYPES, TASKS, ConfigError, TrialConfig, coerce
+from scale_fpt import planner
+from scale_fpt.config import FIELD_TYPES, TASKS, ConfigError, coerce, parse_trial
 from scale_fpt.flags import add_field_flags, load_mapping
+from scale_fpt.gpus import DEFAULT_GPU, GPUS
 from scale_fpt.preflight import preflight_problems
 from scale_fpt.sweep.config import SweepConfig
 
@@ -214,8 +216,8 @@ def local_backbones(sweep) -> list[tuple[str, str]]:
     from scale_fpt.models.backbones import CPU_PRESETS, LOCAL_CORPORA  # torch: start-up time
 
     needed = set()
-    for arm in sweep.arms():
-        model = TrialConfig.from_flat(arm).model
+    for arm in sweep.trials():
+        model = parse_trial(arm).model
         local = model.model in CPU_PRESETS and model.weights in ("", *LOCAL_CORPORA)
         if local and model.init != "random":
             needed.add((model.model, model.weights or "language"))
@@ -283,30 +285,30 @@ def run_study(declared, args: argparse.Namespace, after: Callable | None = None)
 def check_data_and_weights(sweep) -> None:
     """ConfigError naming every arm whose data or weights cannot be reached
     (``scale_fpt.preflight``): before Ray starts and before any GPU node is asked for."""
-    problems = preflight_problems(sweep.arms())
+    problems = preflight_problems(sweep.trials())
     if problems:
         raise ConfigError(problems)
 
 
 def placement_table(sweep) -> str:
     """What runs where: each distinct plan with its trials, and the study's GPU-hours per
-    model (``planner.study_gpu_hours``) on the GPU the sweep plans for. Needs no Ray: the
-    GPU is the declared one (``--gpu``), else ``planner.DEFAULT_GPU``."""
-    # The planner and placement load torch and Ray: imported for --plan (start-up time).
-    from scale_fpt import planner
+    model (``placement.study_gpu_hours``) on the GPU the sweep plans for. Needs no Ray: the
+    GPU is the declared one (``--gpu``), else ``gpus.DEFAULT_GPU``."""
+    # The profile loads torch and placement Ray: imported for --plan (start-up time).
     from scale_fpt.cluster import GPUOffer
-    from scale_fpt.sweep.placement import sweep_gpus
+    from scale_fpt.profile import plan_trial
+    from scale_fpt.sweep.placement import study_gpu_hours, sweep_gpus
 
     if sweep.gpu or sweep.gpu_memory_gb or sweep.gpus_per_trial == "0":
         offer = sweep_gpus(sweep)
     else:
-        offer = GPUOffer(planner.GPUS[planner.DEFAULT_GPU], 0, "default")
+        offer = GPUOffer(GPUS[DEFAULT_GPU], 0, "default")
     max_gpus = offer.max_gpus_per_node or 8
-    arms = sweep.arms()
+    arms = sweep.trials()
     counts: Counter = Counter()
     for arm in arms:
-        config = TrialConfig.from_flat(arm)
-        plan = planner.plan_trial(config, sweep.gpus_per_trial, offer.gpu, max_gpus)
+        config = parse_trial(arm)
+        plan = plan_trial(config, sweep.gpus_per_trial, offer.gpu, max_gpus)
         budget = f"{config.train.max_steps:,} steps" + (
             f" (patience {config.train.patience:,})" if config.train.patience else ""
         )
@@ -330,7 +332,7 @@ def placement_table(sweep) -> str:
         for (model, finetune, task, budget, batch, where), n in sorted(counts.items())
     ]
     if offer.gpu is not None:
-        hours = planner.study_gpu_hours(arms, sweep.gpus_per_trial, offer.gpu, max_gpus)
+        hours = study_gpu_hours(arms, sweep.gpus_per_trial, offer.gpu, max_gpus)
         hours = {model: h * per_arm for model, h in hours.items()}
         estimate = (
             "GPU-hours (estimate: planned GPU share x max_steps x step time, "
@@ -342,7 +344,7 @@ def placement_table(sweep) -> str:
         else:
             lines.append(
                 f"{estimate}unknown: {offer.gpu.name} has no published bf16 peak "
-                f"(scaling.DEVICE_PEAKS); name the GPU with --gpu ({', '.join(planner.GPUS)})"
+                f"(gpus.CHIPS); name the GPU with --gpu ({', '.join(GPUS)})"
             )
     return "\n".join(lines)
 
@@ -357,7 +359,7 @@ def confirmation_line(sweep) -> str:
     return (
         f"; then each arm's chosen {' and '.join(sweep.choice_fields())} on fresh seeds "
         f"{', '.join(map(str, sweep.confirm_seeds))} (sweep {confirm.name}, "
-        f"{len(confirm.arms())} trials)"
+        f"{len(confirm.trials())} trials)"
     )
 
 

@@ -23,8 +23,7 @@ from importlib import metadata
 
 import torch
 
-from scale_fpt import scaling
-from scale_fpt.config import ConfigError, TrialConfig, shape_init
+from scale_fpt.config import ConfigError, TrialConfig, parse_trial
 from scale_fpt.loop import (
     Evaluation,
     TrialState,
@@ -33,15 +32,16 @@ from scale_fpt.loop import (
     save_checkpoint,
     weights_file,
 )
-from scale_fpt.models import BuiltModel, LSTMBackbone, build_model
-from scale_fpt.packing import STEP_KINDS, pack_problem, step_kind
+from scale_fpt.models import build_model
+from scale_fpt.profile import TrialProfile, config_profile
 from scale_fpt.provenance import git_sha
 from scale_fpt.results import SCHEMA_VERSION
 from scale_fpt.seeding import seed_streams
 from scale_fpt.steps.cohort import CohortStep
 from scale_fpt.steps.engine import EngineStep
 from scale_fpt.tasks import build_task, release_device_draws
-from scale_fpt.tasks.base import Task, TaskSpec
+from scale_fpt.tasks.base import Task
+from scale_fpt.vocabulary import Status, StepKind, StopReason
 from scale_fpt.world import SINGLE_PROCESS, World
 
 STACK = ("scale-fpt", "torch", "transformers", "deepspeed", "ray", "optuna", "datasets", "pyarrow")
@@ -59,9 +59,39 @@ def config_trial_id(sweep: str, flat: dict) -> str:
     """The id of the trial a flat config makes (the raw flat's id for a config that does
     not build: its failed row still gets a stable id)."""
     try:
-        return trial_id_for(sweep, TrialConfig.from_flat(flat).to_flat())
+        return trial_id_for(sweep, parse_trial(flat).to_flat())
     except ConfigError:
         return trial_id_for(sweep, flat)
+
+
+SEARCH_CONFIG = "search_config"
+"""Key of a member's Optuna trial number in a search's Tune config, and the trials column
+that records it (null for grid trials)."""
+
+
+def split_search_config(flat: dict) -> tuple[dict, int | None]:
+    """A member's flat trial config without its ``search_config`` tag, and the tag."""
+    flat = dict(flat)
+    return flat, flat.pop(SEARCH_CONFIG, None)
+
+
+def member_search_configs(sweep: str, tune_config: dict) -> dict[str, int]:
+    """``{trial_id: search_config}`` of the members of a search's Tune config ({} for grid
+    trials), to tag their rows on the driver."""
+    out = {}
+    for member in tune_config.get("members", []):
+        flat, number = split_search_config(member)
+        if number is not None:
+            out[config_trial_id(sweep, flat)] = number
+    return out
+
+
+def without_search_configs(tune_config: dict) -> dict:
+    """A search's Tune config with its members untagged (what the trainables take)."""
+    if "members" not in tune_config:
+        return tune_config
+    members = [split_search_config(m)[0] for m in tune_config["members"]]
+    return {**tune_config, "members": members}
 
 
 @functools.cache
@@ -86,43 +116,8 @@ def provenance() -> dict:
     }
 
 
-def step_flops(built: BuiltModel, spec: TaskSpec, batch_size: int) -> tuple[int, int]:
-    """(training FLOPs, evaluation FLOPs) of one step of ``batch_size`` sequences."""
-    module = built.module
-    embedding_weights = {
-        id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Embedding)
-    }
-    matmul = trained = 0
-    for p in module.parameters():
-        if p.dim() == 2 and id(p) not in embedding_weights:
-            matmul += p.numel()
-            trained += p.numel() if p.requires_grad else 0
-    is_transformer = not isinstance(module.backbone, LSTMBackbone)
-    attention = (
-        scaling.attention_flops_per_sequence(built.n_layer, built.d_model, spec.n_tokens)
-        if is_transformer
-        else 0
-    )
-    backbone_backward = any(g != "output" for g in built.trained_groups)
-    return (
-        scaling.train_step_flops(
-            matmul, trained, attention, spec.n_tokens, batch_size, backbone_backward
-        ),
-        scaling.eval_step_flops(matmul, attention, spec.n_tokens, batch_size),
-    )
-
-
 def device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device == "cuda" else "cpu"
-
-
-@functools.lru_cache(maxsize=64)
-def counting_model(config: TrialConfig, spec: TaskSpec) -> BuiltModel:
-    """The trial's model built on the meta device (no memory, no weights read): its
-    parameter counts, trained groups and FLOPs, the same whichever step trains it."""
-    shape_only = config.replace(init=shape_init(config.model.init), weights="")
-    with torch.device("meta"):
-        return build_model(shape_only, spec)
 
 
 @dataclass
@@ -131,14 +126,12 @@ class TrialRecord:
 
     sweep: str
     trial_id: str
-    config: TrialConfig
-    built: BuiltModel
-    spec: TaskSpec
+    profile: TrialProfile
     device: str
 
-    @functools.cached_property
-    def flops_per_step(self) -> int:
-        return step_flops(self.built, self.spec, self.config.train.batch_size)[0]
+    @property
+    def config(self) -> TrialConfig:
+        return self.profile.config
 
     def curve_row(self, evaluation: Evaluation) -> dict:
         flat = self.config.to_flat()
@@ -147,13 +140,13 @@ class TrialRecord:
     def trial_row(self, state: TrialState, error: str | None = None) -> dict:
         train = self.config.train
         last, selected = state.last, state.selected()
-        flops = self.flops_per_step
+        flops, built = self.profile.flops[0], self.profile.built
         return {
             "sweep": self.sweep,
             "trial_id": self.trial_id,
             **self.config.to_flat(),
-            "status": "failed" if error else state.status,
-            "stop_reason": "failed" if error else state.stop_reason,
+            "status": Status.FAILED.value if error else state.status,
+            "stop_reason": StopReason.FAILED.value if error else state.stop_reason,
             "steps_done": state.step,
             "best_val_accuracy": selected.val_accuracy if selected else None,
             "selected_step": selected.step if selected else None,
@@ -164,13 +157,13 @@ class TrialRecord:
             "final_test_loss": last.test_loss if last else None,
             "final_train_loss": last.train_loss if last else None,
             "steps_to_threshold": state.steps_to_threshold(train.accuracy_threshold),
-            "trainable_params": self.built.trainable_params,
-            "total_params": self.built.total_params,
-            "trained_groups": "+".join(self.built.trained_groups),
-            "group_params": json.dumps(self.built.counts),
-            "n_layer": self.built.n_layer,
-            "d_model": self.built.d_model,
-            "n_tokens": self.spec.n_tokens,
+            "trainable_params": built.trainable_params,
+            "total_params": built.total_params,
+            "trained_groups": "+".join(built.trained_groups),
+            "group_params": json.dumps(built.counts),
+            "n_layer": built.n_layer,
+            "d_model": built.d_model,
+            "n_tokens": self.profile.spec.n_tokens,
             "flops_per_step": float(flops),
             "total_flops": float(flops) * state.step,
             "samples_seen": state.step * train.batch_size,
@@ -187,7 +180,7 @@ class TrialRun:
     """K >= 1 trials built on one step: ``run`` trains them through ``loop.fit``.
 
     ``configs``: one trial, or the members of a cohort (``packing.cohorts``). ``kind``:
-    ``cohort`` or ``engine`` (default ``packing.step_kind``; a cohort of K > 1 is always
+    ``cohort`` or ``engine`` (default the profile's ``kind``; a cohort of K > 1 is always
     ``cohort``). ``task``: a prebuilt task (benchmarks pass synthetic data); by default
     built from the first config.
     ``world``: this process's place in a trial of ``workers`` > 1 processes (an ``engine``
@@ -202,22 +195,23 @@ class TrialRun:
         world: World = SINGLE_PROCESS,
     ):
         first = configs[0]
-        self.kind = kind or ("cohort" if len(configs) > 1 else step_kind(first))
-        if self.kind not in STEP_KINDS or (self.kind == "engine" and len(configs) > 1):
+        profiles = [config_profile(config) for config in configs]
+        self.kind = kind or (StepKind.COHORT if len(configs) > 1 else profiles[0].kind)
+        if self.kind not in tuple(StepKind) or (self.kind == StepKind.ENGINE and len(configs) > 1):
             raise ValueError(f"step kind {self.kind!r} for {len(configs)} trial(s)")
-        if self.kind == "engine" and first.train.compile != "off":
+        if self.kind == StepKind.ENGINE and first.train.compile != "off":
             raise ConfigError(
                 [
                     f"--compile {first.train.compile}: only frozen-body trials (the cohort "
                     f"step) compile; this one trains on a DeepSpeed engine "
-                    f"({pack_problem(first.to_flat()) or 'asked for'}); use --compile off"
+                    f"({profiles[0].pack_problem or 'asked for'}); use --compile off"
                 ]
             )
         task = task if task is not None else build_task(first.task, first.train.seed)
         # What draws from torch's global generator (non-GPT-2 and LSTM dropout) starts from
         # the trial's dropout stream; GPT-2 dropout is keyed and does not draw from it.
         torch.manual_seed(seed_streams(first.train.seed).dropout)
-        if self.kind == "engine":
+        if self.kind == StepKind.ENGINE:
             self.step = EngineStep(first.train, task, build_model(first, task.spec), world)
         else:
             self.step = CohortStep(configs, task)
@@ -226,12 +220,10 @@ class TrialRun:
             TrialRecord(
                 sweep=sweep,
                 trial_id=trial_id_for(sweep, config.to_flat()),
-                config=config,
-                built=counting_model(config, task.spec),
-                spec=task.spec,
+                profile=profile,
                 device=self.step.device,
             )
-            for config in configs
+            for config, profile in zip(configs, profiles, strict=True)
         ]
         ids = self.trial_ids
         if len(set(ids)) != len(ids):

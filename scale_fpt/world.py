@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from scale_fpt.runtime import WORLD_TIMEOUT, backend, use_accelerator
 from scale_fpt.tasks.base import Batch
 
 
@@ -100,8 +101,6 @@ def init_world(device: str, world: World) -> None:
     A world of one is ``runtime.init_distributed``'s."""
     import deepspeed
     import torch.distributed as dist
-
-    from scale_fpt.runtime import WORLD_TIMEOUT, backend, use_accelerator
 
     use_accelerator(device)
     deepspeed.utils.logger.setLevel(logging.WARNING)  # one line per checkpoint otherwise

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import torch_extensions_dir
+from helpers import torch_extensions_dir
 
 
 def wait_until(condition, what: str, done: threading.Event | None = None, timeout: float = 240):

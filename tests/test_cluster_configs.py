@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import torch_extensions_dir
+from helpers import torch_extensions_dir
 from ray_clusters import wait_until
 
 from scale_fpt.cluster import load_cluster_config, validate_cluster_config

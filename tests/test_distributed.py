@@ -16,13 +16,14 @@ import signal
 import pandas as pd
 import pytest
 import torch
+from helpers import own_ray
 from ray_clusters import wait_until
 from test_faults import rows_by, run_with_fault, sweep_config, tune_trial_dir
 
 from scale_fpt import cli, planner
 from scale_fpt.cluster import GPUOffer
 from scale_fpt.config import ConfigError, TrialConfig
-from scale_fpt.packing import pack_problem, step_kind
+from scale_fpt.profile import pack_problem, step_kind
 from scale_fpt.recovery import tune_reports
 from scale_fpt.results import load_results
 from scale_fpt.steps.engine import deepspeed_config
@@ -155,23 +156,11 @@ def test_offload_and_activation_checkpointing_train_the_same_curve():
 
 @pytest.fixture(scope="module")
 def ray_4_cpus(tmp_path_factory):
-    """A local Ray of this module's own (address="local") with 4 logical CPUs: a Tune trial
-    and its worker, or two 2-worker trials at once."""
-    import ray
-
-    from scale_fpt.sweep import connect_ray
-
-    ray.shutdown()
+    """A local Ray of this module's own with 4 logical CPUs: a Tune trial and its worker, or
+    two 2-worker trials at once."""
     home = tmp_path_factory.mktemp("empty_scale_fpt_home")
-    connect_ray(
-        runtime_env={"env_vars": {"SCALE_FPT_HOME": str(home)}},
-        address="local",
-        num_cpus=4,
-        num_gpus=0,
-        object_store_memory=200 * 2**20,
-    )
-    yield
-    ray.shutdown()
+    with own_ray(home, num_cpus=4, num_gpus=0, object_store_memory=200 * 2**20):
+        yield
 
 
 def rank_worker_actors(state: str | None = None) -> list[dict]:
@@ -285,13 +274,9 @@ def test_killed_worker_process_of_a_two_worker_trial_resumes_from_its_checkpoint
 def test_two_gpu_zero3_bf16_trial_trains_as_one_gpu(tmp_path):
     """A 2-worker ZeRO-3 bf16 trial on 2 GPUs (NCCL, one whole GPU per rank) completes with
     the curve of a one-GPU trial, within bf16 rounding. A Ray of its own, with the GPUs."""
-    import ray
+    from scale_fpt.sweep import run_sweep
 
-    from scale_fpt.sweep import connect_ray, run_sweep
-
-    ray.shutdown()
-    connect_ray(address="local", num_cpus=4, num_gpus=2, object_store_memory=200 * 2**20)
-    try:
+    with own_ray(num_cpus=4, num_gpus=2, object_store_memory=200 * 2**20):
         flat = {**EQUIVALENT, "accelerator": "cuda", "precision": "bf16", "zero_stage": 3}
         sweep = sweep_config(tmp_path, "gpu2", base={**flat, "workers": 2})
         assert run_sweep(sweep).finished
@@ -299,5 +284,3 @@ def test_two_gpu_zero3_bf16_trial_trains_as_one_gpu(tmp_path):
         (trial,) = results.trials.to_dict("records")
         assert trial["status"] == "completed" and trial["device"] != "cpu"
         assert_close_curves(results.curves, curve_of(flat), rtol=0.05, atol=0.02)
-    finally:
-        ray.shutdown()

@@ -15,7 +15,7 @@ from scale_fpt import scaling
 from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.models import build_model, families, ops
 from scale_fpt.models.families import block_shape
-from scale_fpt.packing import pack_problem
+from scale_fpt.profile import pack_problem
 from scale_fpt.tasks import task_spec
 
 D, L, HEADS, KV_HEADS, INNER = 32, 2, 4, 2, 64
@@ -339,7 +339,8 @@ def test_revision_picks_that_pretraining_checkpoint_from_the_cache(tmp_path, mon
 def test_model_flops_are_what_torch_counts_on_a_real_step(family_dirs, family):
     from torch.utils.flop_counter import FlopCounterMode
 
-    from scale_fpt.trial import TrialRun, step_flops
+    from scale_fpt.profile import step_flops
+    from scale_fpt.trial import TrialRun
 
     batch = 4
     config = TrialConfig.from_flat(
@@ -348,7 +349,7 @@ def test_model_flops_are_what_torch_counts_on_a_real_step(family_dirs, family):
     )  # fmt: skip
     run = TrialRun([config], kind="engine")
     try:
-        built, spec = run.records[0].built, run.records[0].spec
+        built, spec = run.records[0].profile.built, run.records[0].profile.spec
         run.step.train_step(0)
         with FlopCounterMode(display=False) as counter:
             run.step.train_step(1)
@@ -395,7 +396,7 @@ def test_activation_rule_is_within_15_percent_of_what_autograd_keeps(family_dirs
 def test_packed_members_equal_their_solo_deepspeed_runs_at_dropout(family_dirs, family):
     """Three members over one frozen body, at dropout 0.1: each member's curve equals its run
     alone on a DeepSpeed engine over transformers' own modules (keyed masks, same sites)."""
-    from scale_fpt.packing import step_kind
+    from scale_fpt.profile import step_kind
     from scale_fpt.trial import TrialRun
 
     base = {"task": "bit-xor", "test_batches": 1, "val_batches": 1, "model": family_dirs[family],

@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("triton")
 
-from conftest import run_pytest_child
+from helpers import run_pytest_child
 
 from scale_fpt.keyed_random import keep_mask_rows
 from scale_fpt.models import ops

@@ -1,4 +1,4 @@
-"""Benchmark accounting: the model FLOPs every benchmark divides by (``trial.step_flops``)
+"""Benchmark accounting: the model FLOPs every benchmark divides by (``profile.step_flops``)
 against what torch's FlopCounterMode counts on a real training step of each path, and the
 table of published device peaks that MFU divides by on a GPU."""
 
@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 from torch.utils.flop_counter import FlopCounterMode
 
-from scale_fpt import scaling
+from scale_fpt import gpus, scaling
 from scale_fpt.config import TrialConfig
-from scale_fpt.trial import TrialRun, step_flops
+from scale_fpt.profile import step_flops
+from scale_fpt.trial import TrialRun
 
 BATCH = 4
 
@@ -44,7 +45,7 @@ def counted(step) -> int:
 def test_trial_step_runs_the_model_flops(task):
     run = TrialRun([config(task)], kind="engine")
     try:
-        built, spec = run.records[0].built, run.records[0].spec
+        built, spec = run.records[0].profile.built, run.records[0].profile.spec
         model_flops = step_flops(built, spec, BATCH)[0]
         assert counted(run.step.train_step) == model_flops - head_flops_not_run(built, spec)
     finally:
@@ -56,8 +57,8 @@ def test_packed_step_runs_the_model_flops_less_the_skipped_readout(task):
     run = TrialRun([config(task)], kind="cohort")
     try:
         record = run.records[0]
-        built, spec = record.built, record.spec
-        model_flops = record.flops_per_step  # what benchmarks divide by on both paths
+        built, spec = record.profile.built, record.profile.spec
+        model_flops = record.profile.flops[0]  # what benchmarks divide by on both paths
         skipped = scaling.readout_flops_skipped(
             built.d_model, 4 * built.d_model, spec.n_tokens, spec.n_predicting_tokens, BATCH
         )
@@ -81,14 +82,14 @@ def test_packed_step_runs_the_model_flops_less_the_skipped_readout(task):
     ],
 )
 def test_published_dense_peaks(device, precision, name, flops):
-    peak, value = scaling.device_peak(device, precision)
+    peak, value = gpus.device_peak(device, precision)
     assert (peak.name, value) == (name, flops)
 
 
 def test_devices_without_a_published_peak():
-    assert scaling.device_peak("NVIDIA L40S", "bf16") is None  # not the L4
-    assert scaling.device_peak("Tesla T4", "fp16") is None
+    assert gpus.device_peak("NVIDIA L40S", "bf16") is None  # not the L4
+    assert gpus.device_peak("Tesla T4", "fp16") is None
     # every entry: dense tensor rates at or above fp32, bf16 = fp16 = 2 x tf32
-    for peak in scaling.DEVICE_PEAKS:
+    for peak in gpus.CHIPS:
         assert peak.fp32 < peak.tf32 < peak.bf16 == peak.fp16
         assert peak.bf16 == pytest.approx(2 * peak.tf32, rel=0.02)

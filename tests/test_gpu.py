@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from helpers import own_ray
 
 from scale_fpt.config import FIELD_TYPES, TrialConfig
 from scale_fpt.sweep import SweepConfig
@@ -237,14 +238,8 @@ def test_restoring_more_cuda_rng_states_than_visible_devices():
 
 @pytest.fixture
 def gpu_ray():
-    import ray
-
-    from scale_fpt.sweep import connect_ray
-
-    ray.shutdown()
-    connect_ray(address="local", num_gpus=torch.cuda.device_count())
-    yield
-    ray.shutdown()
+    with own_ray(num_gpus=torch.cuda.device_count()):
+        yield
 
 
 def test_four_trials_share_one_gpu_through_fractional_resources(gpu_ray, tmp_path):

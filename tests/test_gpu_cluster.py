@@ -13,10 +13,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from helpers import own_ray
 from ray_clusters import LocalCluster, free_port
 
 from scale_fpt.cluster import gpu_offer, node_types_offer
-from scale_fpt.planner import GPUS
+from scale_fpt.gpus import GPUS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,17 +79,12 @@ def test_cpu_workers_see_no_gpu_and_gpu_workers_see_theirs():
     sees its id; with no cluster config, auto plans for the running node's GPU."""
     import ray
 
-    from scale_fpt.sweep import connect_ray
-
-    ray.shutdown()
-    connect_ray(
-        address="local",
+    with own_ray(
         num_cpus=2,
         num_gpus=1,
         resources={"accelerator_type:L4": 1},
         object_store_memory=100 * 2**20,
-    )
-    try:
+    ):
         offer = gpu_offer()  # no ~/ray_bootstrap_config.yaml here: the running nodes
         assert (offer.gpu, offer.max_gpus_per_node, offer.source) == (GPUS["l4-24gb"], 1, "nodes")
 
@@ -98,8 +94,6 @@ def test_cpu_workers_see_no_gpu_and_gpu_workers_see_theirs():
 
         assert ray.get(visible.options(num_gpus=0).remote()) == ""
         assert ray.get(visible.options(num_gpus=1).remote()) == "0"
-    finally:
-        ray.shutdown()
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_TRIAL
+from helpers import TINY_TRIAL
 
 from scale_fpt.config import TrainConfig, TrialConfig
 from scale_fpt.keyed_random import keep_mask
@@ -145,7 +145,7 @@ def test_training_time_includes_the_work_the_device_had_queued(monkeypatch):
 def test_a_closed_trial_leaves_no_epoch_permutations_cached(long_proteins_dir):
     """The cached epoch permutations live on the trial's device: a reused actor's GPU would
     keep them after the trial."""
-    from scale_fpt.tasks import _permutation
+    from scale_fpt.tasks.base import _permutation
     from scale_fpt.trial import TrialRun
 
     flat = {"task": "homology", "data_dir": long_proteins_dir, "model": "gpt2-tiny"}

@@ -14,8 +14,8 @@ from scale_fpt import scaling
 from scale_fpt.config import TrialConfig
 from scale_fpt.models import build_model
 from scale_fpt.models.fpt import LayerNormLSTMLayer, LSTMBackbone
+from scale_fpt.profile import step_flops
 from scale_fpt.tasks import task_spec
-from scale_fpt.trial import step_flops
 
 
 def stepwise(layer: LayerNormLSTMLayer, x: torch.Tensor) -> torch.Tensor:

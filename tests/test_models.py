@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_GPT2, save_tiny_gpt2
+from helpers import TINY_GPT2, save_tiny_gpt2
 from safetensors.torch import load_file
 
 from scale_fpt import scaling

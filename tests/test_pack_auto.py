@@ -8,7 +8,8 @@ import pytest
 from scale_fpt import planner, scaling
 from scale_fpt.cluster import GPUOffer
 from scale_fpt.config import ConfigError
-from scale_fpt.packing import cohort_memory_bytes, cohort_memory_parts
+from scale_fpt.gpus import gpu_with_memory
+from scale_fpt.profile import profile_of
 from scale_fpt.study import narrow, parser
 from scale_fpt.sweep import Devices, SweepConfig, cluster_devices, grid_cohorts, search_pack
 
@@ -21,10 +22,11 @@ def arm(**values) -> dict:
 
 def test_members_that_fit_beside_one_body():
     # 0.9 x 10 GiB usable: 9 GiB - 1 GiB body = 8 GiB for 1-GiB members.
-    assert scaling.members_that_fit(GIB, GIB, 10 * GIB) == 8
-    assert scaling.members_that_fit(GIB, 3 * GIB, 10 * GIB) == 2
-    assert scaling.members_that_fit(9 * GIB, GIB, 10 * GIB) == 0  # not even one
-    assert scaling.members_that_fit(10 * GIB, GIB, 10 * GIB) == 0
+    # The one memory policy: allocated bytes x 1.15 (allocator slack) fill the device.
+    assert planner.members_that_fit(GIB, GIB, 10 * GIB, gpu=False) == 7
+    assert planner.members_that_fit(GIB, 3 * GIB, 10 * GIB, gpu=False) == 2
+    assert planner.members_that_fit(9 * GIB, GIB, 10 * GIB, gpu=False) == 0  # not even one
+    assert planner.members_that_fit(10 * GIB, GIB, 10 * GIB, gpu=False) == 0
 
 
 def test_auto_cohort_size_spreads_over_slots_within_memory():
@@ -38,24 +40,24 @@ def test_auto_cohort_size_spreads_over_slots_within_memory():
 
 def test_cohort_memory_parts_add_up():
     members = [arm(task="cifar10", lr=10.0**-i) for i in range(1, 6)]
-    body, per_member = cohort_memory_parts(members[0])
-    assert cohort_memory_bytes(members) == body + 5 * per_member
+    body, per_member = profile_of(members[0]).cohort_memory_parts()
+    assert profile_of(members[0]).cohort_bytes(len(members)) == body + 5 * per_member
     # gpt2's frozen attention + MLP matrices in fp32: ~85M parameters.
     assert 80e6 * 4 < body < 90e6 * 4
-    bf16_body, _ = cohort_memory_parts({**members[0], "precision": "bf16"})
+    bf16_body, _ = profile_of({**members[0], "precision": "bf16"}).cohort_memory_parts()
     assert bf16_body == body // 2
 
 
 def test_auto_packs_a_gpu_grid_by_its_memory_plan():
     sweep = SweepConfig(name="s", pack="auto")
     grid = [arm(lr=10.0 ** (-i / 4), seed=s) for i in range(16) for s in range(4)]  # 64
-    body, per_member = cohort_memory_parts(grid[0])
+    body, per_member = profile_of(grid[0]).cohort_memory_parts()
     roomy = Devices(gpus=1, slots=1, slot_bytes=80 * GIB)
     assert [len(c) for c in grid_cohorts(sweep, grid, roomy)] == [64]
     two_gpus = Devices(gpus=2, slots=2, slot_bytes=80 * GIB)
     assert [len(c) for c in grid_cohorts(sweep, grid, two_gpus)] == [32, 32]
     # A device that holds the body and 10 members: 64 trials in 7 cohorts of <= 10.
-    tight = Devices(gpus=1, slots=1, slot_bytes=int((body + 10.5 * per_member) / 0.9))
+    tight = Devices(gpus=1, slots=1, slot_bytes=planner.device_bytes(int(body + 10.5 * per_member)))
     sizes = [len(c) for c in grid_cohorts(sweep, grid, tight)]
     assert max(sizes) == 10 and sum(sizes) == 64 and len(sizes) == 7
 
@@ -105,7 +107,7 @@ def test_pack_accepts_auto_or_a_positive_count_from_flags_and_yaml(tmp_path):
 
 def test_cluster_slots_are_gpus_or_cpu_groups():
     sweep = SweepConfig(name="s", cpus_per_trial=1)
-    h100s = GPUOffer(planner.gpu_with_memory(80), 4, "declared")
+    h100s = GPUOffer(gpu_with_memory(80), 4, "declared")
     gpu_node = {"CPU": 16.0, "GPU": 4.0, "memory": 100 * GIB}
     assert cluster_devices(sweep, gpu_node, h100s) == Devices(4, 4, 80 * GIB)
     # --gpus-per-trial 0 (no GPU offered): the GPU node's CPUs are the slots

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from scale_fpt.config import ConfigError, TrialConfig
-from scale_fpt.packing import cohorts, pack_problem, step_kind
+from scale_fpt.packing import cohorts
+from scale_fpt.profile import pack_problem, profile_of, step_kind
 from scale_fpt.results import CURVE_SCHEMA, TRIAL_SCHEMA, table
 from scale_fpt.trial import TrialRun, trial_id_for
 
@@ -330,8 +331,6 @@ def test_bf16_cohort_trains(base):
 
 
 def test_cohort_memory_counts_the_body_once():
-    from scale_fpt.packing import cohort_memory_bytes
-
-    one = cohort_memory_bytes([arm(model="gpt2", task="cifar10", lr=1e-3)])
-    sixteen = cohort_memory_bytes([arm(model="gpt2", task="cifar10", lr=i) for i in range(1, 17)])
+    one = profile_of(arm(model="gpt2", task="cifar10", lr=1e-3)).cohort_bytes(1)
+    sixteen = profile_of(arm(model="gpt2", task="cifar10", lr=1)).cohort_bytes(16)
     assert 85e6 * 4 < one < sixteen < 16 * one - 15 * 85e6 * 4  # the body once, not 16 times

@@ -7,11 +7,14 @@ import math
 import os
 
 import pytest
-from conftest import run_pytest_child
+from helpers import run_pytest_child
 
-from scale_fpt import planner, scaling
+from scale_fpt import gpus, planner, scaling
 from scale_fpt.config import ConfigError, TrialConfig
-from scale_fpt.planner import GPUS, ModelShape, TrialMemory, trial_memory
+from scale_fpt.gpus import GPUS
+from scale_fpt.planner import ModelShape, TrialMemory, trial_memory
+from scale_fpt.profile import model_shape, plan_trial
+from scale_fpt.sweep.placement import study_gpu_hours
 
 SHAPE = ModelShape(
     total_params=1000,
@@ -228,7 +231,7 @@ def test_plan_bounds_a_long_sequence_step_on_the_cpu(long_proteins_dir, monkeypa
             measured = min(measured, before + held.peak)
     finally:
         run.close()
-    plan = trial_memory(planner.model_shape(config), "fp32", 1, fused_attention=False)
+    plan = trial_memory(model_shape(config), "fp32", 1, fused_attention=False)
     assert plan.attention > 5 * plan.activations  # what the planner left out
     allocated = plan.allocated - plan.workspace  # no CUDA libraries on a CPU
     assert measured <= allocated <= 1.25 * measured, (plan, measured)
@@ -250,23 +253,23 @@ def test_trials_per_gpu_is_a_power_of_two_up_to_four():
 def test_model_shape_reads_any_finetune_subset_and_the_tasks_sequence():
     size = scaling.GPT2_SIZES["gpt2"]
     groups = scaling.gpt2_group_params(size)
-    fpt = planner.model_shape(TrialConfig.from_flat({"model": "gpt2", "task": "cifar10"}))
+    fpt = model_shape(TrialConfig.from_flat({"model": "gpt2", "task": "cifar10"}))
     heads = scaling.head_params(768, 48, 0, 10)  # cifar10: 4x4 patches x 3 channels
     assert fpt.n_tokens == 64 and fpt.n_layer == 12 and fpt.d_model == 768
     assert fpt.total_params == sum(groups.values()) + sum(heads.values())
     trained_pos = 64 * 768  # only the task's 64 positions ever get a gradient
     assert fpt.trained_params == groups["ln"] + trained_pos + sum(heads.values())
-    ff = planner.model_shape(
+    ff = model_shape(
         TrialConfig.from_flat({"model": "gpt2", "task": "cifar10", "finetune": "fpt+ff+attn"})
     )
     assert ff.trained_params == fpt.trained_params + groups["ff"] + groups["attn"]
     assert fpt.block_params == (groups["attn"] + groups["ff"] + groups["ln"] - 2 * 768) // 12
-    listops = planner.model_shape(TrialConfig.from_flat({"model": "gpt2", "task": "listops"}))
+    listops = model_shape(TrialConfig.from_flat({"model": "gpt2", "task": "listops"}))
     assert listops.n_tokens == 512
 
 
 def plan_of(flat: dict, gpu: str, gpus: str = "auto", max_gpus: int = 8):
-    return planner.plan_trial(TrialConfig.from_flat(flat), gpus, GPUS[gpu], max_gpus)
+    return plan_trial(TrialConfig.from_flat(flat), gpus, GPUS[gpu], max_gpus)
 
 
 def test_plans_share_a_gpu_take_one_or_span_several_at_zero_2():
@@ -299,7 +302,7 @@ def test_plans_share_a_gpu_take_one_or_span_several_at_zero_2():
 
 def test_auto_without_any_gpu_plans_cpu():
     config = TrialConfig.from_flat({"model": "gpt2-large"})
-    assert planner.plan_trial(config, "auto", None) == planner.CPU_PLAN
+    assert plan_trial(config, "auto", None) == planner.CPU_PLAN
 
 
 def test_gpus_per_trial_values():
@@ -329,24 +332,24 @@ def test_gpu_hours_hold_the_trials_share_for_its_steps():
 
 def test_every_planner_gpu_takes_its_peak_from_the_published_table():
     # One table of peaks: each GPU --gpu accepts finds its own chip's entry of
-    # scaling.DEVICE_PEAKS by the device name CUDA reports (as the benchmarks' MFU does), and
+    # gpus.CHIPS by the device name CUDA reports (as the benchmarks' MFU does), and
     # the planner's figure is that entry's. A GPU added to the planner without an entry, or
     # a pattern that catches another chip (A10G's catching an A100), fails here.
     for name, gpu in GPUS.items():
-        found = scaling.device_peak(gpu.model, "bf16")
-        assert found is not None, f"{name} ({gpu.model}) has no entry in scaling.DEVICE_PEAKS"
+        found = gpus.device_peak(gpu.model, "bf16")
+        assert found is not None, f"{name} ({gpu.model}) has no entry in gpus.CHIPS"
         peak, flops = found
         chip = name.split("-")[0].upper()  # h100-80gb -> H100, a10g-24gb -> A10G
         assert peak.name.split()[0] == chip or peak.name.startswith(chip + " "), (name, peak)
         assert gpu.bf16_flops == flops == peak.bf16
-        assert planner.gpu_with_memory(10, name).bf16_flops == flops  # --gpu with --gpu-memory
+        assert gpus.gpu_with_memory(10, name).bf16_flops == flops  # --gpu with --gpu-memory
 
 
 def test_a_gpu_without_a_published_peak_has_unknown_gpu_hours():
     from scale_fpt.study import placement_table
     from scale_fpt.sweep import SweepConfig
 
-    unnamed = planner.gpu_with_memory(40)  # --gpu-memory 40 alone: no chip, no peak
+    unnamed = gpus.gpu_with_memory(40)  # --gpu-memory 40 alone: no chip, no peak
     assert unnamed.bf16_flops == 0.0
     big = ModelShape(**{**SHAPE.__dict__, "train_flops_per_example": 10**15})
     plan = planner.TrialPlan(1, 1.0, 1, 0, 1, None, unnamed)
@@ -355,7 +358,7 @@ def test_a_gpu_without_a_published_peak_has_unknown_gpu_hours():
     table = placement_table(SweepConfig(name="s", base=arms, gpu_memory_gb=40)).splitlines()
     assert table[0] == "s: 1 arms x 1 trial(s) on 40gb"
     assert table[-1].endswith(
-        "unknown: 40gb has no published bf16 peak (scaling.DEVICE_PEAKS); "
+        "unknown: 40gb has no published bf16 peak (gpus.CHIPS); "
         f"name the GPU with --gpu ({', '.join(GPUS)})"
     )
 
@@ -365,10 +368,10 @@ def test_study_gpu_hours_sum_over_models():
         {"model": "gpt2", "task": "bit-xor", "precision": "bf16", "max_steps": 1000},
         {"model": "gpt2", "task": "bit-xor", "precision": "bf16", "max_steps": 1000, "seed": 1},
     ]
-    hours = planner.study_gpu_hours(arms, "auto", GPUS["a10g-24gb"])
+    hours = study_gpu_hours(arms, "auto", GPUS["a10g-24gb"])
     one = 0.25 * 1000 * 12 * planner.STEP_LATENCY_PER_LAYER_S / 3600
     assert hours == pytest.approx({"gpt2": 2 * one, "total": 2 * one})
-    assert planner.study_gpu_hours(arms, "0", GPUS["a10g-24gb"]) == {"total": 0.0}
+    assert study_gpu_hours(arms, "0", GPUS["a10g-24gb"]) == {"total": 0.0}
 
 
 def test_plan_command_prints_gpus_zero_stage_and_trials_per_gpu(capsys):
@@ -400,7 +403,7 @@ def test_plan_bounds_the_memory_of_a_real_step_from_above_within_25_percent():
     flat.update(precision="bf16", batch_size=16, max_steps=2, eval_every=2, test_batches=1)
     config = TrialConfig.from_flat({**flat, "accelerator": "cuda"})
     measured = cuda_step_peak(config)  # full fine-tuning: the DeepSpeed engine step
-    planned = planner.trial_memory(planner.model_shape(config), "bf16", 16).allocated
+    planned = planner.trial_memory(model_shape(config), "bf16", 16).allocated
     assert measured <= planned <= 1.25 * measured, (planned, measured)
 
 
@@ -445,7 +448,7 @@ def test_plan_bounds_a_long_sequence_bf16_step_on_the_gpu(
     flat.update(precision="bf16", batch_size=8, dropout=0.1, test_batches=1, accelerator="cuda")
     config = TrialConfig.from_flat(flat)
     measured = cuda_step_peak(config, kind)
-    plan = planner.trial_memory(planner.model_shape(config), "bf16", 8, fused_attention=fused)
+    plan = planner.trial_memory(model_shape(config), "bf16", 8, fused_attention=fused)
     assert (plan.attention > plan.activations) != fused
     assert measured <= plan.allocated <= 1.25 * measured, (plan, measured)
 
@@ -462,7 +465,7 @@ def test_study_plan_lists_placements_and_gpu_hours_without_ray():
     assert table[2].startswith(
         "    2 x gpt2 fpt bit-xor, 1,000 steps, bs 16: a10g-24gb, ZeRO 0, 4 trials per GPU;"
     )
-    hours = planner.study_gpu_hours(sweep.arms(), "auto", GPUS["a10g-24gb"])
+    hours = study_gpu_hours(sweep.trials(), "auto", GPUS["a10g-24gb"])
     assert table[-1].endswith(f"gpt2 {hours['gpt2']:,.1f}, total {hours['total']:,.1f}")
     cpu = placement_table(SweepConfig(name="s", base=arms, gpus_per_trial="0")).splitlines()
     assert cpu == [

@@ -84,7 +84,7 @@ def test_data_root_applies_only_where_the_task_folder_exists(tmp_path):
         overrides=(({"task": "listops"}, {"data_dir": "/elsewhere"}),),
         data_root=str(tmp_path),
     )
-    data_dirs = {arm["task"]: arm.get("data_dir") for arm in sweep.arms()}
+    data_dirs = {arm["task"]: arm.get("data_dir") for arm in sweep.trials()}
     assert data_dirs == {
         "homology": str(tmp_path / "homology"),
         "listops": "/elsewhere",  # an arm's own data_dir wins

@@ -146,6 +146,16 @@ def test_round_trip_with_documented_dtypes_and_sorted_load(tmp_path):
     assert load_results(tmp_path / SWEEP).curves.equals(results.curves)
 
 
+def test_cohort_size_is_kept_and_reads_as_null_in_files_written_without_it(tmp_path):
+    writer = ResultsWriter(tmp_path, SWEEP)
+    writer.write_trial(trial_row("a", cohort_size=4))
+    writer.write_trial(trial_row("b"))
+    older = writer.root / "trials" / "b.parquet"  # as a writer without the column left it
+    pq.write_table(pq.read_table(older).drop_columns(["cohort_size"]), older)
+    sizes = load_results(tmp_path).trials.set_index("trial_id")["cohort_size"]
+    assert sizes["a"] == 4 and pd.isna(sizes["b"])
+
+
 def test_hidden_temporary_files_are_ignored_by_readers(tmp_path):
     writer = ResultsWriter(tmp_path, SWEEP)
     writer.write_trial(trial_row("a"))

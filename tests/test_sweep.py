@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from conftest import TINY_TRIAL as TINY
+from helpers import TINY_TRIAL as TINY
 
 from scale_fpt.config import ConfigError
 from scale_fpt.recipes import load_study
@@ -93,7 +93,7 @@ def test_arms_cross_grid_and_seeds_with_overrides():
         seeds=(0, 1),
         overrides=(({"task": "homology"}, {"lr": 1e-4}),),
     )
-    arms = sweep.arms()
+    arms = sweep.trials()
     assert len(arms) == 8
     assert {a["lr"] for a in arms if a["task"] == "homology"} == {1e-4}
     assert all("lr" not in a for a in arms if a["task"] == "bit-xor")
@@ -119,7 +119,7 @@ def test_reported_metrics_are_the_best_members_and_nan_before_any_evaluation():
 
 def test_trial_resources_are_declared_by_the_plan_not_probed():
     from scale_fpt.cluster import GPUOffer
-    from scale_fpt.planner import GPUS
+    from scale_fpt.gpus import GPUS
 
     a10g = GPUOffer(GPUS["a10g-24gb"], 4, "declared")
     sweep = SweepConfig(name="s", gpu="a10g-24gb")
@@ -143,7 +143,7 @@ def test_trial_resources_are_declared_by_the_plan_not_probed():
 
 def test_planned_arms_set_workers_and_zero_stage_only_for_multi_gpu_trials():
     from scale_fpt.cluster import GPUOffer
-    from scale_fpt.planner import GPUS
+    from scale_fpt.gpus import GPUS
     from scale_fpt.sweep import planned_arms
 
     sweep = SweepConfig(name="s")
@@ -166,7 +166,7 @@ def test_a_trial_wider_than_every_node_is_refused_at_plan_time():
     """A trial's GPUs are one STRICT_PACK placement group: asking for more than the widest
     node has would wait forever, so the plan refuses it, naming the arm and the limit."""
     from scale_fpt.cluster import GPUOffer
-    from scale_fpt.planner import GPUS
+    from scale_fpt.gpus import GPUS
     from scale_fpt.sweep import planned_arms
 
     four = GPUOffer(GPUS["a10g-24gb"], 4, "cluster.yaml")

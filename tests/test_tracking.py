@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import TINY_TRIAL as TINY
+from helpers import TINY_TRIAL as TINY
 
 from scale_fpt.sweep import SweepConfig
 from scale_fpt.sweep.progress import SweepProgress
@@ -97,7 +97,9 @@ def test_sweep_progress_errors_and_trackers(tmp_path, capsys, monkeypatch):
     ml_run = ml_runs[xor]
     assert ml_run.info.status == "FINISHED"
     assert ml_run.data.params["task"] == "bit-xor" and ml_run.data.params["max_steps"] == "40"
-    val = sorted((m.step, m.value) for m in client.get_metric_history(ml_run.info.run_id, "val/accuracy"))
+    val = sorted(
+        (m.step, m.value) for m in client.get_metric_history(ml_run.info.run_id, "val/accuracy")
+    )
     assert [step for step, _ in val] == [20, 40]
     assert [value for _, value in val] == pytest.approx(expected["val_accuracy"].tolist())
     assert ml_run.data.metrics["best_val_accuracy"] == pytest.approx(best)
@@ -191,7 +193,7 @@ def test_logger_names_and_missing_packages_stop_the_command_before_ray(
     """Exit 2 and nothing written: ``run_sweep`` (which writes the results directory before
     it starts Ray) was never reached."""
     from scale_fpt import cli
-    from scale_fpt.sweep import tracking
+    from scale_fpt.sweep import config as sweep_config
 
     results = tmp_path / "results"
     narrow = ["--tasks", "bit-xor", "--inits", "random", "--seeds", "0", "--steps", "4"]
@@ -202,7 +204,7 @@ def test_logger_names_and_missing_packages_stop_the_command_before_ray(
         "--logger: unknown logger(s) tensorbored; expected a comma list of tensorboard, wandb, mlflow, or none"
         in err
     )
-    monkeypatch.setitem(tracking.PACKAGES, "wandb", "wandb_is_not_installed")
+    monkeypatch.setitem(sweep_config.PACKAGES, "wandb", "wandb_is_not_installed")
     assert cli.main(["sweep", "scale", "--logger", "tensorboard,wandb", *narrow]) == 2
     err = capsys.readouterr().err
     assert (

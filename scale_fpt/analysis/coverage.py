@@ -146,14 +146,12 @@ def model_params(name: str) -> float:
     return float(PYTHIA_SIZES[name].published_params)
 
 
-def preset_designs(min_sizes: int = 3) -> dict[str, Design]:
-    """The design of every shipped preset that runs ``min_sizes`` or more model sizes (the
-    report fits a law to each of its arms): {sweep name: Design}."""
-    # Imported here: the presets import the sweep machinery (torch), which a fit does not need.
-    from scale_fpt.presets import STUDIES
-
+def preset_designs(studies, min_sizes: int = 3) -> dict[str, Design]:
+    """The design of every preset of ``studies`` (``scale_fpt.recipes.studies.STUDIES``: the
+    library never imports the recipes) that runs ``min_sizes`` or more model sizes (the report
+    fits a law to each of its arms): {sweep name: Design}."""
     out = {}
-    for study in STUDIES.values():
+    for study in studies.values():
         for make in study.presets.values():
             sweep = make()
             models = sweep.grid.get("model", [])

@@ -19,6 +19,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from scale_fpt.config import ModelConfig
 from scale_fpt.models import ops
+from scale_fpt.models.families import model_width
 from scale_fpt.seeding import seed_streams
 
 
@@ -56,8 +57,6 @@ class OneAttention(nn.Module):
 def build_ablation(config: ModelConfig, seed: int, arch) -> tuple[nn.Module, int]:
     """The ablation body of ``config.init`` for the architecture ``arch`` (its width and
     heads), drawn from trial ``seed``'s backbone stream; returns (body, layers)."""
-    from scale_fpt.models.families import model_width
-
     d_model = model_width(arch)
     if config.init == "no-body":
         return NoBody(), 0

@@ -381,7 +381,7 @@ def causal_attention(
             q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale
         )
     if path == "flash":
-        from scale_fpt.models.flash_attention import flash_attention
+        from scale_fpt.models.flash_attention import flash_attention  # triton: GPU builds only
 
         keys = None
         if dropout_p > 0.0:

@@ -2,7 +2,7 @@
 
 For the trials a packed cohort cannot run: ZeRO (``zero_stage`` > 0), several
 data-parallel workers, fine-tuning of the body (``ff``/``attn``/``full``), fp16 loss
-scaling, the LSTM and non-GPT-2 backbones (``packing.step_kind``). The DeepSpeed config is
+scaling, the LSTM and non-GPT-2 backbones (``profile.step_kind``). The DeepSpeed config is
 derived from ``TrainConfig`` (``deepspeed_config``). A trial of one process joins the
 process group it finds (``runtime.init_distributed`` makes a world of one when there is
 none); a trial of ``workers`` > 1 is a ``World`` of that many ranks (``scale_fpt.world``,

@@ -1,6 +1,6 @@
 """Sweeps: a grid (or an Optuna search per arm) over trial configs, run by Ray Tune.
 
-    SweepConfig (config.py) --arms()--> flat trial configs
+    SweepConfig (config.py) --trials()--> flat trial configs
         --placement.py: planned on the cluster's GPUs, grouped into cohorts (--pack)-->
         --driver.py: one Tuner per grid (or per searched arm)-->
         trainable.py: tune_trial (one ``TrialRun`` per member list: one trial, or a packed

@@ -3,12 +3,15 @@ Parquet as it arrives, and the handling of writes that fail."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from scale_fpt.results import ResultsError, ResultsWriter
 from scale_fpt.sweep.config import SweepConfig
+from scale_fpt.sweep.progress import progress_callback_class, trial_error_text
+from scale_fpt.sweep.tracking import tracking_callback_class
 from scale_fpt.sweep.trainable import config_only_row, tune_members
+from scale_fpt.trial import SEARCH_CONFIG, member_search_configs, without_search_configs
+from scale_fpt.vocabulary import Status, StopReason
 
 WRITE_FAILURES: list[ResultsError] = []
 """Results writes that failed in this driver (a full disk, a directory gone read-only). Tune
@@ -61,8 +64,6 @@ def results_callback_class():
 
         def tagged(self, trial, rows: list[dict]) -> list[dict]:
             """Rows with the search configuration each belongs to (None for grid trials)."""
-            from scale_fpt.search import SEARCH_CONFIG, member_search_configs
-
             if trial.trial_id not in self.search_configs:
                 self.search_configs[trial.trial_id] = member_search_configs(
                     self.sweep, trial.config
@@ -89,13 +90,15 @@ def results_callback_class():
             checkpoint = trial.checkpoint.path if trial.checkpoint else None
             for row in self.reported_rows(trial):
                 # "running" at the end: stopped by the scheduler before its last step.
-                if row["status"] == "running":
-                    row = {**row, "status": "stopped", "stop_reason": "scheduler"}
+                if row["status"] == Status.RUNNING:
+                    row = {
+                        **row,
+                        "status": Status.STOPPED.value,
+                        "stop_reason": StopReason.SCHEDULER.value,
+                    }
                 self.writer.write_trial({**row, "checkpoint": checkpoint})
 
         def write_error(self, trial):
-            from scale_fpt.search import without_search_configs
-
             error = trial_error_text(trial)
             rows = self.reported_rows(trial)
             if not rows:  # never reported: every member fails with the trial's error
@@ -103,7 +106,7 @@ def results_callback_class():
                 failed = [config_only_row(self.sweep, m, "failed", error) for m in members]
                 rows = self.tagged(trial, failed)
             for row in rows:
-                if row["status"] in ("running", "failed"):
+                if row["status"] in (Status.RUNNING, Status.FAILED):
                     failed = {"status": "failed", "stop_reason": "failed", "error": error}
                     self.writer.write_trial({**row, **failed})
 
@@ -135,13 +138,6 @@ def fit_reporting_write_failures(tuner):
         raise
 
 
-def trial_error_text(trial) -> str:
-    path = getattr(trial, "error_file", None)
-    if path and os.path.exists(path):
-        return Path(path).read_text()[-4000:]
-    return str(getattr(trial, "error_msg", None) or "trial failed")
-
-
 def sweep_callbacks(sweep: SweepConfig, experiment: str = "", planned_steps: int = 0) -> list:
     """The driver's callbacks: our own rows first, Tune's result.json (its ResultGrid reads
     it, and ``recovery`` re-derives lost rows from it), the live progress of ``experiment``
@@ -149,9 +145,6 @@ def sweep_callbacks(sweep: SweepConfig, experiment: str = "", planned_steps: int
     ``sweep.loggers``. (Tune's own TensorBoard and CSV loggers would only warn about the
     nested row lists; ``tracking`` logs per member trial instead.)"""
     from ray.tune.logger import JsonLoggerCallback
-
-    from scale_fpt.sweep.progress import progress_callback_class
-    from scale_fpt.sweep.tracking import tracking_callback_class
 
     results_dir = str(Path(sweep.results_dir).absolute())
     callbacks = [

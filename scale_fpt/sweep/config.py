@@ -4,14 +4,18 @@ form and its one validation pass."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import itertools
 import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from scale_fpt.config import FIELD_TYPES, ConfigError, TrialConfig, flag
+from scale_fpt import planner
+from scale_fpt.config import FIELD_TYPES, ConfigError, flag, parse_trial
 from scale_fpt.flags import load_mapping
+from scale_fpt.gpus import GPUS
+from scale_fpt.preflight import DATA_FOLDERS
 
 SEARCH_KINDS = ("loguniform", "uniform", "int", "choice")
 VALIDATION_METRICS = ("best_val_accuracy", "val_accuracy")
@@ -24,6 +28,15 @@ over anything else (task, model, init, finetune, ...) holds several arms, and AS
 rank them against each other (ListOps against XOR) and stop the weaker arms' trials."""
 CONFIRM_SUFFIX = "-confirm"
 """The confirmation runs of sweep NAME are the sweep NAME-confirm."""
+
+LOGGERS = ("tensorboard", "wandb", "mlflow", "none")
+"""Values of ``SweepConfig.loggers``: ``none`` alone turns tracking off."""
+
+PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+"""The module each logger imports."""
+
+PIP_NAMES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow-skinny"}
+"""What ``pip install`` takes for each logger (also in the ``tracking`` extra)."""
 
 
 @dataclass(frozen=True)
@@ -85,8 +98,8 @@ class SweepConfig:
     can launch no GPU), ``0`` (CPU only), ``N`` (N GPUs) or a fraction (``0.25``: four
     trials per GPU)."""
     gpu: str = ""
-    """The GPU trials run on (``scale_fpt.planner.GPUS``: h100-80gb, a100-80gb, a100-40gb,
-    a10g-24gb, l4-24gb). Empty: the GPU named by the cluster's GPU node types
+    """The GPU trials run on: a name of ``scale_fpt.gpus.GPUS`` (``scale-fpt sweep --help``
+    lists them). Empty: the GPU named by the cluster's GPU node types
     (``cluster_config``), else by the running nodes' Ray accelerator type."""
     gpu_memory_gb: float = 0.0
     """Memory of one GPU in GiB, for a GPU the table lacks (0: the memory of ``gpu``)."""
@@ -202,8 +215,9 @@ class SweepConfig:
                 )
         return out
 
-    def arms(self) -> list[dict]:
-        """Flat configs of every grid point and seed (searched fields left at base values)."""
+    def trials(self) -> list[dict]:
+        """Flat configs of every trial: each grid point (an arm) for each seed (searched fields
+        left at base values)."""
         keys = list(self.grid)
         arms = []
         for values in itertools.product(*(self.grid[k] for k in keys)):
@@ -244,9 +258,9 @@ class SweepConfig:
             ),
         )
         out = []
-        for arm in shaped.arms():
+        for arm in shaped.trials():
             try:
-                TrialConfig.from_flat(arm)
+                parse_trial(arm)
             except ConfigError as e:
                 out += [f"{arm_label(arm)}: {p}" for p in e.problems]
         return out
@@ -371,8 +385,6 @@ def is_of_type(value, kind: type) -> bool:
 def with_data_root(arm: dict, data_root: str) -> dict:
     """``arm`` reading its task's folder of ``data_root`` when that folder exists and the arm
     names no ``data_dir`` of its own (``SweepConfig.data_root``)."""
-    from scale_fpt.preflight import DATA_FOLDERS
-
     folder = DATA_FOLDERS.get(arm.get("task", ""))
     if not data_root or not folder or arm.get("data_dir"):
         return arm
@@ -385,10 +397,18 @@ def arm_label(flat: dict) -> str:
     return "/".join(str(flat[k]) for k in keys if k in flat)
 
 
+def missing_packages(loggers) -> list[str]:
+    """One line per chosen logger whose package is not installed (checked before Ray)."""
+    return [
+        f"--logger {name}: the {PACKAGES[name]} package is not installed; pip install "
+        f"{PIP_NAMES[name]} (or pip install 'scale-fpt[tracking]')"
+        for name in loggers
+        if name in PACKAGES and importlib.util.find_spec(PACKAGES[name]) is None
+    ]
+
+
 def logger_problems(loggers) -> list[str]:
     """Unknown logger names, then chosen loggers whose package is missing."""
-    from scale_fpt.sweep.tracking import LOGGERS, missing_packages
-
     choices = f"a comma list of {', '.join(n for n in LOGGERS if n != 'none')}, or none"
     if not isinstance(loggers, list | tuple) or not loggers:
         return [f"--logger: expected {choices}; got {loggers!r}"]
@@ -402,17 +422,13 @@ def logger_problems(loggers) -> list[str]:
 
 def placement_problems(sweep: SweepConfig) -> list[str]:
     """Problems of the sweep's GPU declarations (``gpus_per_trial``, ``gpu``, memory)."""
-    # Imported here, not at the top: the planner loads the model families (torch), and
-    # SweepConfig, with the flags made from it, loads without them (start-up time).
-    from scale_fpt import planner
-
     out = []
     try:
         planner.parse_gpus_per_trial(sweep.gpus_per_trial)
     except ConfigError as e:
         out += e.problems
-    if sweep.gpu and sweep.gpu not in planner.GPUS:
-        out.append(f"--gpu: unknown GPU {sweep.gpu!r}; choose from {', '.join(planner.GPUS)}")
+    if sweep.gpu and sweep.gpu not in GPUS:
+        out.append(f"--gpu: unknown GPU {sweep.gpu!r}; choose from {', '.join(GPUS)}")
     if sweep.gpu_memory_gb < 0:
         out.append(f"--gpu-memory: must be >= 0 GiB, got {sweep.gpu_memory_gb}")
     return out

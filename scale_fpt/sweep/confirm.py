@@ -15,6 +15,7 @@ import math
 import pandas as pd
 
 from scale_fpt.sweep.config import CONFIRM_SUFFIX, SweepConfig, arm_label
+from scale_fpt.vocabulary import Status
 
 PLACEMENT_FIELDS = ("workers", "zero_stage")
 """Fields the planner may set on a trial (``placement.planned_arms``): not matched."""
@@ -48,7 +49,7 @@ def chosen_configuration(
     rows = rows[rows["seed"].isin(seeds)]
     best, best_score = None, -math.inf
     for values, group in rows.groupby(list(choice), sort=True):
-        done = group[group["status"].eq("completed") & group[metric].notna()]
+        done = group[group["status"].eq(Status.COMPLETED) & group[metric].notna()]
         if set(done["seed"]) < set(seeds):
             continue  # a failed, diverged, stopped or missing seed disqualifies it
         score = float(done.drop_duplicates("seed")[metric].mean())
@@ -66,7 +67,7 @@ def confirmation_arms(sweep: SweepConfig, trials: pd.DataFrame) -> tuple[list[di
     sweep's rows)."""
     choice = sweep.choice_fields()
     out, unchosen = [], []
-    for arm in confirmation_sweep(sweep).arms():
+    for arm in confirmation_sweep(sweep).trials():
         fixed = {k: v for k, v in arm.items() if k not in ("seed", *choice, *PLACEMENT_FIELDS)}
         chosen = chosen_configuration(trials, fixed, choice, sweep.seeds, sweep.metric)
         if chosen is None:

@@ -9,10 +9,11 @@ import sys
 from dataclasses import dataclass
 
 from scale_fpt.cluster import GPUOffer
-from scale_fpt.config import TrialConfig
+from scale_fpt.config import parse_trial
 from scale_fpt.loop import evaluation_steps
+from scale_fpt.models.backbones import scale_fpt_home
 from scale_fpt.recovery import restore_missing_rows
-from scale_fpt.results import ResultsWriter
+from scale_fpt.results import ResultsWriter, load_results
 from scale_fpt.storage import check_sweep_storage, default_optuna_storage
 from scale_fpt.sweep.callbacks import (
     fit_reporting_write_failures,
@@ -20,6 +21,7 @@ from scale_fpt.sweep.callbacks import (
     write_where_told,
 )
 from scale_fpt.sweep.config import CONFIRM_SUFFIX, SweepConfig, arm_label
+from scale_fpt.sweep.confirm import confirmation_arms, confirmation_sweep
 from scale_fpt.sweep.placement import (
     Devices,
     cluster_devices,
@@ -35,6 +37,7 @@ from scale_fpt.sweep.resume import saved_unfinished, unfinished_arms, unfinished
 from scale_fpt.sweep.trainable import tune_members, tune_search_members, tune_trial
 from scale_fpt.trial import (
     git_sha,
+    without_search_configs,
 )
 
 
@@ -42,7 +45,7 @@ def search_algorithm(sweep: SweepConfig, arms: list[dict], devices: Devices):
     """The searcher of a sweep's searched arms: one ``search.SeedMeanSearcher`` per arm (its
     configurations trained for every seed, scored on the seed mean, in the arm's own Optuna
     study ``<sweep>-<arm>``), all run side by side (``search.ArmSearchers``)."""
-    from scale_fpt.search import ArmSearchers, SeedMeanSearcher, seed_groups
+    from scale_fpt.search import ArmSearchers, SeedMeanSearcher, seed_groups  # Ray Tune
 
     searchers = [
         SeedMeanSearcher(
@@ -109,12 +112,10 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
     sweep.validate()
     check_sweep_storage(sweep)
     ResultsWriter(sweep.results_dir, sweep.name)  # fail now if results cannot be written
-    from scale_fpt.models.backbones import scale_fpt_home
-
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
     connect_ray(runtime_env={"env_vars": {"SCALE_FPT_HOME": str(scale_fpt_home())}})
     offer = with_node_width(sweep_gpus(sweep))
-    arms = planned_arms(sweep.arms(), sweep, offer)
+    arms = planned_arms(sweep.trials(), sweep, offer)
     import ray
 
     devices = cluster_devices(sweep, ray.cluster_resources(), offer)
@@ -134,7 +135,7 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
 def planned_steps(sweep: SweepConfig, arms: list[dict]) -> int:
     """Member trial-steps an experiment of ``arms`` trains in all: each arm's ``max_steps``,
     times the configurations a search tries per arm (for the progress ETA)."""
-    steps = sum(TrialConfig.from_flat(arm).train.max_steps for arm in arms)
+    steps = sum(parse_trial(arm).train.max_steps for arm in arms)
     return steps * (sweep.search_trials if sweep.search else 1)
 
 
@@ -143,9 +144,6 @@ def run_confirmation(
 ) -> tuple[int, int]:
     """Each arm's chosen configuration on ``confirm_seeds`` (``sweep.confirm``), read from
     the sweep's rows on disk: (trials run, trials left unfinished)."""
-    from scale_fpt.results import load_results
-    from scale_fpt.sweep.confirm import confirmation_arms, confirmation_sweep
-
     confirm = confirmation_sweep(sweep)
     arms, unchosen = confirmation_arms(sweep, load_results(sweep.results_dir, sweep.name).trials)
     for label in unchosen:
@@ -184,8 +182,6 @@ def run_experiment(
             return cohort_resources(members, sweep, offer)
         return trial_resources(members[0], sweep, offer)
 
-    from scale_fpt.search import without_search_configs
-
     trainable = tune.with_resources(tune_search_members if sweep.search else tune_trial, resources)
     callbacks = sweep_callbacks(sweep, experiment, planned_steps(sweep, arms))
     if resume and tune.Tuner.can_restore(path):
@@ -206,7 +202,7 @@ def run_experiment(
         param_space = {"sweep": sweep.name, "members": tune.grid_search(groups)}
     scheduler = None
     if sweep.asha:
-        trains = [TrialConfig.from_flat(a).train for a in arms]
+        trains = [parse_trial(a).train for a in arms]
         max_evals = max(
             len(evaluation_steps(t.max_steps, t.eval_every, t.log_evals)) for t in trains
         )

@@ -5,10 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from scale_fpt import planner, scaling
-from scale_fpt.cluster import GPUOffer, config_file_offer, gpu_offer
-from scale_fpt.config import ConfigError, TrialConfig
+from scale_fpt import gpus, planner, scaling
+from scale_fpt.cluster import (
+    GPUOffer,
+    autoscaler_offer,
+    config_file_offer,
+    gpu_offer,
+    running_nodes_offer,
+)
+from scale_fpt.config import ConfigError
 from scale_fpt.packing import cohorts
+from scale_fpt.profile import pack_problem, profile_of
 from scale_fpt.sweep.config import SweepConfig, arm_label
 
 
@@ -22,21 +29,18 @@ def sweep_gpus(sweep: SweepConfig) -> GPUOffer:
     if not (sweep.gpu or sweep.gpu_memory_gb):
         return gpu_offer(sweep.cluster_config)
     if sweep.gpu_memory_gb:
-        gpu = planner.gpu_with_memory(sweep.gpu_memory_gb, sweep.gpu)
+        gpu = gpus.gpu_with_memory(sweep.gpu_memory_gb, sweep.gpu)
     else:
-        gpu = planner.gpu_named(sweep.gpu)
+        gpu = gpus.gpu_named(sweep.gpu)
     found = config_file_offer(sweep.cluster_config)
     return GPUOffer(gpu, found.max_gpus_per_node if found else 0, "declared")
 
 
 def trial_plan(flat: dict, sweep: SweepConfig, offer: GPUOffer) -> planner.TrialPlan:
-    """The planner's decision for one trial of the sweep (``planner.plan_trial``). A config
+    """The planner's decision for one trial of the sweep (``TrialProfile.plan``). A config
     that cannot be built plans CPU: the trial fails at once and is recorded as failed."""
     try:
-        config = TrialConfig.from_flat(flat)
-        return planner.plan_trial(
-            config, sweep.gpus_per_trial, offer.gpu, offer.max_gpus_per_node or 8
-        )
+        return profile_of(flat).plan(sweep.gpus_per_trial, offer.gpu, offer.max_gpus_per_node or 8)
     except ConfigError:
         return planner.CPU_PLAN
 
@@ -89,8 +93,6 @@ def with_node_width(offer: GPUOffer) -> GPUOffer:
     that ``unplaceable`` can refuse what no node holds; unchanged when nothing says."""
     if offer.gpu is None or offer.max_gpus_per_node:
         return offer
-    from scale_fpt.cluster import autoscaler_offer, running_nodes_offer
-
     found = autoscaler_offer() or running_nodes_offer()
     if found is None:
         return offer
@@ -123,7 +125,7 @@ def trial_workers(flat: dict) -> int:
     """Processes of the trial ``flat`` (its ``workers``; 1 for a config that does not
     validate, which fails as one process)."""
     try:
-        return TrialConfig.from_flat(flat).train.workers
+        return profile_of(flat).config.train.workers
     except ConfigError:
         return 1
 
@@ -143,7 +145,7 @@ class Devices:
 
 def cluster_devices(sweep: SweepConfig, resources: dict, offer: GPUOffer) -> Devices:
     """The slots of a cluster with Ray ``resources`` (``ray.cluster_resources()``) whose
-    GPUs are ``offer.gpu`` (its memory from the planner's table or ``gpu_memory_gb``)."""
+    GPUs are ``offer.gpu`` (its memory from ``gpus.GPUS`` or ``gpu_memory_gb``)."""
     gpus = int(resources.get("GPU", 0)) if offer.gpu is not None else 0
     if gpus:
         slots, slot_bytes = gpus, offer.gpu.memory_bytes
@@ -157,11 +159,11 @@ def cluster_devices(sweep: SweepConfig, resources: dict, offer: GPUOffer) -> Dev
 
 def auto_pack(member: dict, n_members: int, devices: Devices) -> int:
     """``--pack auto``'s cohort size for ``n_members`` trials compatible with ``member``:
-    spread over the slots, as many per cohort as fit in a slot's memory."""
-    from scale_fpt.packing import cohort_memory_parts
-
-    fused = bool(devices.gpus) and planner.gpu_fuses_attention()
-    fits = scaling.members_that_fit(*cohort_memory_parts(member, fused), devices.slot_bytes)
+    spread over the slots, as many per cohort as fit in a slot's memory (the planner's one
+    memory policy, ``planner.device_bytes``)."""
+    gpu = bool(devices.gpus)
+    parts = profile_of(member).cohort_memory_parts(gpu and planner.gpu_fuses_attention())
+    fits = planner.members_that_fit(*parts, devices.slot_bytes, gpu=gpu)
     return scaling.auto_cohort_size(n_members, devices.slots, fits)
 
 
@@ -177,8 +179,6 @@ def grid_cohorts(sweep: SweepConfig, arms: list[dict], devices: Devices) -> list
 def search_pack(sweep: SweepConfig, seed_arms: list[dict], devices: Devices) -> int:
     """Members per cohort of a search (``sweep.pack``, or ``auto``'s choice for every seed
     of every configuration the run asks for)."""
-    from scale_fpt.packing import pack_problem
-
     if sweep.pack != "auto":
         return sweep.pack
     if pack_problem(seed_arms[0]):
@@ -198,9 +198,26 @@ def cohort_resources(members: list[dict], sweep: SweepConfig, offer: GPUOffer):
     if kind == "share":
         plan = planner.gpu_share(float(sweep.gpus_per_trial), offer.gpu)
     else:
-        from scale_fpt.packing import cohort_memory_bytes
-
-        device = cohort_memory_bytes(members) + planner.CUDA_CONTEXT_BYTES
+        device = planner.device_bytes(profile_of(members[0]).cohort_bytes(len(members)))
         share = planner.trials_per_gpu(device, offer.gpu.memory_bytes)
         plan = planner.TrialPlan(1, 1 / share, share, 0, 1, None, offer.gpu)
     return tune.PlacementGroupFactory(plan_bundles(plan, sweep.cpus_per_trial))
+
+
+def study_gpu_hours(
+    trials: list[dict], gpus_per_trial: str, gpu: gpus.GPU, max_gpus: int = 8
+) -> dict[str, float]:
+    """GPU-hours of a study's trials on ``gpu`` per model (and ``total``): each trial's plan
+    (``TrialProfile.plan``) held for its ``max_steps`` at ``planner.step_seconds``."""
+    out: dict[str, float] = {}
+    for flat in trials:
+        profile = profile_of(flat)
+        config = profile.config
+        plan = profile.plan(gpus_per_trial, gpu, max_gpus)
+        if not plan.gpus or plan.gpu is None:
+            continue
+        seconds = planner.step_seconds(profile.shape, config.train.batch_size, plan)
+        hours = planner.gpu_hours(plan, config.train.max_steps, seconds)
+        out[config.model.model] = out.get(config.model.model, 0.0) + hours
+    out["total"] = sum(out.values())
+    return out

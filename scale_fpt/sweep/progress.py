@@ -14,6 +14,11 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
+
+from scale_fpt.sweep.trainable import tune_members
+from scale_fpt.trial import config_trial_id, without_search_configs
+from scale_fpt.vocabulary import ENDED, Status
 
 ARM_KEYS = ("task", "model", "init", "finetune")
 """What an arm is in the progress display: the seeds of one arm share a line."""
@@ -117,10 +122,7 @@ class SweepProgress:
                 arm = arm_of(row)
                 self.best[arm] = max(best, self.best.get(arm, 0.0))
             status = row.get("status")
-            if (
-                status in ("completed", "diverged", "failed", "stopped")
-                and member not in self.ended
-            ):
+            if status in ENDED and member not in self.ended:
                 self.ended[member] = status
                 self.say(self.member_line(row))
 
@@ -138,7 +140,7 @@ class SweepProgress:
         lr = row.get("lr")
         lr_text = f", lr {lr:g}" if isinstance(lr, int | float) else ""
         where = f"{row['trial_id']} ({arm}, seed {row.get('seed')}{lr_text})"
-        if row["status"] in ("completed", "stopped"):
+        if row["status"] in (Status.COMPLETED, Status.STOPPED):
             return (
                 f"[scale-fpt] {'done' if row['status'] == 'completed' else 'stopped'} {where}: val {row.get('val_accuracy', float('nan')):.3f}, "
                 f"test {row.get('test_accuracy', float('nan')):.3f} at step "
@@ -202,6 +204,13 @@ class SweepProgress:
         self.stream.flush()
 
 
+def trial_error_text(trial) -> str:
+    path = getattr(trial, "error_file", None)
+    if path and os.path.exists(path):
+        return Path(path).read_text()[-4000:]
+    return str(getattr(trial, "error_msg", None) or "trial failed")
+
+
 def progress_callback_class():
     from ray import tune
 
@@ -218,10 +227,6 @@ def progress_callback_class():
         def members(self, trial) -> list[str]:
             """The member trial ids of a Tune trial (the ids of its Parquet rows)."""
             if trial.trial_id not in self.member_ids:
-                from scale_fpt.search import without_search_configs
-                from scale_fpt.sweep.trainable import tune_members
-                from scale_fpt.trial import config_trial_id
-
                 sweep, members = tune_members(without_search_configs(trial.config))
                 self.member_ids[trial.trial_id] = [config_trial_id(sweep, m) for m in members]
             return self.member_ids[trial.trial_id]
@@ -239,8 +244,6 @@ def progress_callback_class():
             self.progress.add_rows(result.get("trial_rows", []))
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            from scale_fpt.sweep.callbacks import trial_error_text
-
             ids = [m for m in self.members(trial) if m not in self.progress.ended]
             self.progress.trial_failed(trial.trial_id, ids, trial_error_text(trial))
 

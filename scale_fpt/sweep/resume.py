@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 
-from scale_fpt.config import TrialConfig
+from scale_fpt.config import parse_trial
 from scale_fpt.results import ResultsWriter
 from scale_fpt.sweep.config import SweepConfig
 from scale_fpt.trial import (
     trial_id_for,
 )
+from scale_fpt.vocabulary import Status
 
 
 def saved_unfinished(path: str) -> int:
@@ -29,21 +30,21 @@ def unfinished_trials(sweep: SweepConfig, experiments: list[str]) -> int:
     arm without a final row on disk; for a search, ``search_trials`` per arm less the
     trials Tune finished in the experiment (``experiments``: the sweep's)."""
     if sweep.search:
-        from scale_fpt.search import seed_groups
+        from scale_fpt.search import seed_groups  # Ray Tune: only a search needs it
 
-        planned = sweep.search_trials * len(seed_groups(sweep.arms()))
+        planned = sweep.search_trials * len(seed_groups(sweep.trials()))
         return sum(
             max(0, planned - saved_finished(os.path.join(sweep.ray_storage, name)))
             for name in experiments
         )
-    return unfinished_arms(sweep, sweep.arms())
+    return unfinished_arms(sweep, sweep.trials())
 
 
 def unfinished_arms(sweep: SweepConfig, arms: list[dict]) -> int:
     """Grid trials of ``arms`` (flat configs) without a final row of ``sweep`` on disk."""
     writer = ResultsWriter(sweep.results_dir, sweep.name)
-    ids = [trial_id_for(sweep.name, TrialConfig.from_flat(arm).to_flat()) for arm in arms]
-    return sum(writer.status(trial_id) in (None, "running") for trial_id in ids)
+    ids = [trial_id_for(sweep.name, parse_trial(arm).to_flat()) for arm in arms]
+    return sum(writer.status(trial_id) in (None, Status.RUNNING) for trial_id in ids)
 
 
 def saved_finished(path: str) -> int:

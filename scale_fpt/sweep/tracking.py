@@ -26,21 +26,15 @@ dropped with one warning line; the trials and the other loggers go on.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import sys
 import time
 from pathlib import Path
 
-LOGGERS = ("tensorboard", "wandb", "mlflow", "none")
-"""Values of ``SweepConfig.loggers``: ``none`` alone turns tracking off."""
-
-PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
-"""The module each logger imports."""
-
-PIP_NAMES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow-skinny"}
-"""What ``pip install`` takes for each logger (also in the ``tracking`` extra)."""
+from scale_fpt.config import FIELD_TYPES
+from scale_fpt.sweep.progress import arm_of
+from scale_fpt.vocabulary import ENDED, Status
 
 CURVE_SCALARS = (
     "train_loss",
@@ -73,8 +67,6 @@ FINAL_COLUMNS = (
 """Columns of the trials table a finished member trial reports to each logger, by the same
 names (``test_accuracy``: at the step of best validation accuracy)."""
 
-ENDED = ("completed", "diverged", "failed", "stopped")
-
 
 def scalar_tag(column: str) -> str:
     split, _, metric = column.partition("_")
@@ -87,8 +79,6 @@ def number(value) -> bool:
 
 def hparams_of(row: dict) -> dict:
     """The trial config fields of a trial row (scalars only): hparams, config, params."""
-    from scale_fpt.config import FIELD_TYPES
-
     return {
         k: v
         for k, v in row.items()
@@ -98,16 +88,6 @@ def hparams_of(row: dict) -> dict:
 
 def final_values(row: dict) -> dict:
     return {k: row[k] for k in FINAL_COLUMNS if number(row.get(k))}
-
-
-def missing_packages(loggers) -> list[str]:
-    """One line per chosen logger whose package is not installed (checked before Ray)."""
-    return [
-        f"--logger {name}: the {PACKAGES[name]} package is not installed; pip install "
-        f"{PIP_NAMES[name]} (or pip install 'scale-fpt[tracking]')"
-        for name in loggers
-        if name in PACKAGES and importlib.util.find_spec(PACKAGES[name]) is None
-    ]
 
 
 class TrialLogger:
@@ -191,14 +171,14 @@ class WandbLogger(TrialLogger):
     def finish(self, trial_id, status, final):
         run = self.runs.pop(trial_id)
         run.summary.update({**final, "status": status})
-        run.finish(exit_code=0 if status in ("completed", "stopped") else 1)
+        run.finish(exit_code=0 if status in (Status.COMPLETED, Status.STOPPED) else 1)
 
 
 MLFLOW_STATUS = {
-    "completed": "FINISHED",
-    "stopped": "KILLED",
-    "diverged": "FAILED",
-    "failed": "FAILED",
+    Status.COMPLETED: "FINISHED",
+    Status.STOPPED: "KILLED",
+    Status.DIVERGED: "FAILED",
+    Status.FAILED: "FAILED",
 }
 """The MLflow run status of each trial status."""
 
@@ -295,8 +275,6 @@ class Trackers:
 
     def start(self, trial_id: str, row: dict | None) -> None:
         if trial_id not in self.open:
-            from scale_fpt.sweep.progress import arm_of
-
             self.open.add(trial_id)
             self.each("start", trial_id, hparams_of(row or {}), arm_of(row or {}))
 

@@ -3,17 +3,19 @@
 
 from __future__ import annotations
 
-from scale_fpt.config import ConfigError, TrialConfig
+from scale_fpt.config import ConfigError, TrialConfig, parse_trial
 from scale_fpt.distributed import rank_workers, train_rank
-from scale_fpt.packing import step_kind
 from scale_fpt.prebuild import prebuild_ops
+from scale_fpt.profile import step_kind
 from scale_fpt.sweep.config import VALIDATION_METRICS
 from scale_fpt.trial import (
     TrialRun,
     config_trial_id,
     error_text,
     provenance,
+    without_search_configs,
 )
+from scale_fpt.vocabulary import StepKind
 
 
 def placement_columns() -> dict:
@@ -62,7 +64,7 @@ def tune_trial(tune_config: dict) -> None:
     configs: list[tuple[dict, TrialConfig]] = []
     for member in members:
         try:
-            configs.append((member, TrialConfig.from_flat(member)))
+            configs.append((member, parse_trial(member)))
         except ConfigError as e:
             failed.append(config_only_row(sweep, member, "failed", error_text(e)))
     if not configs:
@@ -71,7 +73,7 @@ def tune_trial(tune_config: dict) -> None:
     lone = configs[0][1] if len(configs) == 1 else None  # only a lone trial spans workers
     # The first trial on a node builds its kernels; the others wait for it. DeepSpeed's op
     # only for a trial on an engine: a cohort never imports DeepSpeed.
-    prebuild_ops(deepspeed=lone is not None and step_kind(lone) == "engine")
+    prebuild_ops(deepspeed=lone is not None and step_kind(lone) == StepKind.ENGINE)
     checkpoint = tune.get_checkpoint()
     reported_final = False
 
@@ -124,8 +126,6 @@ def tune_search_members(tune_config: dict) -> None:
     """Ray Tune function trainable of a search's trial: ``{"sweep": name, "members": [flat
     config tagged with its search_config, ...]}`` (``search.SeedMeanSearcher``), trained
     untagged by ``tune_trial``."""
-    from scale_fpt.search import without_search_configs
-
     tune_trial(without_search_configs(tune_config))
 
 

@@ -7,12 +7,19 @@ cheap (the image tasks pull in ``datasets`` only when they load data).
 from __future__ import annotations
 
 import importlib
-from functools import lru_cache
-
-import torch
 
 from scale_fpt.config import TASKS, ConfigError, TaskConfig, choice_problem
-from scale_fpt.tasks.base import Batch, DataUnavailable, Task, TaskSpec, step_draws
+from scale_fpt.tasks.base import (
+    Batch,
+    DataUnavailable,
+    Task,
+    TaskSpec,
+    epoch_indices,
+    release_device_draws,
+    split_batch,
+    step_draws,
+)
+from scale_fpt.tasks.pool import FixedPool
 
 __all__ = [
     "Batch",
@@ -21,6 +28,7 @@ __all__ = [
     "TaskSpec",
     "build_task",
     "epoch_indices",
+    "release_device_draws",
     "split_batch",
     "step_draws",
     "task_class",
@@ -40,7 +48,6 @@ _REGISTRY = {
 assert set(_REGISTRY) == set(TASKS)
 
 # step_draws stream of the per-epoch data order (other streams: see each task module).
-PERMUTATION_STREAM = 1
 
 
 def task_class(name: str) -> type[Task]:
@@ -62,46 +69,5 @@ def build_task(config: TaskConfig, seed: int) -> Task:
     ``config.train_examples`` > 0 limits training to that many examples (``tasks.pool``)."""
     task = task_class(config.task)(config, seed)
     if config.train_examples:
-        from scale_fpt.tasks.pool import FixedPool
-
         return FixedPool(task, config.train_examples)
     return task
-
-
-@lru_cache(maxsize=512)  # a packed cohort of K members reads K seeds' current epochs
-def _permutation(seed: int, epoch: int, n: int, device: torch.device) -> torch.Tensor:
-    return step_draws(seed, epoch, PERMUTATION_STREAM, device).permutation(n)
-
-
-def release_device_draws() -> None:
-    """Drop the cached epoch permutations: they live on the trial's device (a GPU's memory
-    would otherwise stay held by a finished trial in a reused Ray actor)."""
-    _permutation.cache_clear()
-
-
-def epoch_indices(
-    seed: int, step: int, batch_size: int, n: int, device: torch.device | str = "cpu"
-) -> torch.Tensor:
-    """Dataset indices of training batch ``step``: (batch_size,) long on ``device``.
-
-    The examples are read in epochs, each a fresh permutation of ``range(n)`` drawn from
-    (seed, epoch). Batch ``step`` takes positions ``step*B .. step*B+B-1`` of that endless
-    stream, so every example is seen exactly once per epoch and a batch that straddles an
-    epoch boundary ends one permutation and starts the next. The epochs are known on the
-    host and each permutation is made once on the device: nothing is read back.
-    """
-    device = torch.device(device)
-    start, end = step * batch_size, (step + 1) * batch_size
-    parts = []
-    for epoch in range(start // n, (end - 1) // n + 1):
-        first, last = max(start, epoch * n), min(end, (epoch + 1) * n)
-        parts.append(_permutation(seed, epoch, n, device)[first - epoch * n : last - epoch * n])
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-def split_batch(batch: Batch, batch_size: int):
-    """Consecutive batches of at most ``batch_size`` examples of ``batch`` (views, in order)."""
-    for start in range(0, len(batch), batch_size):
-        rows = slice(start, start + batch_size)
-        lengths = None if batch.lengths is None else batch.lengths[rows]
-        yield Batch(batch.x[rows], batch.y[rows], lengths)

@@ -21,6 +21,7 @@ import copy
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +29,8 @@ import torch.nn.functional as F
 from scale_fpt.config import ConfigError, TaskConfig
 from scale_fpt.keyed_random import Draws, stream_key
 from scale_fpt.seeding import seed_streams
+
+PERMUTATION_STREAM = 1
 
 EVAL_SPLITS = ("val", "test")
 """Evaluation splits: ``val`` selects, ``test`` is reported at the selected point."""
@@ -227,3 +230,42 @@ class Task(ABC):
     def test_size(self) -> int:
         """Number of examples in the test set."""
         return self.eval_size("test")
+
+
+def epoch_indices(
+    seed: int, step: int, batch_size: int, n: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Dataset indices of training batch ``step``: (batch_size,) long on ``device``.
+
+    The examples are read in epochs, each a fresh permutation of ``range(n)`` drawn from
+    (seed, epoch). Batch ``step`` takes positions ``step*B .. step*B+B-1`` of that endless
+    stream, so every example is seen exactly once per epoch and a batch that straddles an
+    epoch boundary ends one permutation and starts the next. The epochs are known on the
+    host and each permutation is made once on the device: nothing is read back.
+    """
+    device = torch.device(device)
+    start, end = step * batch_size, (step + 1) * batch_size
+    parts = []
+    for epoch in range(start // n, (end - 1) // n + 1):
+        first, last = max(start, epoch * n), min(end, (epoch + 1) * n)
+        parts.append(_permutation(seed, epoch, n, device)[first - epoch * n : last - epoch * n])
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def split_batch(batch: Batch, batch_size: int):
+    """Consecutive batches of at most ``batch_size`` examples of ``batch`` (views, in order)."""
+    for start in range(0, len(batch), batch_size):
+        rows = slice(start, start + batch_size)
+        lengths = None if batch.lengths is None else batch.lengths[rows]
+        yield Batch(batch.x[rows], batch.y[rows], lengths)
+
+
+@lru_cache(maxsize=512)  # a packed cohort of K members reads K seeds' current epochs
+def _permutation(seed: int, epoch: int, n: int, device: torch.device) -> torch.Tensor:
+    return step_draws(seed, epoch, PERMUTATION_STREAM, device).permutation(n)
+
+
+def release_device_draws() -> None:
+    """Drop the cached epoch permutations: they live on the trial's device (a GPU's memory
+    would otherwise stay held by a finished trial in a reused Ray actor)."""
+    _permutation.cache_clear()

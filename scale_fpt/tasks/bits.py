@@ -19,7 +19,7 @@ from scale_fpt.keyed_random import Draws
 from scale_fpt.tasks import split_batch
 from scale_fpt.tasks.base import Batch, Task, TaskSpec, step_draws, synthetic_eval_set
 
-# step_draws streams (PERMUTATION_STREAM = 1 in scale_fpt.tasks is not used here).
+# step_draws streams (PERMUTATION_STREAM = 1 in scale_fpt.tasks.base is not used here).
 DATA_STREAM = 0
 EVAL_STREAMS = {"test": 2, "val": 4}
 """step_draws stream of each evaluation split (independent draws even for equal seeds)."""

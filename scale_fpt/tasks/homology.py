@@ -25,8 +25,15 @@ import numpy as np
 import torch
 
 from scale_fpt.config import TaskConfig
-from scale_fpt.tasks import epoch_indices
-from scale_fpt.tasks.base import Batch, DataUnavailable, Task, TaskSpec, check_split, eval_limit
+from scale_fpt.tasks.base import (
+    Batch,
+    DataUnavailable,
+    Task,
+    TaskSpec,
+    check_split,
+    epoch_indices,
+    eval_limit,
+)
 
 DEFAULT_MAX_LENGTH = 1024
 N_FOLDS = 1195

@@ -38,13 +38,13 @@ from PIL import Image
 from scale_fpt.config import TaskConfig
 from scale_fpt.keyed_random import Draws
 from scale_fpt.seeding import seed_streams
-from scale_fpt.tasks import epoch_indices
 from scale_fpt.tasks.base import (
     Batch,
     DataUnavailable,
     Task,
     TaskSpec,
     check_split,
+    epoch_indices,
     eval_limit,
     step_draws,
 )

@@ -25,14 +25,15 @@ import numpy as np
 import torch
 
 from scale_fpt.config import ConfigError, TaskConfig
-from scale_fpt.tasks import epoch_indices, split_batch
 from scale_fpt.tasks.base import (
     Batch,
     DataUnavailable,
     Task,
     TaskSpec,
     check_split,
+    epoch_indices,
     eval_limit,
+    split_batch,
     synthetic_eval_set,
 )
 

@@ -16,8 +16,7 @@ import math
 
 import torch
 
-from scale_fpt.tasks import epoch_indices
-from scale_fpt.tasks.base import Batch, Task, stack_batches
+from scale_fpt.tasks.base import Batch, Task, epoch_indices, stack_batches
 
 POOL_BATCH = 64
 """Examples per underlying batch drawn while building the pool."""

@@ -21,8 +21,9 @@ from scale_fpt.report import published
 from scale_fpt.report.published import TASK_COLUMNS, paper_lr
 from scale_fpt.report.stats import summarize
 from scale_fpt.tasks.preprocessing import deviations
+from scale_fpt.vocabulary import Status
 
-USED_STATUSES = ("completed", "diverged")
+USED_STATUSES = (Status.COMPLETED, Status.DIVERGED)
 METRICS = ("test_accuracy", "val_accuracy", "final_test_accuracy")
 """What a table cell averages (none of them selects on test)."""
 DEFAULT_METRIC = "test_accuracy"
