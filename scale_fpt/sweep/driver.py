@@ -20,6 +20,7 @@ from scale_fpt.sweep.callbacks import (
     write_where_told,
 )
 from scale_fpt.sweep.config import CONFIRM_SUFFIX, SweepConfig, arm_label
+from scale_fpt.sweep.lock import driver_lock
 from scale_fpt.sweep.placement import (
     Devices,
     cluster_devices,
@@ -105,10 +106,18 @@ class SweepOutcome:
 
 def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
     """Run (or resume) the sweep. An interrupted run (Ctrl-C) returns with ``unfinished``
-    trials instead of raising: its rows so far are on disk, ``resume=True`` continues it."""
+    trials instead of raising: its rows so far are on disk, ``resume=True`` continues it.
+    One driver per sweep: a second one on the same results and name is refused at start-up,
+    naming the live one (``sweep.lock``)."""
     sweep.validate()
     check_sweep_storage(sweep)
     ResultsWriter(sweep.results_dir, sweep.name)  # fail now if results cannot be written
+    with driver_lock(sweep.sweep_dir):
+        return run_locked(sweep, resume)
+
+
+def run_locked(sweep: SweepConfig, resume: bool) -> SweepOutcome:
+    """``run_sweep`` once this process holds the sweep's driver lock."""
     from scale_fpt.models.backbones import scale_fpt_home
 
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
