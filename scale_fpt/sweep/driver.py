@@ -32,7 +32,12 @@ from scale_fpt.sweep.placement import (
     trial_resources,
     with_node_width,
 )
-from scale_fpt.sweep.resume import saved_unfinished, unfinished_arms, unfinished_trials
+from scale_fpt.sweep.resume import (
+    repoint_trial_generator,
+    saved_unfinished,
+    unfinished_arms,
+    unfinished_trials,
+)
 from scale_fpt.sweep.trainable import tune_members, tune_search_members, tune_trial
 from scale_fpt.trial import (
     git_sha,
@@ -198,6 +203,7 @@ def run_experiment(
     trainable = tune.with_resources(tune_search_members if sweep.search else tune_trial, resources)
     callbacks = sweep_callbacks(sweep, experiment, planned_steps(sweep, arms))
     if resume and tune.Tuner.can_restore(path):
+        repoint_trial_generator(path)  # a copied sweep generates its new trials here too
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True)
         write_where_told(tuner, sweep, callbacks)
         restore_missing_rows(callbacks[0], path)
