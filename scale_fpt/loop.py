@@ -320,17 +320,18 @@ def load_checkpoint_file(path: str | Path, allowed: Sequence[type] = ()) -> Any:
     data, and instances of the ``allowed`` classes, which must be plain records whose
     construction runs no code of the file's choosing); a file holding any other pickled
     object raises ``UnsafeCheckpointError`` naming the file and the object, and nothing of
-    it runs."""
+    it runs; bytes that are no pickle at all raise ValueError (a damaged file)."""
     try:
         with torch.serialization.safe_globals(list(allowed)):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         found = UNSAFE_GLOBAL.search(str(e))
-        what = f"a pickled {found.group(1)}" if found else "something that is not a tensor"
+        if found is None:  # bytes the loader cannot parse, nothing it refused: damaged
+            raise ValueError(f"cannot read {path}: not a torch checkpoint (damaged?)") from None
         raise UnsafeCheckpointError(
             [
-                f"refused to load {path}: it holds {what}, not only tensors and plain data "
-                "(unpickling it could run code)"
+                f"refused to load {path}: it holds a pickled {found.group(1)}, not only "
+                "tensors and plain data (unpickling it could run code)"
             ]
         ) from None
 

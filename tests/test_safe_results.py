@@ -60,6 +60,11 @@ def test_a_planted_pickle_is_refused_naming_the_file_and_runs_nothing(tmp_path):
     (line,) = str(e.value).splitlines()
     assert line.startswith(f"refused to load {tmp_path / 'weights-x.pt'}: it holds a pickled")
     assert "io.open" in line and "could run code" in line
+    # A damaged file is named as such, not as unsafe (a retry may find a good one).
+    (tmp_path / "damaged.pt").write_bytes(b"garbage, not a pickle")
+    with pytest.raises(ValueError, match="not a torch checkpoint") as e:
+        load_checkpoint_file(tmp_path / "damaged.pt")
+    assert not isinstance(e.value, UnsafeCheckpointError)
     # Tensors and plain data, what every checkpoint of this project holds, load.
     saved = {"module": {"w": torch.ones(2)}, "states": [{"step": 3, "stop_reason": None}]}
     torch.save(saved, tmp_path / "plain.pt")
