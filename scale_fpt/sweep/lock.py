@@ -65,9 +65,14 @@ def driver_lock(sweep_dir: str | Path) -> Iterator[None]:
                     "or stop it, then rerun (with --resume to continue its trials)"
                 ]
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(holder_identity()).encode(), 0)
-        os.fsync(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(holder_identity()).encode(), 0)
+            os.fsync(fd)
+        except OSError as e:
+            raise ResultsError(
+                [f"cannot write the driver lock {path}: {e.strerror or e}"]
+            ) from None
         try:
             yield
         finally:
