@@ -27,26 +27,35 @@ Checkpoints (one format for both step kinds): a directory with the step's own fi
 (``step.save``: trained tensors and optimiser state, never the frozen body, what resuming
 needs), ``weights-<trial_id>.pt`` per member (``{"module": trained tensors named as in the
 trial's own ``build_model`` module}`` at the member's selected evaluation: what the report
-rebuilds a trial from, whichever step trained it) and ``progress.pt`` (written last): format version, the members' trial ids, the
-loop position, every member's TrialState and torch's global RNG state. Resuming at an evaluation gives
-exactly the curve of an uninterrupted run (data and dropout masks are functions of
-(seed, step), not of process state).
+rebuilds a trial from, whichever step trained it) and ``progress.pt`` (written last):
+format version, the members' trial ids, the loop position, every member's TrialState and
+torch's global RNG state. Resuming at an evaluation gives exactly the curve of an
+uninterrupted run (data and dropout masks are functions of (seed, step), not of process
+state).
+
+Every file of a checkpoint holds tensors and plain data only (dicts, lists, str, int, float,
+None) and is read back with ``load_checkpoint_file``: torch's weights-only loader, which
+refuses any other pickled object, because unpickling one can run code and results folders
+travel between people and machines (``docs/security-results.md``).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import pickle
+import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from scale_fpt.config import TrainConfig
+from scale_fpt.results import ResultsError
 from scale_fpt.runtime import restore_rng, rng_state
 from scale_fpt.steps import NEVER, MemberMetrics
 from scale_fpt.tasks.base import EVAL_SPLITS
@@ -297,6 +306,36 @@ def save_checkpoint(
     torch.save(progress, os.path.join(directory, PROGRESS_FILE))
 
 
+class UnsafeCheckpointError(ResultsError):
+    """A checkpoint file that holds more than tensors and plain data: it is not read. (A
+    ResultsError: a trial resumed from it fails once instead of retrying, and the command
+    line says it in one line, exit code 2.)"""
+
+
+UNSAFE_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
+
+
+def load_checkpoint_file(path: str | Path, allowed: Sequence[type] = ()) -> Any:
+    """A checkpoint file read with torch's weights-only loader (tensors on the CPU, plain
+    data, and instances of the ``allowed`` classes, which must be plain records whose
+    construction runs no code of the file's choosing); a file holding any other pickled
+    object raises ``UnsafeCheckpointError`` naming the file and the object, and nothing of
+    it runs; bytes that are no pickle at all raise ValueError (a damaged file)."""
+    try:
+        with torch.serialization.safe_globals(list(allowed)):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = UNSAFE_GLOBAL.search(str(e))
+        if found is None:  # bytes the loader cannot parse, nothing it refused: damaged
+            raise ValueError(f"cannot read {path}: not a torch checkpoint (damaged?)") from None
+        raise UnsafeCheckpointError(
+            [
+                f"refused to load {path}: it holds a pickled {found.group(1)}, not only "
+                "tensors and plain data (unpickling it could run code)"
+            ]
+        ) from None
+
+
 def weights_file(trial_id: str) -> str:
     """The file of one member's trained weights in a checkpoint directory."""
     return f"weights-{trial_id}.pt"
@@ -311,10 +350,12 @@ def restore_checkpoint(
     if not path.exists():
         raise RuntimeError(f"no trial checkpoint in {directory}")
     try:
-        progress = torch.load(path, weights_only=False)
+        progress = load_checkpoint_file(path)
         saved_ids = progress["trial_ids"]
         if saved_ids == trial_ids:
             step.restore(directory)
+    except UnsafeCheckpointError:
+        raise  # names the file already, and it is not damaged: refused
     except Exception as e:  # unpickling/zip errors do not name the directory
         raise RuntimeError(
             f"cannot restore the trial checkpoint in {directory} (corrupt or truncated "

@@ -125,7 +125,12 @@ TRIAL_OUTCOME = [
         "the Optuna trial number of the search configuration this seed trains (null: grid)",
     ),
     ("error", pa.string(), "error text of a failed trial, else null"),
-    ("checkpoint", pa.string(), "directory of the trial's last checkpoint (trainable weights)"),
+    (
+        "checkpoint",
+        pa.string(),
+        "directory of the trial's last checkpoint (trainable weights): relative to the results "
+        "directory when it lies under it (the default storage), else absolute",
+    ),
     ("finished_at", pa.string(), "UTC time the row was written (ISO 8601)"),
     ("schema_version", pa.int64(), "version of this schema"),
 ]
@@ -248,7 +253,10 @@ class ResultsWriter:
 
     def write_trial(self, row: dict) -> None:
         path = self.root / "trials" / f"{row['trial_id']}.parquet"
-        write_atomic(table([{**row, "sweep": self.sweep}], TRIAL_SCHEMA), path)
+        checkpoint = recorded_checkpoint(row.get("checkpoint"), self.root.parent)
+        write_atomic(
+            table([{**row, "sweep": self.sweep, "checkpoint": checkpoint}], TRIAL_SCHEMA), path
+        )
 
     def curve(self, trial_id: str) -> dict[int, dict]:
         """A trial's curve rows on disk by step (read once, then kept current). A damaged
@@ -276,6 +284,30 @@ class ResultsWriter:
         path = self.root / "trials" / f"{trial_id}.parquet"
         found = read_parquet(path, TRIAL_SCHEMA) if path.exists() else None
         return found.column("status")[0].as_py() if found is not None and found.num_rows else None
+
+
+def recorded_checkpoint(path: str | os.PathLike | None, results_dir: Path) -> str | None:
+    """A checkpoint directory as a trials row records it: relative to ``results_dir`` when
+    it lies under it (the default storage ``RESULTS/_ray``, a ``--checkpoint-dir`` inside
+    the results), so a moved or copied results directory finds its own checkpoints and
+    never its original's; otherwise absolute (storage elsewhere: there is only that one)."""
+    if path is None or str(path) == "":
+        return None
+    if not os.path.isabs(path):
+        path = os.path.abspath(path)  # a --checkpoint-dir given relative to the cwd
+    for base, target in (
+        (os.path.abspath(results_dir), path),
+        (os.path.realpath(results_dir), os.path.realpath(path)),  # through symlinks
+    ):
+        if Path(target).is_relative_to(base):
+            return Path(target).relative_to(base).as_posix()
+    return str(path)
+
+
+def checkpoint_dir(recorded: str, results_dir: str | os.PathLike) -> Path:
+    """Where a trials row's ``checkpoint`` is: a relative one under ``results_dir`` (the
+    directory the rows were read from), an absolute one where it says."""
+    return Path(recorded) if os.path.isabs(recorded) else Path(results_dir) / recorded
 
 
 def read_schema_version(sweep_dir: Path):

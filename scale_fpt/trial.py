@@ -28,6 +28,7 @@ from scale_fpt.loop import (
     Evaluation,
     TrialState,
     fit,
+    load_checkpoint_file,
     restore_checkpoint,
     save_checkpoint,
     weights_file,
@@ -284,7 +285,7 @@ class TrialRun:
         for i, trial_id in enumerate(self.trial_ids):
             path = os.path.join(directory, weights_file(trial_id))
             if self.states[i].history and os.path.exists(path):  # rank 0 wrote them
-                self.selected_weights[i] = torch.load(path, weights_only=False)["module"]
+                self.selected_weights[i] = load_checkpoint_file(path)["module"]
 
     def close(self) -> None:
         self.step.close()

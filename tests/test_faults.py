@@ -559,10 +559,14 @@ def resumed_copy(local_ray, tmp_path_factory):
         base={**TINY, "max_steps": 30, "eval_every": 5},
         grid={"lr": [1e-3, 2e-3]},
         max_concurrent=1,
+        pack=1,  # two Tune trials: the second is generated after the interruption
         storage_path=str(root / "Cstore"),
     )
+    # max_concurrent 1: Tune generates the second trial only once the first has ended, so
+    # the interruption comes before it exists and the copy's resume generates it.
     outcome = interrupted_after_two_evaluations(sweep)
     in_c = directory_files(Path(sweep.results_dir))
+    in_cstore = directory_files(root / "Cstore")
     shutil.copytree(root / "Cstore", root / "Estore")
     copy = dataclasses.replace(
         sweep, results_dir=str(root / "E"), storage_path=str(root / "Estore")
@@ -573,6 +577,8 @@ def resumed_copy(local_ray, tmp_path_factory):
         outcome=outcome,
         in_c=in_c,
         in_c_after_copy=directory_files(Path(sweep.results_dir)),
+        in_cstore=in_cstore,
+        in_cstore_after_copy=directory_files(root / "Cstore"),
         copy=copy,
         copy_outcome=copy_outcome,
         copy_results=load_results(copy.results_dir, copy.name),
@@ -581,13 +587,21 @@ def resumed_copy(local_ray, tmp_path_factory):
 
 @pytest.mark.slow
 def test_resumed_copy_of_a_sweep_writes_where_the_command_says(resumed_copy):
-    """A sweep interrupted in results C with Tune storage Cstore; Cstore is copied to
-    Estore and the sweep resumed with results E and storage Estore: every trial's rows land
-    in E, complete (the steps run before the copy re-derived from Tune's log), and no file
-    under C changes (the restored Tune state names C; the resume writes to E regardless)."""
+    """A sweep interrupted in results C with Tune storage Cstore before Tune generated its
+    second trial; Cstore is copied to Estore and the sweep resumed with results E and
+    storage Estore: every trial's rows land in E, complete (the steps run before the copy
+    re-derived from Tune's log), every trial's Tune folder (the one generated during the
+    resume too) in Estore, and no file under C or Cstore changes (the restored Tune state
+    names them; the resume writes to E and Estore regardless)."""
     assert not resumed_copy.outcome.finished and resumed_copy.in_c
     assert resumed_copy.copy_outcome.finished
     assert resumed_copy.in_c_after_copy == resumed_copy.in_c
+    assert resumed_copy.in_cstore_after_copy == resumed_copy.in_cstore
+    copied = sorted(p.name for p in (resumed_copy.root / "Cstore" / "moved").glob("tune_trial_*"))
+    assert len(copied) == 1  # interrupted before the second trial existed
+    trial_dirs = sorted((resumed_copy.root / "Estore" / "moved").glob("tune_trial_*"))
+    assert len(trial_dirs) == 2 and copied[0] in [d.name for d in trial_dirs]
+    assert all((d / "result.json").stat().st_size for d in trial_dirs)
     results = resumed_copy.copy_results
     assert len(results.trials) == 2 and (results.trials["status"] == "completed").all()
     for _, curve in results.curves.groupby("trial_id"):

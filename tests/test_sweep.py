@@ -19,7 +19,7 @@ from helpers import TINY_TRIAL as TINY
 
 from scale_fpt.config import ConfigError
 from scale_fpt.recipes import load_study
-from scale_fpt.results import CURVE_SCHEMA, TRIAL_SCHEMA, load_results
+from scale_fpt.results import CURVE_SCHEMA, TRIAL_SCHEMA, checkpoint_dir, load_results
 from scale_fpt.study import study_main
 from scale_fpt.sweep import SweepConfig, trial_resources
 
@@ -236,8 +236,12 @@ def test_grid_sweep_writes_contract_rows_once(lr_grid):
     assert trials["git_sha"].str.len().min() >= 7
     assert (trials["stop_reason"] == "budget").all()
     assert set(curves["val_accuracy"].between(0, 1)) == {True}
-    # Every trial's checkpoint holds its trained weights (what the report rebuilds it from).
-    weights = trials.apply(lambda r: Path(r["checkpoint"], f"weights-{r['trial_id']}.pt"), axis=1)
+    # Every trial's checkpoint holds its trained weights (what the report rebuilds it from),
+    # recorded relative to the results directory (the default storage is inside it).
+    assert trials["checkpoint"].str.startswith("_ray/grid/").all()
+    weights = trials.apply(
+        lambda r: checkpoint_dir(r["checkpoint"], tmp_path) / f"weights-{r['trial_id']}.pt", axis=1
+    )
     assert weights.map(Path.is_file).all()
     # where each trial ran and what it asked for (no GPU here: CPU only, none assigned)
     import ray

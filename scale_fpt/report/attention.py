@@ -24,8 +24,9 @@ import pandas as pd
 import torch
 
 from scale_fpt.config import FIELD_TYPES, TrialConfig
-from scale_fpt.loop import weights_file
+from scale_fpt.loop import load_checkpoint_file, weights_file
 from scale_fpt.report.tables import SELECTION
+from scale_fpt.results import checkpoint_dir
 from scale_fpt.tasks.bits import BitMemory, BitXor
 
 ATTENTION_TASKS = ("bit-xor", "bit-memory")
@@ -83,16 +84,13 @@ def attention_shares(maps: np.ndarray, relevant: dict[int, list[int]]) -> pd.Dat
 
 def trained_weights_path(row, results_dir: str | Path | None = None) -> Path:
     """The trial's trained-weights file (``loop.weights_file``) in its ``checkpoint``
-    directory (absolute, or relative to the results directory)."""
+    directory (``results.checkpoint_dir``: a relative one under ``results_dir``, else the
+    current directory)."""
     checkpoint = row["checkpoint"]
-    bases = [Path(checkpoint)]
-    if results_dir is not None and not Path(checkpoint).is_absolute():
-        bases.append(Path(results_dir) / checkpoint)
-    name = weights_file(row["trial_id"])
-    for base in bases:
-        if (base / name).is_file():
-            return base / name
-    raise FileNotFoundError(f"no {name} under checkpoint {checkpoint}")
+    path = checkpoint_dir(checkpoint, results_dir or ".") / weights_file(row["trial_id"])
+    if not path.is_file():
+        raise FileNotFoundError(f"no {path.name} under checkpoint {checkpoint}")
+    return path
 
 
 def trial_config(row) -> TrialConfig:
@@ -118,7 +116,7 @@ def load_trial_model(row, results_dir: str | Path | None = None):
     config = trial_config(row)
     task = build_task(config.task, config.train.seed)
     built = build_model(config, task.spec, attn_implementation="eager")
-    state = torch.load(path, map_location="cpu", weights_only=False)["module"]
+    state = load_checkpoint_file(path)["module"]  # refuses anything but tensors
     wpe = "backbone.wpe.weight"
     if wpe in state:  # a packed trial keeps the task's T rows; the rows past T never train
         rows = state.pop(wpe)

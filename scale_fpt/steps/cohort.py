@@ -26,6 +26,7 @@ import os
 import torch
 
 from scale_fpt.config import ConfigError, TrialConfig, parse_finetune
+from scale_fpt.loop import load_checkpoint_file
 from scale_fpt.models import build_heads, check_positions, ops
 from scale_fpt.models.backbones import build_backbone
 from scale_fpt.models.fpt import input_dropout_p
@@ -170,7 +171,7 @@ class CohortStep:
         return self.model.member_state(member)
 
     def restore(self, directory: str) -> None:
-        payload = torch.load(os.path.join(directory, CHECKPOINT_FILE), weights_only=False)
+        payload = load_checkpoint_file(os.path.join(directory, CHECKPOINT_FILE))
         with torch.no_grad():
             for n, p in self.model.named_parameters():
                 p.copy_(payload["params"][n])

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from scale_fpt.config import ConfigError, TrainConfig
+from scale_fpt.loop import load_checkpoint_file
 from scale_fpt.models import BuiltModel, ops
 from scale_fpt.planner import ZERO_BUCKET_ELEMENTS
 from scale_fpt.runtime import (
@@ -110,6 +111,28 @@ def world_problems(train: TrainConfig, world: World) -> list[str]:
     ]
 
 
+def weights_only_checkpoint_engine(engine):
+    """DeepSpeed's torch checkpoint engine for ``engine``, reading every checkpoint file with
+    the weights-only loader (``loop.load_checkpoint_file``; DeepSpeed's own loads with
+    ``weights_only=False``, so a planted file would run its code on resume). Besides tensors
+    and plain data, DeepSpeed's optimiser states hold a few of its own plain records, allowed
+    by name: loss scalers, the ZeRO stage enum and fragment addresses (read from the files
+    of ZeRO 0-3 in fp32, bf16 and fp16 checkpoints)."""
+    from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    allowed = (LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address)
+
+    class WeightsOnlyCheckpointEngine(TorchCheckpointEngine):
+        def load(self, path: str, map_location=None):
+            # Always onto the CPU: where every load of DeepSpeed's engine maps its tensors.
+            return load_checkpoint_file(path, allowed)
+
+    return WeightsOnlyCheckpointEngine(engine._config)
+
+
 class EngineStep:
     """The step of one trial on a DeepSpeed engine (K = 1)."""
 
@@ -135,6 +158,7 @@ class EngineStep:
         self.engine, *_ = deepspeed.initialize(
             model=built.module, model_parameters=trainable, config=deepspeed_config(train)
         )
+        self.engine.checkpoint_engine = weights_only_checkpoint_engine(self.engine)
         self.dtype = DTYPES[train.precision]
         task.to(self.engine.device)  # batches are made where the engine trains
         # Each rank draws its own dropout masks (rank 0 those of a world of one): equal masks

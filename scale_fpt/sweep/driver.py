@@ -22,6 +22,7 @@ from scale_fpt.sweep.callbacks import (
 )
 from scale_fpt.sweep.config import CONFIRM_SUFFIX, SweepConfig, arm_label
 from scale_fpt.sweep.confirm import confirmation_arms, confirmation_sweep
+from scale_fpt.sweep.lock import driver_lock
 from scale_fpt.sweep.placement import (
     Devices,
     cluster_devices,
@@ -33,7 +34,12 @@ from scale_fpt.sweep.placement import (
     trial_resources,
     with_node_width,
 )
-from scale_fpt.sweep.resume import saved_unfinished, unfinished_arms, unfinished_trials
+from scale_fpt.sweep.resume import (
+    repoint_trial_generator,
+    saved_unfinished,
+    unfinished_arms,
+    unfinished_trials,
+)
 from scale_fpt.sweep.trainable import tune_members, tune_search_members, tune_trial
 from scale_fpt.trial import (
     git_sha,
@@ -108,10 +114,18 @@ class SweepOutcome:
 
 def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
     """Run (or resume) the sweep. An interrupted run (Ctrl-C) returns with ``unfinished``
-    trials instead of raising: its rows so far are on disk, ``resume=True`` continues it."""
+    trials instead of raising: its rows so far are on disk, ``resume=True`` continues it.
+    One driver per sweep: a second one on the same results and name is refused at start-up,
+    naming the live one (``sweep.lock``)."""
     sweep.validate()
     check_sweep_storage(sweep)
     ResultsWriter(sweep.results_dir, sweep.name)  # fail now if results cannot be written
+    with driver_lock(sweep.sweep_dir):
+        return run_locked(sweep, resume)
+
+
+def run_locked(sweep: SweepConfig, resume: bool) -> SweepOutcome:
+    """``run_sweep`` once this process holds the sweep's driver lock."""
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
     connect_ray(runtime_env={"env_vars": {"SCALE_FPT_HOME": str(scale_fpt_home())}})
     offer = with_node_width(sweep_gpus(sweep))
@@ -185,6 +199,7 @@ def run_experiment(
     trainable = tune.with_resources(tune_search_members if sweep.search else tune_trial, resources)
     callbacks = sweep_callbacks(sweep, experiment, planned_steps(sweep, arms))
     if resume and tune.Tuner.can_restore(path):
+        repoint_trial_generator(path)  # a copied sweep generates its new trials here too
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True)
         write_where_told(tuner, sweep, callbacks)
         restore_missing_rows(callbacks[0], path)

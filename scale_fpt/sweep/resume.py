@@ -1,9 +1,11 @@
 """How much of an interrupted sweep is left: Tune's saved experiment state and the rows on
-disk, counted for ``--resume``."""
+disk, counted for ``--resume``; and Tune's saved trial generator pointed at the storage the
+sweep resumes from."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from scale_fpt.config import parse_trial
 from scale_fpt.results import ResultsWriter
@@ -54,3 +56,61 @@ def saved_finished(path: str) -> int:
     if not os.path.exists(path):
         return 0
     return sum(t.status in ("TERMINATED", "ERROR") for t in ExperimentAnalysis(path).trials)
+
+
+GENERATOR_STATE_FILES = ("basic-variant-state-*.json", "search_gen_state-*.json")
+"""Tune's saved trial generators (a grid's variant generator, a searcher's wrapper): pickles
+holding the experiment's spec, whose storage context says where new trials go."""
+
+
+def repoint_trial_generator(experiment_path: str) -> int:
+    """Point the storage of Tune's saved trial generator in ``experiment_path`` (an
+    experiment folder on local or mounted storage) at that folder; returns the files
+    rewritten. ``Tuner.restore`` moves the trials it restores to the folder it restores
+    from, but the generator keeps the storage of the run that saved it: a copied sweep's
+    resume would put every trial Tune first generates then under the original's storage.
+    The files are Tune's own pickles, which ``Tuner.restore`` unpickles anyway."""
+    import ray.cloudpickle as cloudpickle
+    from ray.train._internal.storage import StorageContext
+
+    folder = Path(experiment_path)
+    storage_fs_path, experiment = folder.parent.as_posix(), folder.name
+    rewritten = 0
+    for pattern in GENERATOR_STATE_FILES:
+        for path in sorted(folder.glob(pattern)):
+            state = cloudpickle.loads(path.read_bytes())
+            stale = [
+                context
+                for context in reachable(state)
+                if isinstance(context, StorageContext)
+                and (context.storage_fs_path, context.experiment_dir_name)
+                != (storage_fs_path, experiment)
+            ]
+            if not stale:
+                continue
+            for context in stale:
+                context.storage_fs_path, context.experiment_dir_name = storage_fs_path, experiment
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(cloudpickle.dumps(state))
+            os.replace(tmp, path)
+            rewritten += 1
+    return rewritten
+
+
+def reachable(root) -> list:
+    """Every object reachable from ``root`` through dict values, list, tuple and set items
+    and instance attributes (each once)."""
+    seen, stack, found = set(), [root], []
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        found.append(item)
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+        elif hasattr(item, "__dict__") and not isinstance(item, type):
+            stack.extend(vars(item).values())
+    return found
