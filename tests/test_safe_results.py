@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import TINY_TRIAL
+from helpers import TINY_TRIAL
 from test_report import write
 
 from scale_fpt import cli
