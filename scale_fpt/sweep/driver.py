@@ -8,6 +8,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+from scale_fpt import analysis_plan
 from scale_fpt.cluster import GPUOffer
 from scale_fpt.config import TrialConfig
 from scale_fpt.loop import evaluation_steps
@@ -109,6 +110,7 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
     sweep.validate()
     check_sweep_storage(sweep)
     ResultsWriter(sweep.results_dir, sweep.name)  # fail now if results cannot be written
+    analysis_plan.write_plan(sweep)  # before any result: what the report will confirm
     from scale_fpt.models.backbones import scale_fpt_home
 
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
