@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
+import pandas as pd
 import pytest
 from test_report import write
 
@@ -63,6 +65,27 @@ def test_comparisons_outside_the_plan_are_exploratory(tmp_path):
         "exploratory"
     }
     assert findings["baselines"].iloc[0].startswith("chance 50%")
+
+
+def test_power_section_says_how_many_seeds_detect_a_difference(tmp_path):
+    from scale_fpt.report import stats
+    from scale_fpt.report.document import Document, power_section
+
+    writer = ResultsWriter(tmp_path, "s")
+    for seed, (pre, rnd) in enumerate([(0.9, 0.6), (0.95, 0.7), (0.85, 0.5)]):
+        write(writer, f"p{seed}", pre, seed=seed, init="pretrained")
+        write(writer, f"r{seed}", rnd, seed=seed, init="random")
+    results = load_results(tmp_path)
+    found = Comparisons.compute(results.trials, results.curves, "test_accuracy", None, {})
+    (tmp_path / "tables").mkdir()
+    power_section(Document(tmp_path), tmp_path, found, 5.0)
+    (row,) = pd.read_csv(tmp_path / "tables" / "power.csv").to_dict("records")
+    sd = np.std([30.0, 25.0, 35.0], ddof=1)
+    assert row["n pairs"] == 3 and row["SD of differences (pp)"] == pytest.approx(sd, abs=1e-3)
+    assert row["detectable at 80% power (pp)"] == pytest.approx(
+        stats.detectable_difference(sd, 3), abs=1e-3
+    )
+    assert row["seeds to detect 5 pp"] == stats.seeds_needed(sd, 5.0) > 3
 
 
 def test_html_renders_markdown_links():

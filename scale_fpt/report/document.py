@@ -447,10 +447,12 @@ def build_report(
     attention_maps: bool = True,
     attention_examples: int = 32,
     pool: bool = False,
+    seeds_for: float | None = None,
 ) -> Path:
     """Write report.md, report.html, figures/ and tables/ to ``out`` (default
     RESULTS_DIR/report); returns the path of report.md. ``pool``: every sweep's trials share
-    cells (``tables.pool_sweeps``), and the report says so at the top."""
+    cells (``tables.pool_sweeps``), and the report says so at the top. ``seeds_for`` (pp):
+    the power section also says how many seeds detect that difference."""
     results = load_results(results_dir)
     if results.trials.empty:  # e.g. every trials file damaged (each named by load_results)
         raise ResultsError([f"no readable trial rows under {results_dir}: nothing to report"])
@@ -481,6 +483,7 @@ def build_report(
     plans = analysis_plan.plans(results_dir, sweeps)
     comparisons = Comparisons.compute(trials, curves, metric, thresholds, plans)
     findings_section(doc, out, comparisons)
+    power_section(doc, out, comparisons, seeds_for)
     plan_section(doc, sweeps, plans)
     trials_section(doc, by_sweep, metric)
     limits = tables.thresholds_for(sorted(set(trials["task"])), thresholds)
@@ -721,6 +724,50 @@ def findings_section(doc: Document, out: Path, comparisons: Comparisons) -> None
     )
     doc.table(table.set_index(["task", "comparison"]))
     table.to_csv(out / "tables" / "findings.csv", index=False)
+
+
+def power_section(doc: Document, out: Path, comparisons: Comparisons, seeds_for) -> None:
+    """Per paired comparison: the observed SD of its paired differences, its n, the
+    difference it detects at 80% power and, with ``seeds_for``, the seeds that detect that
+    many pp (``stats.seeds_needed``). Always written to tables/power.csv."""
+    rows = []
+    sources = (
+        (comparisons.init, "accuracy_", "pretrained - random"),
+        (comparisons.lr, "", None),
+        (comparisons.matched, "", None),
+    )
+    for frame, prefix, contrast in sources:
+        for r in frame.to_dict("records"):
+            sd = r.get(f"{prefix}sd_diff", math.nan)
+            n = r.get(f"{prefix}n_pairs", r.get("n_pairs", r.get("n")))
+            if not (isinstance(sd, float) and sd > 0):
+                continue
+            row = {
+                "task": r["task"],
+                "comparison": contrast
+                or r["contrast"] + (f" at equal {r['match']}" if "match" in r else ""),
+                "sweep": r["sweep"],
+                "n pairs": int(n),
+                "SD of differences (pp)": round(sd, 3),
+                "detectable at 80% power (pp)": round(r[f"{prefix}detectable"], 3),
+            }
+            if seeds_for is not None:
+                needed = tables.seeds_needed(sd, seeds_for)
+                row[f"seeds to detect {seeds_for:g} pp"] = needed or "more than 10,000"
+            rows.append(row)
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return
+    doc.heading(2, "Power")
+    doc.para(
+        "For each paired comparison: the spread of its paired differences, the smallest true "
+        "difference its n pairs detect with 80% power (two-sided paired t, level 0.05) at "
+        "that spread"
+        + (f", and the seeds that detect {seeds_for:g} pp" if seeds_for is not None else "")
+        + ". `scale-fpt report RESULTS --seeds-for PP` answers for a difference of PP pp."
+    )
+    doc.table(table.set_index(["task", "comparison"]))
+    table.to_csv(out / "tables" / "power.csv", index=False)
 
 
 def plan_section(doc: Document, sweeps: list[str], plans: dict) -> None:

@@ -25,7 +25,7 @@ of display strings. Conventions, shared by every table:
   reason. Batch size is reported, not judged.
 """
 
-from scale_fpt.report.stats import ALPHA, KM_INTERVAL_MIN_SEEDS
+from scale_fpt.report.stats import ALPHA, KM_INTERVAL_MIN_SEEDS, seeds_needed
 from scale_fpt.report.tables.budgets import (
     budget_table,
     preprocessing_table,
@@ -171,6 +171,7 @@ __all__ = [
     "rank",
     "ranks",
     "reference_notes",
+    "seeds_needed",
     "selected",
     "settings_table",
     "size_order",
