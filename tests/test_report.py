@@ -323,9 +323,11 @@ def test_lr_fair_selects_each_arms_best_rate_on_validation(results):
     # +33 on the selection seeds, which chose 1e-4: no unbiased estimate without confirmation.
     assert math.isnan(full["gain_over_paper_lr"]) and "no confirmation" in full["gain_note"]
     assert full["n_search_trials"] == 4  # compute of the whole search
+    assert (full["lr_at_edge"], fpt["lr_at_edge"]) == ("lowest", "")
     text = tables.lr_text(full)
     assert text == (
-        "93.0 ± 4.2 (n=2, CI ±38.1) @ lr 0.0001 (selection seeds: no confirmation run) "
+        "93.0 ± 4.2 (n=2, CI ±38.1) @ lr 0.0001 (the lowest rate tried: the best may lie "
+        "beyond) (selection seeds: no confirmation run) "
         "(best of 2 configurations); "
         "lr 0.001: 60.0 ± 0.0 (n=2, CI ±0.0)"
     )

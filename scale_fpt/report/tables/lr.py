@@ -119,6 +119,7 @@ def lr_fair(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
             + rank(best["finetune_label"], FINETUNE_ORDER),
             best_lr=best["lr"] if group["score"].notna().any() else math.nan,
             lrs=",".join(f"{v:.3g}" for v in group["lr"].unique()),
+            lr_at_edge=edge(best["lr"], group["lr"]) if group["score"].notna().any() else "",
             n_lrs=group["lr"].nunique(),
             n_candidates=len(group),
             n_failed_candidates=int(group["score"].isna().sum()),
@@ -137,6 +138,18 @@ def lr_fair(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     ids = set(",".join(points["trial_ids"]).split(",")) | set(",".join(out["trial_ids"]).split(","))
     used = df[df["trial_id"].isin(ids) & df["used"]]
     return annotate(out, title, LR_SELECTION, used, df.iloc[:0])
+
+
+def edge(lr: float, tried: pd.Series) -> str:
+    """'lowest' or 'highest' when ``lr`` is at that end of the rates tried (the best rate may
+    lie beyond the grid or search box), else ''."""
+    if tried.nunique() < 2:
+        return ""
+    if np.isclose(lr, tried.min(), rtol=1e-9, atol=0):
+        return "lowest"
+    if np.isclose(lr, tried.max(), rtol=1e-9, atol=0):
+        return "highest"
+    return ""
 
 
 def headline_stats(df: pd.DataFrame, best: dict) -> dict:
@@ -277,6 +290,8 @@ def lr_text(cell) -> str:
     if not cell["n"]:
         return f"— {cell['note']}"
     text = cell_text(cell) + f" @ lr {cell['best_lr']:.3g}"
+    if cell.get("lr_at_edge"):
+        text += f" (the {cell['lr_at_edge']} rate tried: the best may lie beyond)"
     if cell.get("headline") == "selection seeds":
         text += " (selection seeds: no confirmation run)"
     if "," in str(cell.get("batch_sizes", "")):
