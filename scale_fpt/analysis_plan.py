@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scale_fpt.config import ConfigError
 from scale_fpt.sweep.config import CONFIRM_SUFFIX, SweepConfig
 
 PLAN_FILE = "analysis_plan.json"
@@ -107,16 +108,16 @@ def write_plan(sweep: SweepConfig) -> Path:
 
 def read_plan(sweep_dir: str | Path) -> AnalysisPlan | None:
     """The plan under ``sweep_dir`` (None when the sweep wrote none); a plan of another
-    schema version is one ``ValueError`` naming both versions."""
+    schema version is one ``ConfigError`` naming both versions (exit code 2 on the CLI)."""
     path = Path(sweep_dir) / PLAN_FILE
     if not path.exists():
         return None
     data = json.loads(path.read_text())
     if data.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(
+        raise ConfigError([
             f"{path}: analysis plan schema version {data.get('schema_version')!r}; this "
             f"scale_fpt reads version {SCHEMA_VERSION}"
-        )
+        ])  # fmt: skip
     known = {f.name for f in dataclasses.fields(AnalysisPlan)}
     return AnalysisPlan(**{k: v for k, v in data.items() if k in known})
 

@@ -88,6 +88,13 @@ def test_power_section_says_how_many_seeds_detect_a_difference(tmp_path):
     assert row["seeds to detect 5 pp"] == stats.seeds_needed(sd, 5.0) > 3
 
 
+def test_bad_seeds_for_is_one_error_before_any_work(tmp_path, capsys):
+    from scale_fpt import cli
+
+    assert cli.main(["report", str(tmp_path), "--seeds-for", "-1"]) == 2
+    assert "--seeds-for: -1.0 must be a positive difference in pp" in capsys.readouterr().err
+
+
 def test_html_renders_markdown_links():
     assert inline_html("[tables/T1.csv](tables/T1.csv) a<b") == (
         '<a href="tables/T1.csv">tables/T1.csv</a> a&lt;b'
