@@ -300,6 +300,9 @@ def table_section(doc: Document, key: str, table: pd.DataFrame, out: Path, wide_
     doc.heading(2, table.attrs["title"])
     doc.para(used_line(table))
     doc.table(wide_fn(table, text_fn))
+    baselines = baselines_line(table["task"]) if key != "T4" else ""
+    if baselines:
+        doc.para(baselines)
     if "published" in table and table["published"].notna().any():
         doc.para(
             "Published (Lu et al. 2021) beside each cell: value (Δ study - paper) where "
@@ -312,6 +315,18 @@ def table_section(doc: Document, key: str, table: pd.DataFrame, out: Path, wide_
     path = out / "tables" / f"{key}.csv"
     table.to_csv(path, index=False)
     doc.para(f"Cells in long form: [tables/{key}.csv](tables/{key}.csv).")
+
+
+def baselines_line(tasks) -> str:
+    """'Baselines (...): bit-xor chance 50% ...' of the tasks shown."""
+    known = [t for t in dict.fromkeys(tasks) if tables.baseline_text(t)]
+    return (
+        "Baselines (an accuracy at one of these means the arm did not learn): "
+        + "; ".join(f"{t} {tables.baseline_text(t)}" for t in known)
+        + "."
+        if known
+        else ""
+    )
 
 
 def save_figure(doc: Document, out: Path, name: str, fig, data: pd.DataFrame, caption: str):
