@@ -100,6 +100,10 @@ def welch_difference(a, b) -> dict:
     }
 
 
+MAX_WIDENINGS = 40
+"""Doublings of the search bracket for a noncentrality before giving up (NaN)."""
+
+
 def noncentrality_interval(t_observed: float, df: int) -> tuple[float, float]:
     """The 95% confidence interval of a noncentral t's noncentrality from one observed t
     (inverting ``scipy.stats.nct.cdf``, which falls as the noncentrality grows)."""
@@ -109,13 +113,19 @@ def noncentrality_interval(t_observed: float, df: int) -> tuple[float, float]:
             return float(np.nan_to_num(stats.nct.cdf(t_observed, df, nc), nan=0.0)) - target
 
         low, high = t_observed - 10, t_observed + 10
-        while gap(low) < 0:
-            low -= 2 * (high - low)
-        while gap(high) > 0:
-            high += 2 * (high - low)
-        return float(optimize.brentq(gap, low, high, xtol=1e-10))
+        for _ in range(MAX_WIDENINGS):
+            if gap(low) >= 0 and gap(high) <= 0:
+                return float(optimize.brentq(gap, low, high, xtol=1e-10))
+            low, high = low - (high - low), high + (high - low)
+        return math.nan  # beyond what scipy's noncentral t resolves
 
     return limit(1 - ALPHA / 2), limit(ALPHA / 2)
+
+
+def no_spread(d: np.ndarray) -> bool:
+    """Differences equal up to float rounding (0.9 - 0.8 and 0.8 - 0.7 differ in the last
+    bit): no SD to standardise by."""
+    return bool(np.allclose(d, d[0], rtol=0, atol=1e-12))
 
 
 def effect_size(d: np.ndarray) -> dict:
@@ -124,9 +134,9 @@ def effect_size(d: np.ndarray) -> dict:
     differences), so the interval of δ is that of the noncentrality over √n. NaN below two
     pairs or when the differences do not vary."""
     n = len(d)
-    sd = float(d.std(ddof=1)) if n > 1 else math.nan
-    if n < 2 or not sd > 0:
+    if n < 2 or no_spread(d):
         return {"d_z": math.nan, "d_z_low": math.nan, "d_z_high": math.nan}
+    sd = float(d.std(ddof=1))
     t_observed = float(d.mean()) / sd * math.sqrt(n)
     low, high = noncentrality_interval(t_observed, n - 1)
     return {"d_z": t_observed / math.sqrt(n), "d_z_low": low / math.sqrt(n),
@@ -170,7 +180,7 @@ def paired_difference(a: dict, b: dict) -> dict:
         "n": n,
         "seeds": seeds,
         "p_t": math.nan,
-        "sd_diff": float(d.std(ddof=1)) if n > 1 else math.nan,
+        "sd_diff": float(d.std(ddof=1)) if n > 1 and not no_spread(d) else math.nan,
         **effect_size(d),
         "p_sign_flip": math.nan,
         "p_sign_flip_min": smallest_sign_flip_p(n),
@@ -178,7 +188,7 @@ def paired_difference(a: dict, b: dict) -> dict:
     out["detectable"] = detectable_difference(out["sd_diff"], n)
     if n < 2:
         return {**out, **interval(diff, math.nan, math.nan)}
-    if np.allclose(d, d[0], rtol=0, atol=1e-12):  # differences equal up to float rounding
+    if no_spread(d):
         out.update(interval(diff, diff, diff))
     else:
         test = stats.ttest_rel(x, y)
