@@ -109,8 +109,11 @@ def noncentrality_interval(t_observed: float, df: int) -> tuple[float, float]:
     (inverting ``scipy.stats.nct.cdf``, which falls as the noncentrality grows)."""
 
     def limit(target: float) -> float:
-        def gap(nc: float) -> float:  # scipy's nct is NaN far in the tail, where cdf -> 0
-            return float(np.nan_to_num(stats.nct.cdf(t_observed, df, nc), nan=0.0)) - target
+        def gap(nc: float) -> float:
+            cdf = stats.nct.cdf(t_observed, df, nc)
+            if math.isnan(cdf):  # scipy's nct is NaN far in a tail: 1 below t, 0 above
+                cdf = 1.0 if nc < t_observed else 0.0
+            return float(cdf) - target
 
         low, high = t_observed - 10, t_observed + 10
         for _ in range(MAX_WIDENINGS):
