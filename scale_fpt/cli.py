@@ -155,6 +155,14 @@ def build_parser() -> Parser:
         help="pool the trials of every sweep into shared cells (default: a sweep's trials are "
         "never pooled with another's; pooled seeds may repeat and share random streams)",
     )
+    report.add_argument(
+        "--seeds-for",
+        type=float,
+        default=None,
+        metavar="PP",
+        help="also say, for every comparison, how many seeds detect a difference of PP "
+        "percentage points at 80%% power from the results' paired spread (a pilot's)",
+    )
     return parser
 
 

@@ -68,7 +68,7 @@ def test_the_study_summary_is_per_learning_rate_and_its_finding_is_paired(tmp_pa
         "bit-xor (gpt2-tiny, fpt, lr 0.001, 2,000-step budget, threshold 0.9): pretrained - "
         "random, paired over 3 shared seeds: accuracy +14.3 pp [95% CI "
     )
-    assert "Kaplan-Meier median [95% CI] 400 [400, not reached] vs not reached" in finding
+    assert "Kaplan-Meier median 400 vs not reached" in finding
 
 
 def test_precision_batch_size_and_protocol_are_judged_against_the_paper():
@@ -103,6 +103,22 @@ def test_learning_curves_are_validation_curves_with_t_interval_bands(tmp_path):
     assert (at_200["ci_low"], at_200["ci_high"]) == (pytest.approx(low), pytest.approx(high))
 
 
+def test_learning_curve_means_keep_seeds_that_ended_early(tmp_path):
+    """Seed 0 diverged at step 200 at 50%; the others reach 95% at 300. At step 400 the
+    mean is over all three (50 carried), not the two survivors' 95."""
+    from scale_fpt.report import figures
+
+    writer = ResultsWriter(tmp_path, "s")
+    write(writer, "t0", 0.5, seed=0, hit=0, max_steps=400, status="diverged", steps_done=200)
+    for seed in (1, 2):
+        write(writer, f"t{seed}", 0.95, seed=seed, hit=300, max_steps=400)
+    results = load_results(tmp_path)
+    _, data = figures.learning_curves_figure(results.trials, results.curves, "bit-xor")
+    at_400 = data[data["step"] == 400].iloc[0]
+    assert (at_400["n"], at_400["n_carried"]) == (3, 1)
+    assert at_400["mean"] == pytest.approx((50 + 95 + 95) / 3)
+
+
 def test_compute_and_examples_matched_differences(tmp_path):
     """fpt costs 1 FLOP a step, full 2: at fpt's 400 FLOPs full is cut at step 200, where
     seed 2 (threshold at step 300) still scores 50; with equal batches, examples match at
@@ -123,6 +139,45 @@ def test_compute_and_examples_matched_differences(tmp_path):
     assert matched_text(flops).startswith("full - fpt at 400 FLOPs: -15.0 pp [95% CI ")
     (examples,) = matched_differences(results.trials, results.curves, "examples").to_dict("records")
     assert examples["horizon"] == 400 * 16 and examples["diff"] == 0
+
+
+def test_full_minus_fpt_is_matched_within_each_init(tmp_path):
+    """Pretrained: full beats fpt by 45 pp; random: fpt beats full by 45 pp. Two rows, each
+    paired over its own 3 seeds, never one pooled row where an init overwrites the other."""
+    from scale_fpt.report.tables.matched import matched_differences
+
+    writer = ResultsWriter(tmp_path, "s")
+    for seed in range(3):
+        for init, (fpt_hit, full_hit) in {"pretrained": (0, 100), "random": (100, 0)}.items():
+            common = {"seed": seed, "init": init, "max_steps": 400, "flops_per_step": 1.0}
+            write(writer, f"{init}-fpt{seed}", 0.5, hit=fpt_hit, **common)
+            write(writer, f"{init}-full{seed}", 0.5, hit=full_hit, finetune="full", **common)
+    results = load_results(tmp_path)
+    rows = matched_differences(results.trials, results.curves, "flops")
+    full = rows[rows["contrast"] == "full - fpt"].set_index("init")
+    assert sorted(full.index) == ["pretrained", "random"]
+    assert full.loc["pretrained", "diff"] == pytest.approx(45)
+    assert full.loc["random", "diff"] == pytest.approx(-45)
+    assert set(full["n_pairs"]) == {3}
+
+
+def test_one_early_diverged_trial_does_not_set_the_matched_horizon(tmp_path):
+    """fpt seed 0 diverged at step 100; the others reach the threshold at step 300. The
+    horizon stays the budget (400 FLOPs), not the diverged trial's 100."""
+    from scale_fpt.report.tables.matched import matched_differences
+
+    writer = ResultsWriter(tmp_path, "s")
+    for seed in range(3):
+        common = {"seed": seed, "max_steps": 400, "flops_per_step": 1.0}
+        if seed == 0:
+            write(writer, "fpt0", 0.5, hit=300, status="diverged", steps_done=100, **common)
+        else:
+            write(writer, f"fpt{seed}", 0.95, hit=300, **common)
+        write(writer, f"full{seed}", 0.95, hit=300, finetune="full", **common)
+    results = load_results(tmp_path)
+    (row,) = matched_differences(results.trials, results.curves, "flops").to_dict("records")
+    assert row["horizon"] == 400 and row["mean_a"] == pytest.approx(95)
+    assert row["mean_b"] == pytest.approx((50 + 95 + 95) / 3)
 
 
 def test_steps_to_threshold_use_each_tasks_threshold_when_curves_are_given(tmp_path):

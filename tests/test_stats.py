@@ -41,13 +41,44 @@ def test_paired_difference_pairs_on_shared_seeds():
     assert d["diff"] == pytest.approx(0.106)
     assert (d["ci_low"], d["ci_high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
     assert d["p_t"] == pytest.approx(sp.ttest_rel(x, y).pvalue)
-    # Five positive differences: the exact two-sided signed-rank p is 2 / 2^5.
-    assert d["p_wilcoxon"] == pytest.approx(2 / 32)
-    # Hedges' g by hand: pooled std of the two arms, times J = 1 - 3 / (4 * 8 - 1).
-    pooled = math.sqrt((x.var(ddof=1) + y.var(ddof=1)) / 2)
-    assert d["g"] == pytest.approx((x.mean() - y.mean()) / pooled * (1 - 3 / 31))
-    assert d["g_low"] < d["g"] < d["g_high"]
-    assert stats.paired_difference(PRE, RND) == d  # the bootstrap is seeded: same report
+    # Five positive differences: the exact two-sided sign-flip p is 2 / 2^5, its least.
+    assert d["p_sign_flip"] == pytest.approx(2 / 32) == d["p_sign_flip_min"]
+    # d_z: the mean difference over the SD of the differences (not the arms' pooled SD).
+    diffs = x - y
+    assert d["sd_diff"] == pytest.approx(diffs.std(ddof=1))
+    assert d["d_z"] == pytest.approx(diffs.mean() / diffs.std(ddof=1))
+    # Its exact interval: the noncentralities at which the observed t is the 97.5% and
+    # 2.5% quantile of the noncentral t, over sqrt(n).
+    t_obs = d["d_z"] * math.sqrt(5)
+    assert sp.nct.cdf(t_obs, 4, d["d_z_low"] * math.sqrt(5)) == pytest.approx(0.975)
+    assert sp.nct.cdf(t_obs, 4, d["d_z_high"] * math.sqrt(5)) == pytest.approx(0.025)
+    assert stats.paired_difference(PRE, RND) == d
+
+
+def test_d_z_is_standardised_by_the_paired_sd():
+    """Arms far apart in level but moving together seed by seed: the arms' pooled SD is
+    large (Hedges' g 0.19), the differences' SD small (d_z 8.1)."""
+    a = {0: 60.0, 1: 70.0, 2: 80.0}
+    b = {0: 57.5, 1: 68.0, 2: 77.5}
+    d = stats.paired_difference(a, b)
+    assert d["d_z"] == pytest.approx(np.mean([2.5, 2.0, 2.5]) / np.std([2.5, 2.0, 2.5], ddof=1))
+    assert d["d_z"] > 8 and d["d_z_low"] > 0
+
+
+def test_sign_flip_p_cannot_go_below_its_least_at_three_pairs():
+    d = stats.paired_difference({0: 9.0, 1: 9.5, 2: 10.0}, {0: 0.0, 1: 0.0, 2: 0.0})
+    assert d["p_sign_flip"] == 0.25 == d["p_sign_flip_min"]
+    assert stats.smallest_sign_flip_p(6) == pytest.approx(2 / 64)
+
+
+def test_detectable_difference_and_seeds_needed_from_paired_t_power():
+    """The effect the paired t-test detects with 80% power at 10 pairs is 0.9965 SD (the
+    value power tables give: two-sided 0.05); at 3 pairs 3.26 SD."""
+    assert stats.detectable_difference(1.0, 10) == pytest.approx(0.9965, abs=1e-3)
+    assert stats.detectable_difference(2.0, 3) == pytest.approx(2 * 3.264, abs=1e-2)
+    assert stats.paired_t_power(stats.detectable_difference(1.0, 4), 4) == pytest.approx(0.8)
+    assert stats.seeds_needed(1.0, 1.0) == 10 and stats.seeds_needed(2.0, 6.6) == 3
+    assert math.isnan(stats.detectable_difference(1.0, 1))
 
 
 def test_paired_interval_is_narrower_than_welchs_when_seeds_share_streams():
@@ -62,9 +93,9 @@ def test_paired_difference_with_too_few_or_identical_pairs():
     assert one["n"] == 1 and one["diff"] == pytest.approx(0.4) and math.isnan(one["ci95"])
     same = stats.paired_difference({0: 0.9, 1: 0.8, 2: 0.7}, {0: 0.8, 1: 0.7, 2: 0.6})
     assert same["ci95"] == 0 and same["diff"] == pytest.approx(0.1)
-    assert math.isnan(same["g_low"])  # three pairs: no bootstrap interval
+    assert math.isnan(same["d_z"])  # no spread: no standardised effect
     zero = stats.paired_difference({0: 0.5, 1: 0.6}, {0: 0.5, 1: 0.6})
-    assert math.isnan(zero["p_wilcoxon"]) and zero["diff"] == 0
+    assert math.isnan(zero["p_sign_flip"]) and zero["diff"] == 0
 
 
 def test_benjamini_hochberg_is_scipys_and_skips_nan():
@@ -93,10 +124,30 @@ def test_kaplan_meier_median_with_censored_seeds():
     assert stats.steps_survival([2000, 2000], [False, False])["events"] == 0
 
 
-def test_logrank_is_scipys():
+def test_diverged_and_patience_stopped_seeds_never_reach_the_threshold():
+    """One seed reaches the threshold at 1,000 and two diverge: censored at their last step
+    they would leave the risk set and the median would read 1,000; they never reach it."""
+    km = stats.steps_survival([1000, 300, 200], [True, False, False], never=[False, True, True])
+    assert km["median"] == math.inf and (km["events"], km["never"]) == (1, 2)
+    # Seeds that ran their whole budget are censored there as before.
+    assert stats.steps_survival([1000, 300, 200], [True, False, False])["median"] == 1000
+
+
+def test_logrank_statistic_is_scipys_and_its_p_is_the_exact_permutation_p():
+    """3 vs 3 seeds, every pretrained seed faster: the asymptotic p is 0.025, but only 2 of
+    the 20 relabellings are as extreme, so the exact p is 0.1 (its least possible)."""
     a = ([100, 200, 300], [True, True, True])
     b = ([2000, 2000, 2000], [False, False, False])
     test = stats.steps_logrank(*a, *b)
     expected = sp.logrank(sp.CensoredData(uncensored=a[0]), sp.CensoredData(right=b[0]))
-    assert test["p"] == pytest.approx(expected.pvalue) and test["p"] < 0.05
+    assert test["statistic"] == pytest.approx(expected.statistic)
+    assert test["p_asymptotic"] == pytest.approx(expected.pvalue)
+    assert test["p_asymptotic"] < 0.05
+    assert test["p"] == pytest.approx(0.1) == test["p_min"]
     assert math.isnan(stats.steps_logrank(*b, *b)["p"])
+    mixed = ([100, 250, 300, 900], [True, True, True, False]), ([200, 2000, 700], [1, 0, 1])
+    scipys = sp.logrank(
+        sp.CensoredData(uncensored=[100, 250, 300], right=[900]),
+        sp.CensoredData(uncensored=[200, 700], right=[2000]),
+    )
+    assert stats.steps_logrank(*mixed[0], *mixed[1])["statistic"] == pytest.approx(scipys.statistic)

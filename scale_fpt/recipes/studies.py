@@ -94,7 +94,7 @@ Presets:
     local  gpt2-tiny, language-pretrained (built locally on first use) vs random, frozen
            (fpt), on bit-xor, bit-memory and ListOps (expressions cut to 128 tokens), 3 seeds;
            prints pretrained - random on each task (accuracy and steps to the threshold)
-           with a 95% Welch interval over the seeds.
+           paired on the seeds (paired-t 95% interval; exact log-rank p).
     paper  gpt2, gpt2-medium, gpt2-large, pretrained vs random, frozen, all seven tasks,
            3 seeds, the paper's optimiser settings (Adam 1e-3, 1e-4 for homology).
 Narrow either with --tasks/--models/--inits/--seeds/--steps (see --help).""",

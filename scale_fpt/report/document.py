@@ -19,15 +19,18 @@ import dataclasses
 import datetime
 import html
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from scale_fpt import analysis_plan
 from scale_fpt.config import ConfigError
 from scale_fpt.report import attention, figures, scaling_section, tables
 from scale_fpt.report.published import TASK_TITLES
+from scale_fpt.report.tables.families import EXPLORATORY, adjust_in_families
 from scale_fpt.results import ResultsError, load_results
 
 MAX_LISTED_IDS = 30
@@ -85,9 +88,9 @@ class Document:
             if kind == "heading":
                 out.append(f"<h{payload[0]}>{html.escape(payload[1])}</h{payload[0]}>")
             elif kind == "para":
-                out.append(f"<p>{html.escape(payload)}</p>")
+                out.append(f"<p>{inline_html(payload)}</p>")
             elif kind == "bullets":
-                items = "".join(f"<li>{html.escape(i)}</li>" for i in payload)
+                items = "".join(f"<li>{inline_html(i)}</li>" for i in payload)
                 out.append(f"<ul>{items}</ul>")
             elif kind == "table":
                 out.append(html_table(payload))
@@ -99,6 +102,19 @@ class Document:
                     f"<figcaption>{html.escape(caption)}</figcaption></figure>"
                 )
         return "\n".join(out) + "</body></html>\n"
+
+
+LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
+BOLD = re.compile(r"\*\*(.+?)\*\*")
+CODE = re.compile(r"`([^`]+)`")
+
+
+def inline_html(text: str) -> str:
+    """A paragraph's Markdown links, **bold** and `code` as HTML, everything else escaped."""
+    out = html.escape(text, quote=False)
+    out = LINK.sub(lambda m: f'<a href="{html.escape(m[2])}">{m[1]}</a>', out)
+    out = BOLD.sub(r"<strong>\1</strong>", out)
+    return CODE.sub(r"<code>\1</code>", out)
 
 
 def rows_of(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
@@ -210,11 +226,17 @@ def conventions(doc: Document, metric: str, thresholds: dict) -> None:
             "--pool (and then it says so at the top).",
             "Differences between arms (pretrained - random; full - fpt in the LR-fair "
             "differences) are paired on the seeds both arms ran (a seed gives both the same "
-            "heads, data and dropout streams): paired-t 95% interval, paired t and Wilcoxon "
-            "signed-rank p-values, Hedges' g with a bootstrap interval; Welch where no seed is "
-            "shared. Each table's p-values are one family, Benjamini-Hochberg adjusted. Steps "
-            "to threshold are censored data (unreached seeds at their last step): Kaplan-Meier "
-            "medians with 95% intervals and the log-rank test.",
+            "heads, data and dropout streams): paired-t 95% interval and p, d_z (mean "
+            "difference / SD of the differences) with its exact noncentral-t interval, the "
+            "exact sign-flip p only where its n can reach 0.05, and the smallest difference "
+            "the n detects at 80% power; Welch where no seed is shared. Each table's p-values "
+            "are one family, Benjamini-Hochberg adjusted. Steps to threshold are censored "
+            "data: a seed that ran its budget without reaching it is censored at its last "
+            "step, one that diverged or stopped on patience never reaches it; Kaplan-Meier "
+            "medians (with a 95% interval from "
+            f"{tables.KM_INTERVAL_MIN_SEEDS} seeds an arm, where it is calibrated) and the "
+            "log-rank test with its exact permutation p (at 3 + 3 seeds it cannot go below "
+            "0.1).",
             "Paper tables use one learning rate per arm: where an arm was run at several (an "
             "LR search), only the paper's rate (1e-3; 1e-4 homology) is used there; the "
             "LR-fair table compares every searched arm at its own best rate.",
@@ -278,6 +300,9 @@ def table_section(doc: Document, key: str, table: pd.DataFrame, out: Path, wide_
     doc.heading(2, table.attrs["title"])
     doc.para(used_line(table))
     doc.table(wide_fn(table, text_fn))
+    baselines = baselines_line(table["task"]) if key != "T4" else ""
+    if baselines:
+        doc.para(baselines)
     if "published" in table and table["published"].notna().any():
         doc.para(
             "Published (Lu et al. 2021) beside each cell: value (Δ study - paper) where "
@@ -290,6 +315,18 @@ def table_section(doc: Document, key: str, table: pd.DataFrame, out: Path, wide_
     path = out / "tables" / f"{key}.csv"
     table.to_csv(path, index=False)
     doc.para(f"Cells in long form: [tables/{key}.csv](tables/{key}.csv).")
+
+
+def baselines_line(tasks) -> str:
+    """'Baselines (...): bit-xor chance 50% ...' of the tasks shown."""
+    known = [t for t in dict.fromkeys(tasks) if tables.baseline_text(t)]
+    return (
+        "Baselines (an accuracy at one of these means the arm did not learn): "
+        + "; ".join(f"{t} {tables.baseline_text(t)}" for t in known)
+        + "."
+        if known
+        else ""
+    )
 
 
 def save_figure(doc: Document, out: Path, name: str, fig, data: pd.DataFrame, caption: str):
@@ -315,12 +352,22 @@ def figures_section(doc, out, trials, curves, t4, metric) -> None:
                 f"curves_{task}",
                 fig,
                 data,
-                f"Validation curves on {TASK_TITLES.get(task, task)}: mean and 95% interval "
-                "over seeds (n per arm in the legend)",
+                f"Validation curves on {TASK_TITLES.get(task, task)}: every seed (thin), mean "
+                "and 95% interval over seeds (n per arm in the legend); a seed that ended early "
+                "(diverged, patience) is carried at its last value (dotted), so the mean never "
+                "drops it (n_carried per step in the CSV)",
             )
     fig, data = figures.lr_figure(trials, metric)
     if len(data):
-        save_figure(doc, out, "lr", fig, data, "Best test accuracy vs learning rate (LR searches)")
+        save_figure(
+            doc,
+            out,
+            "lr",
+            fig,
+            data,
+            "Validation selection score (mean best validation accuracy over the selection "
+            "seeds) vs learning rate (LR searches); star: each arm's chosen rate",
+        )
     if len(t4):
         fig, data = figures.steps_figure(t4)
         if len(data):
@@ -415,10 +462,12 @@ def build_report(
     attention_maps: bool = True,
     attention_examples: int = 32,
     pool: bool = False,
+    seeds_for: float | None = None,
 ) -> Path:
     """Write report.md, report.html, figures/ and tables/ to ``out`` (default
     RESULTS_DIR/report); returns the path of report.md. ``pool``: every sweep's trials share
-    cells (``tables.pool_sweeps``), and the report says so at the top."""
+    cells (``tables.pool_sweeps``), and the report says so at the top. ``seeds_for`` (pp):
+    the power section also says how many seeds detect that difference."""
     results = load_results(results_dir)
     if results.trials.empty:  # e.g. every trials file damaged (each named by load_results)
         raise ResultsError([f"no readable trial rows under {results_dir}: nothing to report"])
@@ -446,6 +495,11 @@ def build_report(
             "same seed shares every random stream), so a pooled cell's n counts trials, not "
             "independent seeds, and its interval is too narrow by an unknown amount."
         )
+    plans = analysis_plan.plans(results_dir, sweeps)
+    comparisons = Comparisons.compute(trials, curves, metric, thresholds, plans)
+    findings_section(doc, out, comparisons)
+    power_section(doc, out, comparisons, seeds_for)
+    plan_section(doc, sweeps, plans)
     trials_section(doc, by_sweep, metric)
     limits = tables.thresholds_for(sorted(set(trials["task"])), thresholds)
     conventions(doc, metric, limits)
@@ -481,7 +535,7 @@ def build_report(
             table_section(doc, key, table, out, tables.wide, tables.lr_text)
         else:
             table_section(doc, key, table, out, tables.wide, tables.cell_text)
-    contrasts = tables.lr_differences(trials, metric)
+    contrasts = comparisons.lr
     if not contrasts.empty:
         frame_section(
             doc,
@@ -489,13 +543,15 @@ def build_report(
             "LR-fair differences",
             "full - fpt and pretrained - random, each arm at its own best learning rate, on "
             "the headline seeds (confirmation seeds where run), paired on the seeds both arms "
-            "ran: mean difference (percentage points) with its paired-t 95% interval, paired "
-            "t and Wilcoxon signed-rank p-values, Benjamini-Hochberg adjusted over the rows "
-            "of this table, and Hedges' g with a bootstrap 95% interval (5 pairs or more).",
+            "ran: mean difference (percentage points) with its paired-t 95% interval, the "
+            "paired t p-value Benjamini-Hochberg adjusted over the rows of this table, d_z "
+            "(mean difference / SD of the differences) with its exact noncentral-t interval, "
+            "the exact sign-flip p where its n can reach 0.05 (6 pairs or more), and the "
+            "smallest difference the n pairs detect at 80% power from their observed SD.",
             contrasts_display(contrasts),
             ["task", "contrast"],
         )
-    differences = tables.init_difference(trials, metric, curves, thresholds)
+    differences = comparisons.init
     if not differences.empty:
         frame_section(
             doc,
@@ -504,7 +560,7 @@ def build_report(
             "Each setting run with both inits: the accuracy difference paired on shared "
             "seeds (Welch where none is shared), p-values Benjamini-Hochberg adjusted over "
             "this table, and steps to each task's threshold as censored data (Kaplan-Meier "
-            "medians with 95% intervals, log-rank test).",
+            "medians, exact log-rank test).",
             pd.DataFrame(
                 {
                     "task": differences["task"],
@@ -518,11 +574,14 @@ def build_report(
                     "pretrained - random": [
                         tables.difference_text(r) for r in differences.to_dict("records")
                     ],
+                    "family (accuracy; steps)": differences["accuracy_family"]
+                    + "; "
+                    + differences["steps_family"],
                 }
             ),
             ["task", "setting"],
         )
-    matched_section(doc, out, trials, curves)
+    matched_section(doc, out, comparisons.matched)
     if absent:
         doc.heading(2, "Tables these results cannot fill")
         doc.bullets(absent)
@@ -545,13 +604,10 @@ def frame_section(doc, out: Path, title: str, text: str, frame: pd.DataFrame, in
     frame.to_csv(out / "tables" / f"{title.lower()}.csv", index=False)
 
 
-def matched_section(doc: Document, out: Path, trials: pd.DataFrame, curves: pd.DataFrame) -> None:
+def matched_section(doc: Document, out: Path, matched: pd.DataFrame) -> None:
     """full - fpt and pretrained - random at equal FLOPs and at equal examples seen."""
-    frames = [tables.matched_differences(trials, curves, match) for match in ("flops", "examples")]
-    frames = [f for f in frames if not f.empty]
-    if not frames:
+    if matched.empty:
         return
-    matched = pd.concat(frames, ignore_index=True)
     shown = pd.DataFrame(
         {
             "task": matched["task"],
@@ -559,6 +615,7 @@ def matched_section(doc: Document, out: Path, trials: pd.DataFrame, curves: pd.D
             "sweep": matched["sweep"],
             "lr": matched["lr"].map(lambda v: f"{v:g}"),
             "comparison": [tables.matched_text(row) for row in matched.to_dict("records")],
+            "family": matched["family"],
             "means (a / b)": [
                 f"{a:.1f} / {b:.1f}"
                 for a, b in zip(matched["mean_a"], matched["mean_b"], strict=True)
@@ -579,36 +636,203 @@ def matched_section(doc: Document, out: Path, trials: pd.DataFrame, curves: pd.D
     )
 
 
+def sign_flip_text(p: float, least: float, n: int) -> str:
+    """The exact sign-flip p, or why it is not shown (its least value is above 0.05)."""
+    if not np.isfinite(least) or not n:
+        return ""
+    if least >= tables.ALPHA:
+        return f"— (least possible {least:.2g} at {n} pairs)"
+    return f"{p:.3g}"
+
+
+@dataclass
+class Comparisons:
+    """Every comparison the report prints, with p-values adjusted in the families the
+    analysis plans declared (``tables.families``)."""
+
+    init: pd.DataFrame
+    lr: pd.DataFrame
+    matched: pd.DataFrame
+
+    @classmethod
+    def compute(cls, trials, curves, metric, thresholds, plans) -> Comparisons:
+        init = tables.init_difference(trials, metric, curves, thresholds)
+        contrast = "pretrained - random"
+        init = adjust_in_families(init, plans, "accuracy", "accuracy_p", contrast,
+                                  "accuracy_family")  # fmt: skip
+        init = adjust_in_families(init, plans, "steps to threshold", "steps_logrank_p",
+                                  contrast, "steps_family")  # fmt: skip
+        lr = adjust_in_families(tables.lr_differences(trials, metric), plans, "accuracy",
+                                "p_t", "contrast", "family")  # fmt: skip
+        frames = [tables.matched_differences(trials, curves, m) for m in ("flops", "examples")]
+        frames = [f for f in frames if not f.empty]
+        matched = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        matched = adjust_in_families(matched, plans, "matched budgets", "p", "contrast", "family")
+        return cls(init, lr, matched)
+
+    def findings(self) -> pd.DataFrame:
+        """One row per accuracy comparison: what, difference [95% CI], n, p (BH within its
+        family), the difference its n detects at 80% power, planned or exploratory."""
+        rows = []
+        for r in self.init.to_dict("records"):
+            rows.append(finding(r, INIT_KEYS, "pretrained - random", r["accuracy_family"],
+                                f"{r['model']} · {r['finetune_label']} · lr {r['lr']:g}"))  # fmt: skip
+        for r in self.lr.to_dict("records"):
+            rows.append(finding(r, LR_KEYS, f"{r['contrast']} (each at its best lr)", r["family"],
+                                f"{r['model']} · {r['headline']}", r.get("note", "")))  # fmt: skip
+        for r in self.matched.to_dict("records"):
+            rows.append(finding(r, MATCHED_KEYS, f"{r['contrast']} at equal {r['match']}", r["family"],
+                                f"{r['model']} · lr {r['lr']:g}"))  # fmt: skip
+        return pd.DataFrame(rows)
+
+
+def finding(row: dict, keys: dict, contrast: str, family: str, setting: str, note="") -> dict:
+    """A row of the findings: ``keys`` maps diff, ci_low, ci_high, n, p, p_adjusted and
+    detectable to ``row``'s columns."""
+
+    def get(key):
+        value = row.get(keys.get(key, key), math.nan)
+        return math.nan if value is None else float(value)
+
+    p, n = get("p"), get("n")
+    return {
+        "task": row["task"],
+        "comparison": contrast,
+        "setting": f"{setting} · {row['sweep']}",
+        "difference (pp) [95% CI]": (
+            f"{get('diff'):+.1f} [{get('ci_low'):+.1f}, {get('ci_high'):+.1f}]"
+            if math.isfinite(get("diff"))
+            else "—"
+        ),
+        "n": int(n) if math.isfinite(n) else "",
+        "p (BH)": f"{p:.2g} ({get('p_adjusted'):.2g})" if math.isfinite(p) else "—",
+        "detectable at 80% power (pp)": (
+            f"{get('detectable'):.2g}" if math.isfinite(get("detectable")) else "—"
+        ),
+        "baselines": tables.baseline_text(row["task"]),
+        "status": "exploratory" if family == EXPLORATORY else "planned",
+        "note": note,
+    }
+
+
+INIT_KEYS = {k: f"accuracy_{k}" for k in ("diff", "ci_low", "ci_high", "p", "p_adjusted",
+                                           "detectable")} | {"n": "accuracy_n_pairs"}  # fmt: skip
+LR_KEYS = {"p": "p_t", "p_adjusted": "p_t_adjusted"}
+MATCHED_KEYS = {"n": "n_pairs"}
+
+
+def findings_section(doc: Document, out: Path, comparisons: Comparisons) -> None:
+    doc.heading(2, "Findings")
+    table = comparisons.findings()
+    if table.empty:
+        doc.para("No two arms of these results can be compared (no setting ran both inits, "
+                 "or full and fpt, on shared seeds).")  # fmt: skip
+        return
+    doc.para(
+        "Each comparison of arms: the accuracy difference (percentage points, test accuracy "
+        "at each seed's best-validation step) with its 95% interval, the seeds it rests on, "
+        "the paired t p-value with its Benjamini-Hochberg adjustment within the family the "
+        "analysis plan declared, and the smallest difference its n detects with 80% power "
+        "at the observed spread of the paired differences: a difference below it is not "
+        "evidence of no effect. 'exploratory': outside the sweep's analysis plan. A task's "
+        "accuracy at one of its baselines means the arm did not learn."
+    )
+    doc.table(table.set_index(["task", "comparison"]))
+    table.to_csv(out / "tables" / "findings.csv", index=False)
+
+
+def power_section(doc: Document, out: Path, comparisons: Comparisons, seeds_for) -> None:
+    """Per paired comparison: the observed SD of its paired differences, its n, the
+    difference it detects at 80% power and, with ``seeds_for``, the seeds that detect that
+    many pp (``stats.seeds_needed``). Always written to tables/power.csv."""
+    rows = []
+    sources = (
+        (comparisons.init, "accuracy_", "pretrained - random"),
+        (comparisons.lr, "", None),
+        (comparisons.matched, "", None),
+    )
+    for frame, prefix, contrast in sources:
+        for r in frame.to_dict("records"):
+            sd = r.get(f"{prefix}sd_diff", math.nan)
+            n = r.get(f"{prefix}n_pairs", r.get("n_pairs", r.get("n")))
+            if not (isinstance(sd, float) and sd > 0):
+                continue
+            row = {
+                "task": r["task"],
+                "comparison": contrast
+                or r["contrast"] + (f" at equal {r['match']}" if "match" in r else ""),
+                "sweep": r["sweep"],
+                "n pairs": int(n),
+                "SD of differences (pp)": round(sd, 3),
+                "detectable at 80% power (pp)": round(r[f"{prefix}detectable"], 3),
+            }
+            if seeds_for is not None:
+                needed = tables.seeds_needed(sd, seeds_for)
+                row[f"seeds to detect {seeds_for:g} pp"] = needed or "more than 10,000"
+            rows.append(row)
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return
+    doc.heading(2, "Power")
+    doc.para(
+        "For each paired comparison: the spread of its paired differences, the smallest true "
+        "difference its n pairs detect with 80% power (two-sided paired t, level 0.05) at "
+        "that spread"
+        + (f", and the seeds that detect {seeds_for:g} pp" if seeds_for is not None else "")
+        + ". `scale-fpt report RESULTS --seeds-for PP` answers for a difference of PP pp."
+    )
+    doc.table(table.set_index(["task", "comparison"]))
+    table.to_csv(out / "tables" / "power.csv", index=False)
+
+
+def plan_section(doc: Document, sweeps: list[str], plans: dict) -> None:
+    doc.heading(2, "Analysis plan")
+    lines = []
+    for sweep in sweeps:
+        plan = plans.get(sweep)
+        if plan is None:
+            lines.append(f"{sweep}: no analysis plan (written before plans existed, or not by "
+                         "a sweep): every comparison is exploratory.")  # fmt: skip
+            continue
+        lines.append(
+            f"{sweep} (plan of {plan.sweep}, written {plan.written}, schema "
+            f"{plan.schema_version}): primary metric `{plan.primary_metric}`, selection on "
+            f"`{plan.selection_metric}`; thresholds "
+            + ", ".join(f"{t} {v:.3g}" for t, v in plan.thresholds.items())
+            + f"; families: {', '.join(plan.families) or 'none'}; scaling law "
+            f"`{plan.law_form}`; seeds: selection {plan.seeds.get('selection')}, "
+            f"confirmation {plan.seeds.get('confirmation') or 'none'}."
+        )
+    doc.bullets(lines)
+
+
 def contrasts_display(contrasts: pd.DataFrame) -> pd.DataFrame:
     """The LR-fair differences as the report shows them: one row per contrast."""
+    rows = contrasts.to_dict("records")
     shown = pd.DataFrame(
         {
             "task": contrasts["task"],
             "contrast": contrasts["contrast"],
             "setting": [
-                f"{row['model']} · {row['init'] if row['contrast'].startswith('full') else row['finetune_label']}"
-                for _, row in contrasts.iterrows()
+                f"{r['model']} · {r['init'] if r['contrast'].startswith('full') else r['finetune_label']}"
+                for r in rows
             ],
-            "lr (a / b)": [
-                f"{a:.3g} / {b:.3g}"
-                for a, b in zip(contrasts["lr_a"], contrasts["lr_b"], strict=True)
-            ],
+            "lr (a / b)": [f"{r['lr_a']:.3g} / {r['lr_b']:.3g}" for r in rows],
             "n pairs": contrasts["n"],
             "difference [95% CI]": [
-                f"{d:+.1f} [{lo:+.1f}, {hi:+.1f}]"
-                for d, lo, hi in zip(
-                    contrasts["diff"], contrasts["ci_low"], contrasts["ci_high"], strict=True
-                )
+                f"{r['diff']:+.1f} [{r['ci_low']:+.1f}, {r['ci_high']:+.1f}]" for r in rows
+            ],
+            "d_z [95% CI]": [
+                f"{r['d_z']:.2f} [{r['d_z_low']:.2f}, {r['d_z_high']:.2f}]" for r in rows
             ],
             "p (t, BH)": contrasts["p_t_adjusted"].map(lambda p: f"{p:.3g}"),
-            "p (Wilcoxon, BH)": contrasts["p_wilcoxon_adjusted"].map(lambda p: f"{p:.3g}"),
-            "Hedges' g [95% CI]": [
-                f"{g:.2f} [{lo:.2f}, {hi:.2f}]"
-                for g, lo, hi in zip(
-                    contrasts["g"], contrasts["g_low"], contrasts["g_high"], strict=True
-                )
+            "p (sign-flip, exact)": [
+                sign_flip_text(r["p_sign_flip"], r["p_sign_flip_min"], r["n"]) for r in rows
             ],
+            "detectable at 80% power (pp)": contrasts["detectable"].map(lambda d: f"{d:.2g}"),
             "seeds": contrasts["headline"],
+            "family": contrasts["family"],
+            "note": contrasts["note"],
         }
     )
     return shown

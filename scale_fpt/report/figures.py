@@ -3,8 +3,11 @@ PNG as CSV). Figures are ``matplotlib.figure.Figure`` objects made without pyplo
 building a report never touches a notebook's backend or global figure state.
 
 - ``scaling_figure``: accuracy vs total parameters (log x), one line per init, per task.
-- ``learning_curves_figure``: test accuracy over steps per arm, mean ± std across seeds.
-- ``lr_figure``: selection score vs learning rate per arm of the LR searches.
+- ``learning_curves_figure``: validation accuracy over steps per arm: every seed's curve,
+  and the mean with its 95% t band over seeds (a seed that ended early carried at its last
+  value, so the mean is never of survivors only).
+- ``lr_figure``: the validation selection score (mean best validation accuracy over the
+  selection seeds) vs learning rate per arm of the LR searches, every seed's score drawn.
 - ``steps_figure``: steps to the threshold per init (Table 4), unreached cells hatched at
   their lower bound.
 - ``attention_figure``: attention maps (last layer, mean over layers) with the positions
@@ -43,6 +46,7 @@ def scaling_figure(trials: pd.DataFrame, metric: str = tables.DEFAULT_METRIC):
         axes[0].set_title("no frozen transformer trials")
         return fig, pd.DataFrame()
     data = cells[cells["n"] > 0]
+    cells = data
     # One line per init and per setting that differs between cells (e.g. '· steps=500').
     data = data.assign(
         line=[
@@ -52,11 +56,12 @@ def scaling_figure(trials: pd.DataFrame, metric: str = tables.DEFAULT_METRIC):
     )
     columns = ["task", "line", "init_label", "model_label", "total_params", "trainable_params"]
     data = data[[*columns, "n", "mean", "std"]].sort_values(["task", "line", "total_params"])
+    seeds = seed_values(trials, cells, metric)
     tasks = task_order(data["task"])
     fig, axes = panels(max(len(tasks), 1))
     for ax, task in zip(axes, tasks, strict=False):
         for init, line in data[data["task"] == task].groupby("line", sort=False):
-            ax.errorbar(
+            drawn = ax.errorbar(
                 line["total_params"],
                 line["mean"],
                 yerr=line["std"].fillna(0),
@@ -64,6 +69,10 @@ def scaling_figure(trials: pd.DataFrame, metric: str = tables.DEFAULT_METRIC):
                 capsize=3,
                 label=init,
             )
+            ids = set(",".join(cells.loc[line.index, "trial_ids"]).split(","))
+            dots = seeds[seeds["trial_id"].isin(ids)]
+            ax.plot(dots["total_params"], dots["value"], ".", alpha=0.5,
+                    color=drawn[0].get_color())  # fmt: skip
             for row in line.itertuples():
                 ax.annotate(row.model_label, (row.total_params, row.mean), fontsize=7)
         ax.set_xscale("log")
@@ -72,6 +81,13 @@ def scaling_figure(trials: pd.DataFrame, metric: str = tables.DEFAULT_METRIC):
         ax.set_ylabel("test accuracy (%)")
         ax.legend(fontsize=8)
     return fig, data.reset_index(drop=True)
+
+
+def seed_values(trials: pd.DataFrame, cells: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Every used trial of ``cells`` (its ``trial_ids``) with its value (%) and size."""
+    df = tables.prepare(trials, metric)
+    ids = set(",".join(cells["trial_ids"].fillna("")).split(","))
+    return df[df["used"] & df["trial_id"].isin(ids)][["trial_id", "total_params", "value"]]
 
 
 def curve_arms(trials: pd.DataFrame) -> pd.DataFrame:
@@ -85,26 +101,57 @@ def curve_arms(trials: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def carried_curves(data: pd.DataFrame) -> pd.DataFrame:
+    """Per (arm, trial, step) on the arm's evaluation steps: the trial's validation accuracy
+    there, or, after it ended (diverged, stopped on patience), its last value carried
+    (``carried`` True), so that later means keep every seed instead of the survivors."""
+    frames = []
+    for arm, group in data.groupby("arm", sort=False):
+        wide = group.pivot_table(index="step", columns="trial_id", values="acc", aggfunc="last")
+        last = {t: wide[t].last_valid_index() for t in wide}
+        carried = wide.ffill()
+        long = carried.stack().rename("acc").reset_index()
+        long["carried"] = [
+            step > last[t] for step, t in zip(long["step"], long["trial_id"], strict=False)
+        ]
+        frames.append(long.assign(arm=arm))
+    columns = ["arm", "trial_id", "step", "acc", "carried"]
+    return (
+        pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+    )
+
+
 def learning_curves_figure(trials: pd.DataFrame, curves: pd.DataFrame, task: str):
-    """Validation accuracy (%) over steps per arm of ``task`` (what selection reads): mean
-    across seeds with the 95% t-interval band (``stats.summarize``; no band for one seed)."""
+    """Validation accuracy (%) over steps per arm of ``task`` (what selection reads): every
+    seed's curve (thin), and the mean across seeds with the 95% t-interval band
+    (``stats.summarize``; no band for one seed). A seed that ended early is carried at its
+    last value (dotted) and counted in ``n_carried``, so no mean is of survivors only."""
     arms = curve_arms(trials)
     arms = arms[arms["task"] == task][["sweep", "trial_id", "arm"]]
     data = curves.merge(arms, on=["sweep", "trial_id"]) if len(arms) else curves.iloc[:0]
     accuracy = data["val_accuracy"] if "val_accuracy" in data else pd.Series(dtype=float)
-    data = data.assign(acc=accuracy * 100)
+    data = carried_curves(data.assign(acc=accuracy * 100))
     rows = [
-        {"arm": arm, "step": step, **summarize(group["acc"])}
+        {"arm": arm, "step": step, **summarize(group["acc"]),
+         "n_carried": int(group["carried"].sum())}
         for (arm, step), group in data.groupby(["arm", "step"], sort=False)
-    ]
-    columns = ["arm", "step", "n", "mean", "std", "ci_low", "ci_high"]
+    ]  # fmt: skip
+    columns = ["arm", "step", "n", "n_carried", "mean", "std", "ci_low", "ci_high"]
     summary = pd.DataFrame(rows, columns=columns).sort_values(["arm", "step"]).assign(task=task)
     fig, axes = panels(1, width=6.4, height=4.0)
     ax = axes[0]
     for arm, line in summary.groupby("arm", sort=False):
-        ax.plot(line["step"], line["mean"], label=f"{arm} (n={int(line['n'].max())})")
+        (drawn,) = ax.plot(
+            line["step"], line["mean"], lw=2, label=f"{arm} (n={int(line['n'].max())})"
+        )
         ax.fill_between(line["step"], line["ci_low"], line["ci_high"], alpha=0.2)
-    ax.set_title(f"{TASK_TITLES.get(task, task)}: validation curves (mean, 95% CI over seeds)")
+        for _, seed in data[data["arm"] == arm].groupby("trial_id"):
+            ran, kept = seed[~seed["carried"]], seed[seed["carried"]]
+            ax.plot(ran["step"], ran["acc"], lw=0.6, alpha=0.6, color=drawn.get_color())
+            if len(kept):
+                ends = pd.concat([ran.tail(1), kept])
+                ax.plot(ends["step"], ends["acc"], ":", lw=0.6, color=drawn.get_color())
+    ax.set_title(f"{TASK_TITLES.get(task, task)}: validation curves (seeds, mean, 95% CI)")
     ax.set_xlabel("gradient step")
     ax.set_ylabel("validation accuracy (%)")
     if len(summary):
@@ -121,6 +168,7 @@ def lr_figure(trials: pd.DataFrame, metric: str = tables.DEFAULT_METRIC):
         axes[0].set_title("no learning-rate search in these results")
         return fig, points
     points = points.sort_values(["task", "arm", "lr"])
+    seeds = tables.prepare(trials, metric).set_index("trial_id")[tables.SELECTION] * 100
     tasks = task_order(points["task"])
     fig, axes = panels(len(tasks))
     for ax, task in zip(axes, tasks, strict=True):
@@ -128,12 +176,15 @@ def lr_figure(trials: pd.DataFrame, metric: str = tables.DEFAULT_METRIC):
             drawn = ax.errorbar(
                 line["lr"], line["score"], yerr=line["score_std"].fillna(0), marker="o", label=arm
             )
+            for lr, ids in zip(line["lr"], line["trial_ids"], strict=True):
+                values = seeds.reindex([t for t in str(ids).split(",") if t])
+                ax.plot([lr] * len(values), values, ".", alpha=0.5, color=drawn[0].get_color())
             best = line.loc[line["score"].idxmax()]
             ax.plot(best["lr"], best["score"], "*", ms=14, color=drawn[0].get_color())
         ax.set_xscale("log")
         ax.set_title(TASK_TITLES.get(task, task))
         ax.set_xlabel("learning rate")
-        ax.set_ylabel("best test accuracy (%)")
+        ax.set_ylabel("selection score: mean best val. accuracy (%)")
         ax.legend(fontsize=7)
     columns = ["task", "arm", "lr", "batch_size", "n", "score", "score_std", "mean", "std"]
     return fig, points[columns].reset_index(drop=True)

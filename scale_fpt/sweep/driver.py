@@ -8,6 +8,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+from scale_fpt import analysis_plan
 from scale_fpt.cluster import GPUOffer
 from scale_fpt.config import parse_trial
 from scale_fpt.loop import evaluation_steps
@@ -126,6 +127,7 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
 
 def run_locked(sweep: SweepConfig, resume: bool) -> SweepOutcome:
     """``run_sweep`` once this process holds the sweep's driver lock."""
+    analysis_plan.write_plan(sweep)  # before any result: what the report will confirm
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
     connect_ray(runtime_env={"env_vars": {"SCALE_FPT_HOME": str(scale_fpt_home())}})
     offer = with_node_width(sweep_gpus(sweep))

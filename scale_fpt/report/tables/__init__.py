@@ -25,6 +25,7 @@ of display strings. Conventions, shared by every table:
   reason. Batch size is reported, not judged.
 """
 
+from scale_fpt.report.stats import ALPHA, KM_INTERVAL_MIN_SEEDS, seeds_needed
 from scale_fpt.report.tables.budgets import (
     budget_table,
     preprocessing_table,
@@ -63,11 +64,13 @@ from scale_fpt.report.tables.cells import (
 )
 from scale_fpt.report.tables.differences import (
     PAIR_KEYS,
+    accuracy_text,
     difference_text,
     init_difference,
     steps_bound,
 )
 from scale_fpt.report.tables.display import (
+    baseline_text,
     cell_text,
     compute_text,
     count,
@@ -112,11 +115,13 @@ from scale_fpt.report.tables.steps import (
 )
 
 __all__ = [
+    "ALPHA",
     "ARM_KEYS",
     "DEFAULT_METRIC",
     "DEFAULT_THRESHOLDS",
     "FINETUNE_ORDER",
     "INIT_ORDER",
+    "KM_INTERVAL_MIN_SEEDS",
     "LR_SELECTION",
     "METRICS",
     "PAIR_KEYS",
@@ -125,8 +130,10 @@ __all__ = [
     "SELECTION",
     "SETTING_KEYS",
     "USED_STATUSES",
+    "accuracy_text",
     "annotate",
     "backbone_kind",
+    "baseline_text",
     "budget_table",
     "cell_summary",
     "cell_text",
@@ -164,6 +171,7 @@ __all__ = [
     "rank",
     "ranks",
     "reference_notes",
+    "seeds_needed",
     "selected",
     "settings_table",
     "size_order",

@@ -2,11 +2,13 @@
 
 The two inits of one setting usually share seeds, and a seed gives both the same heads,
 data and dropout streams (``seeding.py``): the comparison is then paired on the seed (paired
-t interval, paired t and Wilcoxon signed-rank tests, Hedges' g with a bootstrap interval).
-Arms without a shared seed are compared as independent groups (Welch). Steps to the
-threshold are right-censored (a seed that never reached it is censored at its last step):
-Kaplan-Meier medians per arm and the log-rank test. The p-values of the table's rows form
-one family, adjusted with Benjamini-Hochberg.
+t interval and p, d_z with its exact interval, the exact sign-flip p with the least p its n
+can give, the smallest difference the n detects at 80% power). Arms without a shared seed
+are compared as independent groups (Welch). Steps to the threshold are censored data: a seed
+that ran its budget without reaching it is censored at its last step; one that diverged or
+stopped on patience never reaches it (``stats.outcomes``). Kaplan-Meier medians per arm and
+the log-rank test with its exact permutation p. The p-values of the table's rows form one
+family, adjusted with Benjamini-Hochberg.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import numpy as np
 import pandas as pd
 
 from scale_fpt.report.stats import (
+    ALPHA,
+    KM_INTERVAL_MIN_SEEDS,
     adjust_p,
     paired_difference,
     steps_logrank,
@@ -29,12 +33,14 @@ from scale_fpt.report.tables.steps import steps_to_threshold, thresholds_for
 PAIR_KEYS = tuple(k for k in ARM_KEYS if k not in ("init", "weights"))
 """Arms that agree on these and differ only in init are compared by ``init_difference``."""
 INTERVAL = ("diff", "ci95", "ci_low", "ci_high")
+PAIRED = ("p_sign_flip", "p_sign_flip_min", "d_z", "d_z_low", "d_z_high", "sd_diff", "detectable")
+"""What a paired comparison adds to the interval and its paired-t p (``stats``)."""
 
 
 def compare_arms(a: pd.DataFrame, b: pd.DataFrame, column: str) -> dict:
     """``column`` of arm a minus arm b: paired on shared seeds where there are two or more,
-    else Welch over the two groups. {design, n_pairs, diff, ci95, ci_low, ci_high, p,
-    p_wilcoxon, g, g_low, g_high}."""
+    else Welch over the two groups. {design, n_pairs, diff, ci95, ci_low, ci_high, p and
+    ``PAIRED`` (NaN under Welch)}."""
     by_seed = [dict(zip(arm["seed"].astype(int), arm[column].astype(float), strict=True))
                for arm in (a, b)]  # fmt: skip
     paired = paired_difference(*by_seed)
@@ -44,7 +50,7 @@ def compare_arms(a: pd.DataFrame, b: pd.DataFrame, column: str) -> dict:
             "n_pairs": paired["n"],
             **{k: paired[k] for k in INTERVAL},
             "p": paired["p_t"],
-            **{k: paired[k] for k in ("p_wilcoxon", "g", "g_low", "g_high")},
+            **{k: paired[k] for k in PAIRED},
         }
     welch = welch_difference(a[column], b[column])
     few = min(welch["n_a"], welch["n_b"]) < 2
@@ -53,7 +59,7 @@ def compare_arms(a: pd.DataFrame, b: pd.DataFrame, column: str) -> dict:
         "n_pairs": paired["n"],
         **{k: welch[k] for k in INTERVAL},
         "p": welch["p"],
-        **dict.fromkeys(("p_wilcoxon", "g", "g_low", "g_high"), math.nan),
+        **dict.fromkeys(PAIRED, math.nan),
     }
 
 
@@ -84,10 +90,10 @@ def init_difference(
 ) -> pd.DataFrame:
     """Language-pretrained minus random init, per task and setting (same sweep, model,
     trained groups, lr, batch size, budget and every other setting): the accuracy difference
-    (percentage points; ``accuracy_*``: diff, 95% interval, p, Wilcoxon p, Hedges' g and its
-    bootstrap interval, ``accuracy_design``), and steps to the accuracy threshold
-    (``steps_to_threshold``, unreached seeds censored at ``steps_done``): Kaplan-Meier
-    medians (``steps_median_*`` with intervals), the log-rank p (``steps_p``) and, when every
+    (percentage points; ``accuracy_*``: ``compare_arms``'s keys, ``accuracy_design``), and
+    steps to the accuracy threshold (``steps_to_threshold``; ``seed_outcomes``): Kaplan-Meier
+    medians (``steps_median_*`` with intervals), the exact log-rank p (``steps_logrank_p``,
+    its least possible value ``steps_logrank_p_min``) and, when every
     seed of both arms reached it, the (paired) difference of steps (``steps_diff``...).
     ``*_p_adjusted``: Benjamini-Hochberg over the rows of the table. With ``curves``, steps
     are read at each task's threshold (``with_task_thresholds``); without, the trials' own
@@ -107,19 +113,12 @@ def init_difference(
         reached = {s: int(v.notna().sum()) for s, v in steps.items()}
         all_reached = all(reached[s] == len(arms[s]) for s in arms)
         step_diff = compare_arms(pre, rnd, "steps_to_threshold") if all_reached else {}
-        survival = {
-            s: steps_survival(
-                steps[s].fillna(arms[s]["steps_done"].astype(float)), steps[s].notna()
-            )
-            for s in arms
-        }
+        outcome = {s: seed_outcomes(arms[s], steps[s]) for s in arms}
+        survival = {s: steps_survival(*outcome[s]) for s in arms}
         logrank = steps_logrank(
-            *(
-                arg
-                for s in ("pretrained", "random")
-                for arg in (steps[s].fillna(arms[s]["steps_done"].astype(float)), steps[s].notna())
-            )
-        )
+            *outcome["pretrained"][:2], *outcome["random"][:2],
+            outcome["pretrained"][2], outcome["random"][2],
+        )  # fmt: skip
         records.append(
             {
                 **dict(zip(PAIR_KEYS, key, strict=True)),
@@ -137,14 +136,35 @@ def init_difference(
                     for suffix in ("", "_low", "_high")
                 },
                 "steps_logrank_p": logrank["p"],
+                "steps_logrank_p_min": logrank["p_min"],
+                **{f"steps_never_{s}": survival[s]["never"] for s in ("pretrained", "random")},
                 "steps_note": "" if all_reached else steps_bound(arms, steps, reached),
             }
         )
     out = pd.DataFrame(records)
     if not out.empty:
-        for column in ("accuracy_p", "accuracy_p_wilcoxon", "steps_logrank_p"):
+        for column in ("accuracy_p", "steps_logrank_p"):
             out[f"{column}_adjusted"] = adjust_p(out[column])
     return out
+
+
+NEVER_REACHES = ("diverged", "patience")
+"""Stop reasons after which a seed cannot reach the threshold any more (it stopped
+training): not censored at its last step but kept unreached for good."""
+
+
+def seed_outcomes(arm: pd.DataFrame, steps: pd.Series) -> tuple:
+    """(steps, reached, never) of one arm's seeds for ``stats.steps_survival``: the step it
+    reached the threshold, else its last step; ``never`` for a seed that diverged or
+    stopped on patience before reaching it."""
+    reached = steps.notna()
+    stop = arm["stop_reason"] if "stop_reason" in arm else pd.Series("", index=arm.index)
+    ended = arm["status"].eq("diverged") | stop.isin(NEVER_REACHES)
+    return (
+        steps.fillna(arm["steps_done"].astype(float)).to_numpy(),
+        reached.to_numpy(),
+        (ended & ~reached).to_numpy(),
+    )
 
 
 def steps_bound(arms: dict, steps: dict, reached: dict) -> str:
@@ -166,32 +186,70 @@ def steps_bound(arms: dict, steps: dict, reached: dict) -> str:
     )
 
 
-def median_text(median: float, low: float, high: float) -> str:
+def median_text(median: float, low: float, high: float, n: int) -> str:
+    """'400 [100, 700]'; the interval only from ``KM_INTERVAL_MIN_SEEDS`` seeds (below, the
+    log-log band is not calibrated: ``benchmarks/calibration.py``)."""
+
     def steps(v: float) -> str:
         return "not reached" if not np.isfinite(v) else f"{v:,.0f}"
 
-    return f"{steps(median)} [{steps(low)}, {steps(high)}]"
+    if n < KM_INTERVAL_MIN_SEEDS:
+        return steps(median)
+    return f"{steps(median)} [95% CI {steps(low)}, {steps(high)}]"
+
+
+def p_text(p: float, adjusted: float, least: float = math.nan) -> str:
+    """'p 0.1 (least possible 0.1), BH-adjusted 0.2'."""
+    text = f"p {p:.2g}"
+    if np.isfinite(least):
+        text += f" (least possible {least:.2g})"
+    return text + f", BH-adjusted {adjusted:.2g}"
+
+
+def accuracy_text(row, prefix: str = "accuracy_") -> str:
+    """'+14.3 pp [95% CI +10.1, +18.5], d_z 3.1 [0.2, 6.0], paired t p 0.01 ...; detects
+    4.1 pp at 80% power' of one compared pair of arms (``compare_arms`` keys after
+    ``prefix``)."""
+
+    def get(key):
+        return row.get(prefix + key, math.nan)
+
+    text = f"{get('diff'):+.1f} pp [95% CI {get('ci_low'):+.1f}, {get('ci_high'):+.1f}]"
+    if np.isfinite(get("d_z")):
+        text += f", d_z {get('d_z'):.2g} [{get('d_z_low'):.2g}, {get('d_z_high'):.2g}]"
+    if np.isfinite(get("p")):
+        text += "; t-test " + p_text(get("p"), get("p_adjusted"))
+    if np.isfinite(get("p_sign_flip")) and get("p_sign_flip_min") < ALPHA:
+        text += f"; sign-flip p {get('p_sign_flip'):.2g} (exact)"
+    if np.isfinite(get("detectable")):
+        text += f"; detects {get('detectable'):.1f} pp at 80% power"
+    return text
 
 
 def difference_text(row) -> str:
     """'pretrained - random, paired over 3 shared seeds: accuracy +14.3 pp [95% CI +10.1,
-    +18.5] (p 0.01, BH 0.02); steps to threshold: Kaplan-Meier median 400 [100, 700] vs not
-    reached [...], log-rank p 0.02; ...'."""
+    +18.5], d_z ... (n=3 vs 3; t-test p 0.01, BH-adjusted 0.02; detects 4.1 pp at 80%
+    power); steps to threshold, Kaplan-Meier median 400 vs not reached (2 seeds
+    diverged or stopped on patience), log-rank p 0.1 (least possible 0.1) ...'."""
     text = (
-        f"pretrained - random, {row['accuracy_design']}: accuracy {row['accuracy_diff']:+.1f} pp "
-        f"[95% CI {row['accuracy_ci_low']:+.1f}, {row['accuracy_ci_high']:+.1f}] "
-        f"(n={int(row['n_pretrained'])} vs {int(row['n_random'])}"
+        f"pretrained - random, {row['accuracy_design']}: accuracy "
+        f"{accuracy_text(row)} (n={int(row['n_pretrained'])} vs {int(row['n_random'])})"
     )
-    if np.isfinite(row["accuracy_p"]):
-        text += f"; p {row['accuracy_p']:.2g}, BH-adjusted {row['accuracy_p_adjusted']:.2g}"
-    text += ")"
     medians = " vs ".join(
-        median_text(*(row[f"steps_median_{s}{x}"] for x in ("", "_low", "_high")))
+        median_text(
+            *(row[f"steps_median_{s}{x}"] for x in ("", "_low", "_high")), int(row[f"n_{s}"])
+        )
         for s in ("pretrained", "random")
     )
-    text += f"; steps to threshold, Kaplan-Meier median [95% CI] {medians}"
+    text += f"; steps to threshold, Kaplan-Meier median {medians}"
+    never = [f"{int(row.get(f'steps_never_{s}', 0))} {s}" for s in ("pretrained", "random")
+             if row.get(f"steps_never_{s}", 0)]  # fmt: skip
+    if never:
+        text += f" ({' and '.join(never)} seeds diverged or stopped on patience: never reached)"
     if np.isfinite(row["steps_logrank_p"]):
-        text += f", log-rank p {row['steps_logrank_p']:.2g}"
+        text += ", exact log-rank " + p_text(
+            row["steps_logrank_p"], row["steps_logrank_p_adjusted"], row["steps_logrank_p_min"]
+        )
     if np.isfinite(row["steps_diff"]):
         low, high = row["steps_ci_low"], row["steps_ci_high"]
         return text + f"; difference {row['steps_diff']:+.0f} [95% CI {low:+.0f}, {high:+.0f}]"

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from scale_fpt.report.published import TASK_COLUMNS
+from scale_fpt.report.published import BASELINES, TASK_COLUMNS
 from scale_fpt.report.tables.cells import INIT_ORDER
 
 
@@ -139,3 +139,9 @@ def human(n) -> str:
         if n >= size:
             return f"{n / size:.3g}{unit}"
     return f"{n:.0f}"
+
+
+def baseline_text(task: str) -> str:
+    """What a task's accuracy is without learning it (``published.BASELINES``)."""
+    found = BASELINES.get(task)
+    return found[1] if found else ""

@@ -35,8 +35,10 @@ def lr_points(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFram
     ``n_seeds``, ``failed_seeds``, and the metric's statistics over those seeds
     (``cell_summary``). A candidate's score needs every seed: one that failed, diverged, was
     stopped or is missing (fewer seeds than the arm's other candidates) makes it NaN, so a
-    rate that diverged in 2 of 3 seeds cannot win on its survivor."""
+    rate that diverged in 2 of 3 seeds cannot win on its survivor. A confirmation sweep
+    (``<sweep>-confirm``) is no search, whatever rates it re-ran."""
     df = prepare(trials, metric)
+    df = df[~df["sweep"].astype(str).str.endswith(CONFIRM_SUFFIX)]
     keys = list(SEARCH_ARM_KEYS)
     n_lrs = df[df["used"]].groupby(keys, dropna=False)["lr"].nunique()
     searched = set(n_lrs[n_lrs > 1].index)
@@ -117,6 +119,7 @@ def lr_fair(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
             + rank(best["finetune_label"], FINETUNE_ORDER),
             best_lr=best["lr"] if group["score"].notna().any() else math.nan,
             lrs=",".join(f"{v:.3g}" for v in group["lr"].unique()),
+            lr_at_edge=edge(best["lr"], group["lr"]) if group["score"].notna().any() else "",
             n_lrs=group["lr"].nunique(),
             n_candidates=len(group),
             n_failed_candidates=int(group["score"].isna().sum()),
@@ -127,9 +130,7 @@ def lr_fair(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
             },
         )
         best.update(headline_stats(df, best))
-        best["gain_over_paper_lr"] = best["selection_mean"] - (
-            math.nan if paper is None else paper["mean"]
-        )
+        best.update(gain_over_paper_lr(df, best, paper))
         records.append(best)
     out = pd.DataFrame(records)
     out = finish(disambiguate(out, keys=("max_steps", "weights")))
@@ -139,22 +140,63 @@ def lr_fair(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     return annotate(out, title, LR_SELECTION, used, df.iloc[:0])
 
 
+def edge(lr: float, tried: pd.Series) -> str:
+    """'lowest' or 'highest' when ``lr`` is at that end of the rates tried (the best rate may
+    lie beyond the grid or search box), else ''."""
+    if tried.nunique() < 2:
+        return ""
+    if np.isclose(lr, tried.min(), rtol=1e-9, atol=0):
+        return "lowest"
+    if np.isclose(lr, tried.max(), rtol=1e-9, atol=0):
+        return "highest"
+    return ""
+
+
 def headline_stats(df: pd.DataFrame, best: dict) -> dict:
     """The chosen configuration's numbers on its confirmation seeds where they were run (the
     rows of sweep ``<sweep>-confirm`` with the same setting, lr and batch size), keeping the
     selection seeds' as ``selection_*``."""
     selection = {f"selection_{k}": best.get(k, math.nan) for k in ("mean", "std", "ci95", "n")}
     selection["selection_trial_ids"] = best.get("trial_ids", "")
-    mask = df["sweep"] == f"{best['sweep']}{CONFIRM_SUFFIX}"
-    for key in (*SEARCH_ARM_KEYS, *SEARCHED):
-        if key != "sweep":
-            mask &= (df[key] == best[key]) | (df[key].isna() & pd.isna(best[key]))
-    confirmation = df[mask]
+    confirmation = confirmation_rows(df, best)
     if confirmation.empty:
         return {**selection, "headline": "selection seeds"}
     stats = cell_summary(confirmation)
     keep = ("n", "mean", "std", "ci95", "ci_low", "ci_high", "trial_ids", "note", "excluded")
     return {**selection, **{k: stats[k] for k in keep}, "headline": "confirmation"}
+
+
+def gain_over_paper_lr(df: pd.DataFrame, best: dict, paper) -> dict:
+    """{gain_over_paper_lr, gain_note}: the chosen configuration's mean minus the paper-rate
+    configuration's, both on the confirmation seeds (the selection seeds chose the winner, so
+    its lead there is biased upwards even when every rate is equally good). 0 when the
+    paper's rate won; NaN, with the reason, when the paper's rate has no confirmation rows."""
+    if paper is None:
+        return {"gain_over_paper_lr": math.nan, "gain_note": "the paper's lr was not run"}
+    if np.isclose(paper["lr"], best["lr"], rtol=1e-9, atol=0) and (
+        paper["batch_size"] == best["batch_size"]
+    ):
+        return {"gain_over_paper_lr": 0.0, "gain_note": "the paper's lr was chosen"}
+    if best["headline"] != "confirmation":
+        return {"gain_over_paper_lr": math.nan,
+                "gain_note": "no confirmation seeds (the selection seeds flatter the winner)"}  # fmt: skip
+    at_paper = confirmation_rows(df, {**best, "lr": paper["lr"], "batch_size": paper["batch_size"]})
+    if at_paper.empty:
+        return {"gain_over_paper_lr": math.nan,
+                "gain_note": "the paper's lr was not re-run on the confirmation seeds"}  # fmt: skip
+    return {
+        "gain_over_paper_lr": best["mean"] - cell_summary(at_paper)["mean"],
+        "gain_note": "on the confirmation seeds",
+    }
+
+
+def confirmation_rows(df: pd.DataFrame, config: dict) -> pd.DataFrame:
+    """Rows of the ``<sweep>-confirm`` sweep with ``config``'s setting, lr and batch size."""
+    mask = df["sweep"] == f"{config['sweep']}{CONFIRM_SUFFIX}"
+    for key in (*SEARCH_ARM_KEYS, *SEARCHED):
+        if key != "sweep":
+            mask &= (df[key] == config[key]) | (df[key].isna() & pd.isna(config[key]))
+    return df[mask]
 
 
 ARM_CONTRASTS = (
@@ -167,11 +209,14 @@ setting equal, each arm at its own best learning rate."""
 
 def lr_differences(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     """full - fpt and pretrained - random, each arm at its own best learning rate, on the
-    headline seeds (confirmation where run): the mean paired difference over the seeds both
-    arms ran (the same seed gives both the same heads, data and dropout streams) with its
-    paired-t 95% interval, paired t and Wilcoxon p-values, Hedges' g with its bootstrap
-    interval, and Benjamini-Hochberg adjusted p-values over the table's family of
-    comparisons (``p_t_adjusted``)."""
+    confirmation seeds: the mean paired difference over the seeds both arms ran (the same
+    seed gives both the same heads, data and dropout streams) with its paired-t 95%
+    interval and p, d_z with its exact interval, the exact sign-flip p, the smallest
+    difference detectable at 80% power (``stats.paired_difference``), and Benjamini-Hochberg
+    adjusted p-values over the table's family (``p_t_adjusted``). ``note`` says why a
+    contrast has no numbers (an arm without confirmation rows: its selection seeds chose
+    its rate, so they would flatter it) or why they are exploratory (neither arm was
+    confirmed: both on their selection seeds)."""
     fair = lr_fair(trials, metric)
     df = prepare(trials, metric)
     values = df[df["used"]].set_index("trial_id")
@@ -186,25 +231,43 @@ def lr_differences(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.Dat
             arms = {row[column]: row for _, row in group.iterrows()}
             if a not in arms or b not in arms:
                 continue
+            confirmed = {arm: arms[arm]["headline"] == "confirmation" for arm in (a, b)}
             seeds = {arm: per_seed(values, arms[arm]["trial_ids"]) for arm in (a, b)}
-            diff = paired_difference(seeds[a], seeds[b])
-            first = arms[a]
+            if all(confirmed.values()) or not any(confirmed.values()):
+                diff = paired_difference(seeds[a], seeds[b])
+            else:
+                diff = paired_difference({}, {})
             records.append(
                 {
-                    **{k: first[k] for k in keys},
+                    **{k: arms[a][k] for k in keys},
                     "contrast": f"{a} - {b}",
                     "lr_a": arms[a]["best_lr"],
                     "lr_b": arms[b]["best_lr"],
                     "headline": f"{arms[a]['headline']} / {arms[b]['headline']}",
                     **{k: v for k, v in diff.items() if k != "seeds"},
                     "seeds": ",".join(map(str, diff["seeds"])),
+                    "note": contrast_note(confirmed, diff["n"]),
                 }
             )
     out = pd.DataFrame(records)
     if not out.empty:
         out["p_t_adjusted"] = adjust_p(out["p_t"])
-        out["p_wilcoxon_adjusted"] = adjust_p(out["p_wilcoxon"])
     return out
+
+
+def contrast_note(confirmed: dict, n: int) -> str:
+    """Why an LR-fair contrast has no numbers, or why they are exploratory."""
+    unconfirmed = [arm for arm, done in confirmed.items() if not done]
+    if len(unconfirmed) == 1:
+        return (
+            f"not compared: {unconfirmed[0]} has no confirmation rows (its chosen rate was not "
+            "re-run on fresh seeds), and its selection seeds would flatter it"
+        )
+    if unconfirmed:
+        return "exploratory: neither arm was confirmed; selection seeds flatter both winners"
+    if n < 2:
+        return f"{n} confirmation seed(s) shared by both arms: no interval"
+    return ""
 
 
 def per_seed(values: pd.DataFrame, trial_ids: str) -> dict:
@@ -227,6 +290,8 @@ def lr_text(cell) -> str:
     if not cell["n"]:
         return f"— {cell['note']}"
     text = cell_text(cell) + f" @ lr {cell['best_lr']:.3g}"
+    if cell.get("lr_at_edge"):
+        text += f" (the {cell['lr_at_edge']} rate tried: the best may lie beyond)"
     if cell.get("headline") == "selection seeds":
         text += " (selection seeds: no confirmation run)"
     if "," in str(cell.get("batch_sizes", "")):

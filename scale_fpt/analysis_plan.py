@@ -1,0 +1,134 @@
+"""The analysis plan of a sweep, written when it starts, before any result exists:
+``RESULTS_DIR/<sweep>/analysis_plan.json`` (versioned by ``schema_version``).
+
+It fixes what the report will treat as confirmatory: the primary metric and the selection
+metric, the threshold per task for steps to threshold, the tests of each comparison, the
+multiplicity families (Benjamini-Hochberg within each), the scaling law's form, and which
+seeds select (``selection``) and which estimate (``confirmation``). The report follows it
+and marks every comparison outside it "exploratory"; ``read_plan(...).law_form`` is the
+form the scaling laws are fitted with.
+
+A resumed sweep keeps the plan it started with (a plan is never rewritten).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scale_fpt.config import ConfigError
+from scale_fpt.sweep.config import CONFIRM_SUFFIX, SweepConfig
+
+PLAN_FILE = "analysis_plan.json"
+SCHEMA_VERSION = 1
+PRIMARY_METRIC = "test_accuracy"
+"""Test accuracy at each trial's best-validation evaluation (``selected_step``)."""
+LAW_FORM = "power_floor"
+"""The declared scaling law: error = E + A x^-alpha (``scale_fpt.analysis`` forms)."""
+CONTRASTS = {
+    "pretrained - random": ("init", ("pretrained", "random")),
+    "full - fpt": ("finetune", ("full", "fpt")),
+}
+"""Comparisons a plan can declare: the grid field that differs and its two values."""
+TESTS = {
+    "accuracy": "paired t (95% interval, p), d_z with its exact noncentral-t interval, exact "
+    "sign-flip p where its n can reach 0.05; Welch where no seed is shared",
+    "steps to threshold": "Kaplan-Meier medians; log-rank, exact permutation p",
+    "matched budgets": "paired t at equal FLOPs and at equal examples",
+}
+
+
+@dataclass(frozen=True)
+class AnalysisPlan:
+    sweep: str
+    primary_metric: str = PRIMARY_METRIC
+    selection_metric: str = "best_val_accuracy"
+    thresholds: dict = field(default_factory=dict)
+    tests: dict = field(default_factory=lambda: dict(TESTS))
+    families: dict = field(default_factory=dict)
+    """Family name -> the comparisons adjusted together (Benjamini-Hochberg)."""
+    law_form: str = LAW_FORM
+    seeds: dict = field(default_factory=dict)
+    """{'selection': [...], 'confirmation': [...]}."""
+    written: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    def family_of(self, contrast: str, kind: str) -> str | None:
+        """The declared family of ``contrast`` measured as ``kind`` ('accuracy', 'steps to
+        threshold', 'matched budgets'), or None: exploratory."""
+        name = f"{kind}: {contrast}"
+        return name if contrast in self.families.get(name, ()) else None
+
+
+def declared_contrasts(sweep: SweepConfig) -> list[str]:
+    """The contrasts whose two arms the sweep's grid runs side by side."""
+    out = []
+    for contrast, (key, values) in CONTRASTS.items():
+        values_run = set(sweep.grid.get(key, [sweep.base.get(key)]))
+        if set(values) <= values_run:
+            out.append(contrast)
+    return out
+
+
+def plan_for(sweep: SweepConfig) -> AnalysisPlan:
+    """The plan of ``sweep``: its tasks' thresholds, one family per (measure, contrast) it
+    runs, its seeds."""
+    # The report's thresholds, imported here: the report imports the sweep package, whose
+    # driver writes plans.
+    from scale_fpt.report.tables.steps import thresholds_for
+
+    tasks = sorted({str(arm["task"]) for arm in sweep.arms()})
+    families = {
+        f"{kind}: {contrast}": [contrast]
+        for contrast in declared_contrasts(sweep)
+        for kind in ("accuracy", "steps to threshold", "matched budgets")
+    }
+    return AnalysisPlan(
+        sweep=sweep.name,
+        selection_metric=sweep.metric,
+        thresholds=thresholds_for(tasks),
+        families=families,
+        seeds={"selection": list(sweep.seeds), "confirmation": list(sweep.confirm_seeds)},
+        written=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def write_plan(sweep: SweepConfig) -> Path:
+    """Write ``sweep``'s plan where its results go, unless one is there (a resumed sweep
+    keeps its first plan); returns its path."""
+    path = Path(sweep.results_dir) / sweep.name / PLAN_FILE
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(dataclasses.asdict(plan_for(sweep)), indent=2) + "\n")
+    return path
+
+
+def read_plan(sweep_dir: str | Path) -> AnalysisPlan | None:
+    """The plan under ``sweep_dir`` (None when the sweep wrote none); a plan of another
+    schema version is one ``ConfigError`` naming both versions (exit code 2 on the CLI)."""
+    path = Path(sweep_dir) / PLAN_FILE
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise ConfigError([
+            f"{path}: analysis plan schema version {data.get('schema_version')!r}; this "
+            f"scale_fpt reads version {SCHEMA_VERSION}"
+        ])  # fmt: skip
+    known = {f.name for f in dataclasses.fields(AnalysisPlan)}
+    return AnalysisPlan(**{k: v for k, v in data.items() if k in known})
+
+
+def plans(results_dir: str | Path, sweeps) -> dict[str, AnalysisPlan]:
+    """{sweep: plan} for the ``sweeps`` under ``results_dir`` that have one; a confirmation
+    sweep (``<name>-confirm``) follows its search sweep's plan."""
+    out = {}
+    for sweep in sweeps:
+        owner = sweep[: -len(CONFIRM_SUFFIX)] if sweep.endswith(CONFIRM_SUFFIX) else sweep
+        plan = read_plan(Path(results_dir) / sweep) or read_plan(Path(results_dir) / owner)
+        if plan is not None:
+            out[sweep] = plan
+    return out

@@ -1,0 +1,101 @@
+"""The analysis plan written when a sweep starts, and the report following it: declared
+families are adjusted alone, everything else is marked exploratory."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_report import write
+
+from scale_fpt import analysis_plan
+from scale_fpt.presets import STUDIES
+from scale_fpt.report.document import Comparisons, inline_html
+from scale_fpt.report.tables.families import EXPLORATORY
+from scale_fpt.results import ResultsWriter, load_results
+
+
+def test_a_sweeps_plan_is_written_once_and_read_back(tmp_path):
+    sweep = dataclasses.replace(STUDIES["lr-search"].presets["local"](), results_dir=str(tmp_path))
+    path = analysis_plan.write_plan(sweep)
+    assert path == tmp_path / "lr-search-local" / "analysis_plan.json"
+    plan = analysis_plan.read_plan(path.parent)
+    assert plan.law_form == "power_floor" and plan.schema_version == 1
+    assert plan.seeds == {"selection": [0, 1, 2], "confirmation": [3, 4, 5]}
+    assert plan.thresholds == {"bit-xor": pytest.approx(0.9)}
+    assert plan.family_of("full - fpt", "accuracy") == "accuracy: full - fpt"
+    assert plan.family_of("full - fpt", "elsewhere") is None
+    first = path.read_text()
+    analysis_plan.write_plan(sweep)  # a resumed sweep keeps its plan
+    assert path.read_text() == first
+    assert analysis_plan.plans(tmp_path, ["lr-search-local-confirm"])["lr-search-local-confirm"]
+    path.write_text(json.dumps({**json.loads(first), "schema_version": 99}))
+    with pytest.raises(ValueError, match="schema version 99"):
+        analysis_plan.read_plan(path.parent)
+
+
+def test_comparisons_outside_the_plan_are_exploratory(tmp_path):
+    """Two sweeps compare pretrained - random; only one declared it: its p is adjusted
+    alone (a family of one), the other's marked exploratory."""
+    for name in ("planned", "unplanned"):
+        writer = ResultsWriter(tmp_path, name)
+        for seed, (pre, rnd) in enumerate([(0.9, 0.6), (0.95, 0.7), (0.85, 0.5)]):
+            write(writer, f"p{seed}", pre, seed=seed, init="pretrained", hit=200)
+            write(writer, f"r{seed}", rnd, seed=seed, init="random", hit=0)
+    sweep = analysis_plan.AnalysisPlan(
+        sweep="planned", families={"accuracy: pretrained - random": ["pretrained - random"]}
+    )
+    results = load_results(tmp_path)
+    found = Comparisons.compute(results.trials, results.curves, "test_accuracy", None,
+                                {"planned": sweep})  # fmt: skip
+    init = found.init.set_index("sweep")
+    assert init.loc["planned", "accuracy_family"] == "planned: accuracy: pretrained - random"
+    assert init.loc["unplanned", "accuracy_family"] == EXPLORATORY
+    assert init.loc["planned", "accuracy_p_adjusted"] == pytest.approx(
+        init.loc["planned", "accuracy_p"]
+    )
+    findings = found.findings()
+    init_rows = findings[findings["comparison"] == "pretrained - random"]
+    assert list(init_rows["status"]) == ["planned", "exploratory"]
+    # The plan declared no matched-budget family: those rows are exploratory.
+    assert set(findings.loc[findings["comparison"].str.contains("equal"), "status"]) == {
+        "exploratory"
+    }
+    assert findings["baselines"].iloc[0].startswith("chance 50%")
+
+
+def test_power_section_says_how_many_seeds_detect_a_difference(tmp_path):
+    from scale_fpt.report import stats
+    from scale_fpt.report.document import Document, power_section
+
+    writer = ResultsWriter(tmp_path, "s")
+    for seed, (pre, rnd) in enumerate([(0.9, 0.6), (0.95, 0.7), (0.85, 0.5)]):
+        write(writer, f"p{seed}", pre, seed=seed, init="pretrained")
+        write(writer, f"r{seed}", rnd, seed=seed, init="random")
+    results = load_results(tmp_path)
+    found = Comparisons.compute(results.trials, results.curves, "test_accuracy", None, {})
+    (tmp_path / "tables").mkdir()
+    power_section(Document(tmp_path), tmp_path, found, 5.0)
+    (row,) = pd.read_csv(tmp_path / "tables" / "power.csv").to_dict("records")
+    sd = np.std([30.0, 25.0, 35.0], ddof=1)
+    assert row["n pairs"] == 3 and row["SD of differences (pp)"] == pytest.approx(sd, abs=1e-3)
+    assert row["detectable at 80% power (pp)"] == pytest.approx(
+        stats.detectable_difference(sd, 3), abs=1e-3
+    )
+    assert row["seeds to detect 5 pp"] == stats.seeds_needed(sd, 5.0) > 3
+
+
+def test_bad_seeds_for_is_one_error_before_any_work(tmp_path, capsys):
+    from scale_fpt import cli
+
+    assert cli.main(["report", str(tmp_path), "--seeds-for", "-1"]) == 2
+    assert "--seeds-for: -1.0 must be a positive difference in pp" in capsys.readouterr().err
+
+
+def test_html_renders_markdown_links():
+    assert inline_html("[tables/T1.csv](tables/T1.csv) a<b") == (
+        '<a href="tables/T1.csv">tables/T1.csv</a> a&lt;b'
+    )
