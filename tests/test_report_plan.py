@@ -12,7 +12,7 @@ import pytest
 from test_report import write
 
 from scale_fpt import analysis_plan
-from scale_fpt.presets import STUDIES
+from scale_fpt.recipes.studies import STUDIES
 from scale_fpt.report.document import Comparisons, inline_html
 from scale_fpt.report.tables.families import EXPLORATORY
 from scale_fpt.results import ResultsWriter, load_results

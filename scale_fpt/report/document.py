@@ -586,7 +586,11 @@ def build_report(
         doc.heading(2, "Tables these results cannot fill")
         doc.bullets(absent)
     figures_section(doc, out, trials, curves, computed["T4"], metric)
-    scaling_section.section(doc, out, trials, metric, save_figure)
+    # The law's form is the analysis plans'; where they declare different forms (or none),
+    # the section's default, which it names.
+    law_forms = {plan.law_form for plan in plans.values()}
+    law_form = law_forms.pop() if len(law_forms) == 1 else None
+    scaling_section.section(doc, out, trials, metric, save_figure, law_form=law_form)
     if attention_maps:
         attention_section(doc, out, by_sweep, results_dir, attention_examples)
     (out / "report.md").write_text(doc.markdown())
