@@ -74,6 +74,8 @@ class Row:
 
     @property
     def calibrated(self) -> bool:
+        if not self.n_studies:  # a statistic with no degree of freedom at this design
+            return False
         tolerance = TOLERANCE_Z * math.sqrt(self.nominal * (1 - self.nominal) / self.n_studies)
         if self.kind == "test":
             return self.coverage <= self.nominal + tolerance

@@ -80,7 +80,7 @@ def plan_for(sweep: SweepConfig) -> AnalysisPlan:
     # driver writes plans.
     from scale_fpt.report.tables.steps import thresholds_for
 
-    tasks = sorted({str(arm["task"]) for arm in sweep.arms()})
+    tasks = sorted({str(arm["task"]) for arm in sweep.trials()})
     families = {
         f"{kind}: {contrast}": [contrast]
         for contrast in declared_contrasts(sweep)
