@@ -20,98 +20,49 @@ Files:
     document.py   report.md / report.html with figures/ and tables/
 """
 
-from __future__ import annotations
+import importlib
 
-import math
-
-from scale_fpt.config import ConfigError
-from scale_fpt.report.attention import (
-    attention_maps,
-    attention_shares,
-    load_trial_model,
-    relevant_positions,
-    trial_attention,
-)
-from scale_fpt.report.document import all_tables, build_report, parse_thresholds
-from scale_fpt.report.figures import (
-    attention_figure,
-    learning_curves_figure,
-    lr_figure,
-    scaling_figure,
-    steps_figure,
-)
-from scale_fpt.report.stats import summarize, t_quantile, welch_difference
-from scale_fpt.report.tables import (
-    DEFAULT_METRIC,
-    DEFAULT_THRESHOLDS,
-    budget_table,
-    lr_differences,
-    lr_fair,
-    lr_points,
-    table1_full,
-    table2_init,
-    table3_lstm,
-    table4_steps,
-    table6_size,
-    table6_wide,
-    table8_finetune,
-    wide,
-)
-
-__all__ = [
-    "DEFAULT_METRIC",
-    "DEFAULT_THRESHOLDS",
-    "all_tables",
-    "attention_figure",
-    "attention_maps",
-    "attention_shares",
-    "budget_table",
-    "build_report",
-    "learning_curves_figure",
-    "load_trial_model",
-    "lr_differences",
-    "lr_fair",
-    "lr_figure",
-    "lr_points",
-    "main",
-    "parse_thresholds",
-    "relevant_positions",
-    "scaling_figure",
-    "steps_figure",
-    "summarize",
-    "t_quantile",
-    "table1_full",
-    "table2_init",
-    "table3_lstm",
-    "table4_steps",
-    "table6_size",
-    "table6_wide",
-    "table8_finetune",
-    "trial_attention",
-    "welch_difference",
-    "wide",
-]
+EXPORTS = {
+    "DEFAULT_METRIC": "tables",
+    "DEFAULT_THRESHOLDS": "tables",
+    "all_tables": "document",
+    "attention_figure": "figures",
+    "attention_maps": "attention",
+    "attention_shares": "attention",
+    "budget_table": "tables",
+    "build_report": "document",
+    "learning_curves_figure": "figures",
+    "load_trial_model": "attention",
+    "lr_differences": "tables",
+    "lr_fair": "tables",
+    "lr_figure": "figures",
+    "lr_points": "tables",
+    "main": "document",
+    "parse_thresholds": "document",
+    "relevant_positions": "attention",
+    "scaling_figure": "figures",
+    "steps_figure": "figures",
+    "summarize": "stats",
+    "t_quantile": "stats",
+    "table1_full": "tables",
+    "table2_init": "tables",
+    "table3_lstm": "tables",
+    "table4_steps": "tables",
+    "table6_size": "tables",
+    "table6_wide": "tables",
+    "table8_finetune": "tables",
+    "trial_attention": "attention",
+    "welch_difference": "stats",
+    "wide": "tables",
+}
+"""Each public name and the module of this package that defines it."""
+__all__ = sorted(EXPORTS)
 
 
-def main(args) -> int:
-    """``scale-fpt report``: args.results_dir, args.out, and optionally args.metric,
-    args.threshold (list), args.no_attention, args.pool, args.seeds_for (pp: prints the
-    power table)."""
-    seeds_for = getattr(args, "seeds_for", None)
-    if seeds_for is not None and not (seeds_for > 0 and math.isfinite(seeds_for)):
-        raise ConfigError([f"--seeds-for: {seeds_for} must be a positive difference in pp"])
-    path = build_report(
-        args.results_dir,
-        args.out or None,
-        metric=getattr(args, "metric", None) or DEFAULT_METRIC,
-        thresholds=parse_thresholds(getattr(args, "threshold", None) or []),
-        attention_maps=not getattr(args, "no_attention", False),
-        pool=getattr(args, "pool", False),
-        seeds_for=seeds_for,
-    )
-    power = path.parent / "tables" / "power.csv"
-    if seeds_for is not None:
-        print(power.read_text() if power.exists() else "no paired comparison: no power table\n",
-              end="")  # fmt: skip
-    print(path)
-    return 0
+def __getattr__(name: str):
+    """``scale_fpt.report.NAME`` imports NAME's module on first use (PEP 562): the paper's
+    numbers (``report.published``), which the recipes read, load without torch (start-up
+    time)."""
+    if name not in EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{EXPORTS[name]}"), name)

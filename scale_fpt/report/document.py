@@ -868,3 +868,27 @@ def parse_thresholds(values: list[str]):
     if every is None:
         return out
     return {**dict.fromkeys(tables.DEFAULT_THRESHOLDS, every), **out}
+
+
+def main(args) -> int:
+    """``scale-fpt report``: args.results_dir, args.out, and optionally args.metric,
+    args.threshold (list), args.no_attention, args.pool, args.seeds_for (pp: prints the
+    power table)."""
+    seeds_for = getattr(args, "seeds_for", None)
+    if seeds_for is not None and not (seeds_for > 0 and math.isfinite(seeds_for)):
+        raise ConfigError([f"--seeds-for: {seeds_for} must be a positive difference in pp"])
+    path = build_report(
+        args.results_dir,
+        args.out or None,
+        metric=getattr(args, "metric", None) or tables.DEFAULT_METRIC,
+        thresholds=parse_thresholds(getattr(args, "threshold", None) or []),
+        attention_maps=not getattr(args, "no_attention", False),
+        pool=getattr(args, "pool", False),
+        seeds_for=seeds_for,
+    )
+    power = path.parent / "tables" / "power.csv"
+    if seeds_for is not None:
+        print(power.read_text() if power.exists() else "no paired comparison: no power table\n",
+              end="")  # fmt: skip
+    print(path)
+    return 0
