@@ -36,7 +36,7 @@ from scale_fpt.loop import (
 from scale_fpt.models import BuiltModel, build_model
 from scale_fpt.packing import STEP_KINDS, pack_problem, step_kind
 from scale_fpt.provenance import git_sha
-from scale_fpt.results import SCHEMA_VERSION
+from scale_fpt.results import SCHEMA_VERSION, recorded_config
 from scale_fpt.seeding import seed_streams
 from scale_fpt.steps.cohort import CohortStep
 from scale_fpt.steps.engine import EngineStep
@@ -141,7 +141,7 @@ class TrialRecord:
         return step_flops(self.built, self.spec, self.config.train.batch_size)[0]
 
     def curve_row(self, evaluation: Evaluation) -> dict:
-        flat = self.config.to_flat()
+        flat = recorded_config(self.config.to_flat())
         return {"sweep": self.sweep, "trial_id": self.trial_id, **asdict(evaluation), **flat}
 
     def trial_row(self, state: TrialState, error: str | None = None) -> dict:
@@ -151,7 +151,7 @@ class TrialRecord:
         return {
             "sweep": self.sweep,
             "trial_id": self.trial_id,
-            **self.config.to_flat(),
+            **recorded_config(self.config.to_flat()),
             "status": "failed" if error else state.status,
             "stop_reason": "failed" if error else state.stop_reason,
             "steps_done": state.step,

@@ -3,7 +3,8 @@ per member trial.
 
 The driver already receives every evaluation (``ResultsCallback``); ``Trackers`` hands the
 same rows to each logger of ``SweepConfig.loggers`` through one interface (``TrialLogger``):
-a member trial starts with its flat config (TensorBoard hparams, W&B config, MLflow params),
+a member trial starts with its flat config as ``results.recorded_config`` allows it
+(TensorBoard hparams, W&B config, MLflow params; nothing of the environment),
 gets the curve scalars at each evaluated step (``CURVE_SCALARS`` as ``<split>/<metric>``,
 and ``val/best_accuracy``), and finishes with its status and final metrics (the trials
 table's columns, ``FINAL_COLUMNS``). Where they land:
@@ -32,6 +33,8 @@ import os
 import sys
 import time
 from pathlib import Path
+
+from scale_fpt.results import recorded_config
 
 LOGGERS = ("tensorboard", "wandb", "mlflow", "none")
 """Values of ``SweepConfig.loggers``: ``none`` alone turns tracking off."""
@@ -83,17 +86,6 @@ def scalar_tag(column: str) -> str:
 
 def number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
-
-
-def hparams_of(row: dict) -> dict:
-    """The trial config fields of a trial row (scalars only): hparams, config, params."""
-    from scale_fpt.config import FIELD_TYPES
-
-    return {
-        k: v
-        for k, v in row.items()
-        if k in FIELD_TYPES and isinstance(v, bool | int | float | str) and v == v
-    }
 
 
 def final_values(row: dict) -> dict:
@@ -298,7 +290,7 @@ class Trackers:
             from scale_fpt.sweep.progress import arm_of
 
             self.open.add(trial_id)
-            self.each("start", trial_id, hparams_of(row or {}), arm_of(row or {}))
+            self.each("start", trial_id, recorded_config(row or {}), arm_of(row or {}))
 
     def write(self, curve_rows: list[dict], trial_rows: list[dict]) -> None:
         configs = {row["trial_id"]: row for row in trial_rows}
