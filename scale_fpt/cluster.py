@@ -1,4 +1,4 @@
-"""Ray cluster launcher configs (``cluster/*.yaml``): loading and offline validation.
+"""Ray cluster launcher configs (``cluster/*.yaml``): loading, offline validation, tokens.
 
 :func:`validate_cluster_config` runs the checks ``ray up`` runs before it talks to a cloud
 provider: Ray's own JSON schema (``ray/autoscaler/ray-schema.json``), then Ray's
@@ -7,15 +7,22 @@ credentials, opens no connection) and ``validate_config`` on the merged result. 
 mistakes that ``prepare_config`` would otherwise hide or turn into a confusing message are
 reported first. Every problem becomes one line of a :class:`~scale_fpt.config.ConfigError`.
 
+Every shipped config runs its nodes with Ray's token authentication: the laptop keeps one
+token per cluster (:func:`ensure_cluster_token`, ``python -m scale_fpt.cluster token
+CONFIG``) and the config's ``file_mounts`` carry it to ``NODE_TOKEN`` on every node.
+
 Ray is imported inside the functions: importing this module stays cheap.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
 import re
+import secrets
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +31,11 @@ from scale_fpt.gpus import DEFAULT_GPU, GPU, GPUS, gpu_in_name
 
 BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"
 """Where ``ray up`` leaves the cluster config on the head (its autoscaler reads it)."""
+
+NODE_TOKEN = "~/.ray/auth_token"
+"""Where every node of a shipped config holds the cluster's token: Ray's default token file,
+which `ray start`, a driver's ``ray.init``, `ray job submit` and the dashboard read without
+further settings (the nodes set ``RAY_AUTH_MODE=token``)."""
 
 
 def load_cluster_config(path: str | os.PathLike) -> dict:
@@ -82,6 +94,39 @@ def validate_cluster_config(path: str | os.PathLike) -> None:
         raise ConfigError([f"{path}: {_describe_ray_error(e)}"]) from None
     finally:
         util_logger.setLevel(level)
+
+
+def cluster_token_file(config: dict, path: str | os.PathLike) -> str:
+    """The laptop's file that ``config`` (read from ``path``) carries to every node as its
+    token: the local side of ``file_mounts[NODE_TOKEN]``, ``~`` expanded."""
+    local = (config.get("file_mounts") or {}).get(NODE_TOKEN)
+    if not isinstance(local, str) or not local:
+        raise ConfigError(
+            [
+                f"{os.fspath(path)}: file_mounts: no {NODE_TOKEN!r} entry; add "
+                f'"{NODE_TOKEN}": "~/.ray/clusters/<cluster_name>.token" so that every '
+                "node gets the cluster's token"
+            ]
+        )
+    return os.path.expanduser(local)
+
+
+def ensure_cluster_token(path: str | os.PathLike) -> bool:
+    """Make the cluster token file ``path`` unless it exists: 256 random bits in hex (the
+    form of Ray's own ``ray get-auth-token --generate``), readable by its owner only (0600,
+    in a folder made 0700). An existing token is kept, as the nodes of a running cluster hold
+    it; its mode is narrowed to 0600. Returns whether a token was made."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    try:
+        # O_EXCL: two launchers racing on one laptop still end with a single token.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        os.chmod(path, 0o600)
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return True
 
 
 @dataclass(frozen=True)
@@ -277,3 +322,29 @@ def _describe_ray_error(error: BaseException) -> str:
         return _describe_schema_error(error)
     text = str(error).strip() or type(error).__name__
     return f"rejected by Ray's cluster launcher: {text}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m scale_fpt.cluster",
+        description="make a cluster's Ray token once, before its first `ray up`",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    token = commands.add_parser(
+        "token", help="make the token file CONFIG's file_mounts carry to every node"
+    )
+    token.add_argument("config", help="the cluster config, e.g. cluster/gpu.yaml")
+    args = parser.parse_args(argv)
+    try:
+        path = cluster_token_file(load_cluster_config(args.config), args.config)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    made = ensure_cluster_token(path)
+    print(f"{'made' if made else 'kept'} the cluster token {path} (mode 0600)")
+    print(f"for `ray job submit` from here: export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -27,13 +27,25 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from scale_fpt.config import CONCERNS, ConfigError
+from scale_fpt.config import CONCERNS, FIELD_TYPES, ConfigError
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
 
 ARROW_TYPES = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
+
+
+def recorded_config(values: dict) -> dict:
+    """The one allow-list of what any artefact records of a trial's config (the Parquet
+    rows, TensorBoard hparams, W&B config, MLflow params, hence the report): the declared
+    trial config fields (``config.FIELD_TYPES``) with scalar values. Every other key of
+    ``values`` (a sweep setting, a storage URL, anything of the environment) is left out."""
+    return {
+        k: v
+        for k, v in values.items()
+        if k in FIELD_TYPES and isinstance(v, bool | int | float | str) and v == v
+    }
 
 
 def config_columns() -> list[pa.Field]:

@@ -36,7 +36,7 @@ from scale_fpt.loop import (
 from scale_fpt.models import build_model
 from scale_fpt.profile import TrialProfile, config_profile
 from scale_fpt.provenance import git_sha
-from scale_fpt.results import SCHEMA_VERSION
+from scale_fpt.results import SCHEMA_VERSION, recorded_config
 from scale_fpt.seeding import seed_streams
 from scale_fpt.steps.cohort import CohortStep
 from scale_fpt.steps.engine import EngineStep
@@ -135,7 +135,7 @@ class TrialRecord:
         return self.profile.config
 
     def curve_row(self, evaluation: Evaluation) -> dict:
-        flat = self.config.to_flat()
+        flat = recorded_config(self.config.to_flat())
         return {"sweep": self.sweep, "trial_id": self.trial_id, **asdict(evaluation), **flat}
 
     def trial_row(self, state: TrialState, error: str | None = None) -> dict:
@@ -145,7 +145,7 @@ class TrialRecord:
         return {
             "sweep": self.sweep,
             "trial_id": self.trial_id,
-            **self.config.to_flat(),
+            **recorded_config(self.config.to_flat()),
             "status": Status.FAILED.value if error else state.status,
             "stop_reason": StopReason.FAILED.value if error else state.stop_reason,
             "steps_done": state.step,

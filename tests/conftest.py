@@ -4,6 +4,8 @@ isolated scale_fpt cache directory, no network, one local Ray."""
 from __future__ import annotations
 
 import os
+import secrets
+import tempfile
 
 import pytest
 from helpers import save_tiny_gpt2, write_long_proteins
@@ -18,10 +20,14 @@ def pytest_configure(config):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     # Every Ray the tests start (in-process, in subprocesses, `ray start` nodes) runs with
-    # token authentication off, explicitly: without RAY_AUTH_MODE a local ray.init() turns
-    # it on and leaves ~/.ray/auth_token behind, and a head started while that file exists
-    # turns it on too, which workers started without it cannot join.
-    os.environ["RAY_AUTH_MODE"] = "disabled"
+    # token authentication, as a laptop's ray.init() does by default, but with a token of
+    # this session's own instead of ~/.ray/auth_token (which the tests neither read nor
+    # leave behind): set explicitly, so that workers join a head whatever files exist.
+    descriptor, token = tempfile.mkstemp(prefix="sf-ray-token-")  # mode 0600
+    with os.fdopen(descriptor, "w") as f:
+        f.write(secrets.token_hex(32))
+    config.add_cleanup(lambda: os.unlink(token))
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token)
 
 
 @pytest.fixture(autouse=True)

@@ -49,8 +49,9 @@ class LocalCluster:
     def __init__(self, **env: str):
         self.temp_dir = tempfile.mkdtemp(prefix="sfray", dir="/tmp")  # short: socket paths
         # Its own HOME holding a ~/.ray/auth_token, as a machine that once ran a plain local
-        # ray.init() has: the nodes must form whether or not that file exists, because the
-        # auth mode is set explicitly. (Kernels stay in this machine's build cache.)
+        # ray.init() has: the nodes must form with the session's token whatever that file
+        # holds, because the auth mode and the token's path are set explicitly (conftest).
+        # (Kernels stay in this machine's build cache.)
         home = Path(self.temp_dir) / "home"
         (home / ".ray").mkdir(parents=True)
         (home / ".ray" / "auth_token").write_text("a-token-left-by-an-earlier-ray-init")
@@ -58,7 +59,6 @@ class LocalCluster:
             **os.environ,
             "HOME": str(home),
             "TORCH_EXTENSIONS_DIR": torch_extensions_dir(),
-            "RAY_AUTH_MODE": "disabled",
             "RAY_USAGE_STATS_ENABLED": "0",
         }
         self.env.update(env)

@@ -15,6 +15,7 @@ import re
 import secrets
 import shlex
 import shutil
+import site
 import stat
 import subprocess
 import sys
@@ -25,9 +26,15 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import torch_extensions_dir
-from ray_clusters import wait_until
+from ray_clusters import free_port, wait_until
 
-from scale_fpt.cluster import load_cluster_config, validate_cluster_config
+from scale_fpt.cluster import (
+    NODE_TOKEN,
+    cluster_token_file,
+    load_cluster_config,
+    validate_cluster_config,
+)
+from scale_fpt.cluster import main as cluster_main
 from scale_fpt.config import ConfigError
 
 ray = pytest.importorskip("ray")
@@ -215,6 +222,59 @@ def test_gpu_docker_run_options():
     assert "--shm-size=" in options
     assert "-v /mnt/shared:/mnt/shared" in options
     assert config["docker"]["container_name"]
+
+
+# --- Token authentication ------------------------------------------------------------------
+
+
+def node_environment(config: dict) -> str:
+    """What every process of a node gets in its environment from ``config``: the container's
+    ``--env`` options (gpu.yaml) and the setup commands (local.yaml's ~/.scale_fpt_env)."""
+    docker = config.get("docker") or {}
+    return " ".join([*docker.get("run_options", []), *config.get("setup_commands", [])])
+
+
+def test_every_node_runs_ray_with_the_clusters_token(cluster_file):
+    """Token authentication on, on every node, with a token from outside the repository; no
+    opt-out anywhere; the dashboard (and its job API) on 127.0.0.1 only."""
+    config = load_cluster_config(cluster_file)
+    assert "RAY_AUTH_MODE=token" in node_environment(config)
+    assert "RAY_AUTH_MODE=disabled" not in cluster_file.read_text()
+    token = Path(cluster_token_file(config, cluster_file))
+    assert not token.resolve().is_relative_to(REPO), "the token must stay out of the repository"
+    assert config["cluster_name"] in token.name, "one token per cluster"
+    prepared = _prepare(cluster_file)
+    head_start = " ".join(prepared["head_start_ray_commands"])
+    assert "--dashboard-host=127.0.0.1" in head_start
+    assert "0.0.0.0" not in cluster_file.read_text()
+
+
+def test_cluster_token_is_made_once_and_only_its_owner_reads_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = CLUSTER_DIR / "gpu.yaml"
+    assert cluster_main(["token", str(config)]) == 0
+    token = Path(cluster_token_file(load_cluster_config(config), config))
+    assert token.is_relative_to(tmp_path)
+    assert f"made the cluster token {token}" in capsys.readouterr().out
+    first = token.read_text()
+    assert re.fullmatch(r"[0-9a-f]{64}", first)
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    assert stat.S_IMODE(token.parent.stat().st_mode) == 0o700
+    token.chmod(0o644)
+    assert cluster_main(["token", str(config)]) == 0  # a running cluster's nodes hold the first one
+    assert f"kept the cluster token {token}" in capsys.readouterr().out
+    assert token.read_text() == first
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    other = CLUSTER_DIR / "local.yaml"
+    assert cluster_token_file(load_cluster_config(other), other) != str(token)
+
+
+def test_token_command_names_a_config_without_the_token_mount(tmp_path, capsys):
+    config = load_cluster_config(CLUSTER_DIR / "local.yaml")
+    del config["file_mounts"][NODE_TOKEN]
+    assert cluster_main(["token", str(_write(tmp_path, config))]) == 2
+    err = capsys.readouterr().err
+    assert f"file_mounts: no '{NODE_TOKEN}' entry" in err and "Traceback" not in err
 
 
 def test_gpu_shared_filesystem_is_mounted_on_hosts():
@@ -442,6 +502,8 @@ def set_up_by_hand(config_path: Path, laptop: Path, home: Path, shared: Path) ->
     config = _prepare(config_path)
     home.mkdir()
     for remote, local in config["file_mounts"].items():
+        if remote == NODE_TOKEN:  # no Ray runs here (the SSH test carries the token)
+            continue
         target = home / remote.removeprefix("~/")
         shutil.copytree(laptop / local, target, ignore=shutil.ignore_patterns(".git"))
     (home / ".bashrc").write_text(
@@ -500,35 +562,77 @@ class SshNode:
     connection's stdin and stdout."""
 
 
+def hidden_python_trees() -> dict[Path, set[Path]]:
+    """The folders this test's Python lives in (its environment, ``sys.prefix``, and the
+    interpreter a venv links to, ``sys.base_prefix``) that lie under a directory other users
+    cannot enter, by that directory: e.g. {/root: {/root/.pyenv, /root/ci}} for a venv in a
+    checkout under a 0700 /root over pyenv's Python."""
+    hidden: dict[Path, set[Path]] = {}
+    for prefix in {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}:
+        closed = [d for d in prefix.parents if not d.stat().st_mode & stat.S_IXOTH]
+        if len(closed) > 1:
+            pytest.skip(f"{prefix} lies under several directories other users cannot enter")
+        if closed:
+            top = closed[0]
+            hidden.setdefault(top, set()).add(top / prefix.relative_to(top).parts[0])
+    return hidden
+
+
 def sshd_command(base: Path, sshd_config: Path) -> str:
     """The shell command that serves one SSH connection on stdin/stdout (``sshd -i``).
 
-    When this machine's Python lies under a directory other users cannot enter (pyenv in a
-    0700 /root), the node's user could not run it; the sshd then runs in a mount namespace of
-    its own in which that directory is an empty tmpfs holding only the Python tree (bound
-    in place). Nothing changes for the rest of the machine."""
+    When this machine's Python lies under a directory other users cannot enter (pyenv, or a
+    venv, in a 0700 /root), the node's user could not run it; the sshd then runs in a mount
+    namespace of its own in which each such directory is an empty tmpfs holding only the
+    Python trees (bound in place). Nothing changes for the rest of the machine."""
     serve = f"exec {shlex.quote(SSHD)} -i -f {shlex.quote(str(sshd_config))}"
-    python = Path(sys.prefix).resolve()
-    closed = [d for d in python.parents if not d.stat().st_mode & stat.S_IXOTH]
-    if not closed:
+    hidden = hidden_python_trees()
+    if not hidden:
         return serve
-    if len(closed) > 1:
-        pytest.skip(f"{python} lies under several directories other users cannot enter")
-    top = closed[0]
-    tree = top / python.relative_to(top).parts[0]
-    stage = base / "python"
-    stage.mkdir()
-    steps = [
-        ["mount", "--bind", str(tree), str(stage)],
-        ["mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", str(top)],
-        ["mkdir", str(tree)],
-        ["mount", "--move", str(stage), str(tree)],
-    ]
+    steps = []
+    for n, (top, trees) in enumerate(hidden.items()):
+        staged = [(tree, base / f"python{n}-{i}") for i, tree in enumerate(sorted(trees))]
+        for tree, stage in staged:
+            stage.mkdir()
+            steps.append(["mount", "--bind", str(tree), str(stage)])
+        steps.append(["mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", str(top)])
+        for tree, stage in staged:
+            steps += [["mkdir", str(tree)], ["mount", "--move", str(stage), str(tree)]]
     inner = " && ".join(shlex.join(step) for step in steps) + f" && {serve}"
     probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, text=True)
     if probe.returncode != 0:
-        pytest.skip(f"no mount namespace for the node's view of {top}: {probe.stderr.strip()}")
+        pytest.skip(f"no mount namespace for the node's view of Python: {probe.stderr.strip()}")
     return f"exec unshare --mount --propagation private sh -c {shlex.quote(inner)}"
+
+
+def layered_venv(target: Path) -> Path:
+    """A virtual environment at ``target`` for the node's user, over this test's packages: a
+    ``.pth`` file puts this interpreter's site-packages after the venv's own, and the console
+    scripts beside ``sys.executable`` (``ray`` ...) are copied to run the venv's Python. So the
+    node has this machine's torch and Ray without reinstalling them, its `pip install` writes
+    to a folder the node's user owns, and what it installs (the synced package) comes first.
+    Returns the venv's ``bin``."""
+    subprocess.run([sys.executable, "-m", "venv", str(target)], check=True)
+    bin_dir = target / "bin"
+    python = bin_dir / "python"
+    own = subprocess.run(
+        [str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(own) / "_layered_on.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    ours = Path(sys.executable).resolve()
+    for script in Path(sys.executable).parent.iterdir():
+        copy = bin_dir / script.name
+        if copy.exists() or not script.is_file():
+            continue
+        head, _, rest = script.read_bytes().partition(b"\n")
+        shebang = Path(head[2:].decode(errors="replace").strip())
+        if head.startswith(b"#!") and shebang.exists() and shebang.resolve() == ours:
+            copy.write_bytes(b"#!" + str(python).encode() + b"\n" + rest)
+            copy.chmod(0o755)
+    return bin_dir
 
 
 def end_processes(matches) -> None:
@@ -547,9 +651,9 @@ def end_processes(matches) -> None:
 @pytest.fixture
 def ssh_node():
     """A node for the launcher: a login user made for the test, its home and shared directory
-    under one temporary directory, a key pair, and its own sshd config and host key. This
-    machine's Python comes first on the node's PATH from ~/.bashrc, as local.yaml asks of
-    every machine; the node's Ray keeps its files (and its `ray_current_cluster`) in its own
+    under one temporary directory, a key pair, and its own sshd config and host key. The
+    node's Python, first on its PATH from ~/.bashrc as local.yaml asks of every machine, is a
+    venv of its own layered on this test's environment (``layered_venv``); the node's Ray keeps its files (and its `ray_current_cluster`) in its own
     temporary directory, apart from any other Ray here. The node starts with the fused
     kernels this machine has built (a copy of its torch extension cache: the setup's
     `scale_fpt.prebuild` then loads them instead of compiling for minutes). At the end every
@@ -580,8 +684,9 @@ def ssh_node():
         shutil.copy(f"{key}.pub", home / ".ssh" / "authorized_keys")
         extensions = Path(torch_extensions_dir())
         shutil.copytree(extensions, home / ".cache" / "torch_extensions" / extensions.name)
+        venv_bin = layered_venv(home / "venv")
         with open(home / ".bashrc", "a") as bashrc:
-            bashrc.write(f"export PATH={Path(sys.executable).parent}:$PATH TMPDIR={base}/tmp\n")
+            bashrc.write(f"export PATH={venv_bin}:$PATH TMPDIR={base}/tmp\n")
         (base / "tmp").mkdir()
         (base / "shared").mkdir()
         for path in (home, base / "tmp", base / "shared"):
@@ -614,7 +719,7 @@ def ssh_node():
 def launch_config(name: str, node: SshNode) -> dict:
     """cluster/``name`` as shipped except what ties it to its machines: the provider (Ray's
     local one: this machine as the head, no workers), `auth` (the node's user, key and sshd),
-    /mnt/shared (the node's shared directory) and, for gpu.yaml, its AWS and docker parts
+    /mnt/shared (the node's shared directory), the head's dashboard agent port and, for gpu.yaml, its AWS and docker parts
     (the EC2 node types, the EFS mount on the instance's host, the container)."""
     text = (CLUSTER_DIR / name).read_text().replace(SHARED, str(node.shared))
     config = yaml.safe_load(text)
@@ -627,6 +732,10 @@ def launch_config(name: str, node: SshNode) -> dict:
     for aws_or_docker in ("available_node_types", "head_node_type", "initialization_commands"):
         config.pop(aws_or_docker, None)
     config.pop("docker", None)
+    # Every local ray.init() of this machine (other tests' too) takes the dashboard agent's
+    # default port, 52365: the head's agent gets a free one instead.
+    head_start = config["head_start_ray_commands"]
+    head_start[-1] += f" --dashboard-agent-listen-port={free_port()}"
     return config
 
 
@@ -649,50 +758,103 @@ def busy_ports(ports) -> list[int]:
     return sorted(set(ports) & listening)
 
 
+def container_environment(name: str, node: SshNode) -> list[str]:
+    """``K=V`` of each ``--env`` option of cluster/``name``'s container (none for local.yaml),
+    /mnt/shared as on ``node``: what the swapped-out container gives every process."""
+    docker = load_cluster_config(CLUSTER_DIR / name).get("docker") or {}
+    options = [o.split(None, 1) for o in docker.get("run_options", [])]
+    return [value.replace(SHARED, str(node.shared)) for flag, value in options if flag == "--env"]
+
+
+def unauthenticated_probes(token: str, env: dict) -> dict[str, subprocess.Popen]:
+    """Started at once, in the background: a job submission without a token and with another
+    cluster's, and a driver's ``ray.init`` on the head's address without a token."""
+    other = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    assert other["RAY_AUTH_TOKEN"] != token
+    job = [RAY, "job", "submit", "--address", DASHBOARD, "--submission-id"]
+    attach = "import ray; ray.init(address='127.0.0.1:6379'); print('attached')"
+    commands = {
+        "job without token": ([*job, "intruder", "--", "touch", "/tmp/sfn-intruder"], env),
+        "job with another token": ([*job, "impostor", "--", "touch", "/tmp/sfn-impostor"], other),
+        "ray.init without token": ([sys.executable, "-c", attach], env),
+    }
+    return {
+        what: subprocess.Popen(
+            command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for what, (command, environment) in commands.items()
+    }
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["local.yaml", "gpu.yaml"])
 def test_ray_up_submit_job_submit_down_over_ssh(tmp_path, ssh_node, name):
-    """The README's commands, for real, with this machine as the config's head: `ray up`
-    syncs a laptop's checkout and runs the config's setup (its real `pip install -e`) and
-    start commands over SSH; a sweep by `ray submit` and one of the synced copy by `ray job
-    submit` (at once, on the node's two CPUs) write rows that carry the laptop's commit to
-    the shared path; `ray down` stops the node's Ray. local.yaml's node defaults send a bare
-    sweep's results and Tune state to shared storage. gpu.yaml's come from its container
-    (swapped out here), and its node runs the same code as local.yaml's, so there both
-    commands run the sweep's ``--plan`` (the script's imports, the planner and the preflight
-    on the node: no training, ~2 minutes less) and `ray exec` reads the commit rows would
-    carry. On local.yaml, the job's logs show the sweep's progress, `ray job status` its end,
-    and `ray job stop` stops a second, endless one."""
+    """The README's commands, for real, with this machine as the config's head: the laptop
+    makes the cluster's token (`python -m scale_fpt.cluster token`), `ray up` syncs a laptop's
+    checkout and the token and runs the config's setup (its real `pip install -e`) and start
+    commands over SSH; a sweep by `ray submit` and one of the synced copy by `ray job submit`
+    with the token (at once, on the node's two CPUs) write rows that carry the laptop's commit
+    to the shared path; `ray down` stops the node's Ray. Every Ray process of the node runs
+    with token authentication, and a job submitted without the token or with another one,
+    and a driver's `ray.init` without it, are refused; the token is in no file of the results.
+    local.yaml's node defaults send a bare sweep's results and Tune state to shared storage.
+    gpu.yaml's container is swapped out (its ``--env`` options go to the node's ~/.bashrc),
+    and its node runs the same code as local.yaml's, so there both commands run the sweep's
+    ``--plan`` (the script's imports, the planner and the preflight on the node: no
+    training, ~2 minutes less) and `ray exec` reads the commit rows would carry. On
+    local.yaml, the job's logs show the sweep's progress, `ray job status` its end, and `ray
+    job stop` stops a second, endless one."""
+    import psutil
+    from ray.job_submission import JobSubmissionClient
+
     from scale_fpt.results import load_results
 
-    # The head takes Ray's default ports (GCS 6379, dashboard 8265, its agent 52365) and
-    # gpu.yaml's object manager port. A Ray an earlier test started in this process holds
-    # the agent's; another Ray on this machine may hold any of them.
+    # The head takes Ray's default ports (GCS 6379, dashboard 8265) and gpu.yaml's object
+    # manager port; another Ray on this machine may hold any of them.
     ray.shutdown()
-    ports = [6379, 8265, 52365, 8076]
+    ports = [6379, 8265, 8076]
     with contextlib.suppress(AssertionError):
         wait_until(lambda: not busy_ports(ports), "Ray's default ports", timeout=15)
     if busy := busy_ports(ports):
         pytest.skip(f"port(s) {busy} of the config's head are taken on this machine")
     laptop, expected = laptop_checkout(tmp_path)
-    config = _write(tmp_path, launch_config(name, ssh_node), name)
+    launched = launch_config(name, ssh_node)
+    config = _write(tmp_path, launched, name)
     validate_cluster_config(config)
+    if exports := container_environment(name, ssh_node):
+        with open(ssh_node.home / ".bashrc", "a") as bashrc:
+            bashrc.write(f"export {shlex.join(exports)}\n")
     shared = ssh_node.shared / "scale_fpt"
     sweep = SWEEP.split()
     planned = name == "gpu.yaml"
     if planned:
         sweep += ["--plan"]
     (tmp_path / "launcher").mkdir()
+    laptop_home = tmp_path / "laptop-home"  # where the laptop keeps the cluster's token
+    laptop_home.mkdir()
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("SCALE_FPT_", "RAY_ADDRESS")) and k != "PYTHONPATH"
+        if not k.startswith(("SCALE_FPT_", "RAY_ADDRESS", "RAY_AUTH_")) and k != "PYTHONPATH"
     }
+    env["HOME"] = str(laptop_home)
     env["TMPDIR"] = str(tmp_path / "launcher")  # the launcher's cluster state and config cache
+    made = subprocess.run(
+        [sys.executable, "-m", "scale_fpt.cluster", "token", str(config)],
+        cwd=laptop,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr[-2000:]
+    token_file = laptop_home / launched["file_mounts"][NODE_TOKEN].removeprefix("~/")
+    token = token_file.read_text()
+    # What the README's recipe exports for `ray job submit` from the laptop.
+    authenticated = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
 
-    def ray_cli(*args: str) -> subprocess.CompletedProcess:
+    def ray_cli(*args: str, environment: dict = authenticated) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [RAY, *args], cwd=laptop, env=env, capture_output=True, text=True, timeout=600
+            [RAY, *args], cwd=laptop, env=environment, capture_output=True, text=True, timeout=600
         )
 
     def succeeds(*args: str) -> str:
@@ -702,22 +864,44 @@ def test_ray_up_submit_job_submit_down_over_ssh(tmp_path, ssh_node, name):
 
     def job_status(job: str) -> str:
         """The job server's status name of ``job`` (RUNNING, STOPPED, ...)."""
-        from ray.job_submission import JobSubmissionClient
-
-        return str(JobSubmissionClient(DASHBOARD).get_job_status(job).value)
+        return str(jobs.get_job_status(job).value)
 
     succeeds("up", "-y", str(config))
     assert {"gcs_server", "raylet"} <= node_processes(ssh_node)
+    node_token = ssh_node.home / NODE_TOKEN.removeprefix("~/")
+    assert node_token.read_text() == token
+    assert stat.S_IMODE(node_token.stat().st_mode) == 0o600
+    # Every process of the node whose environment can be read (a process that retitles
+    # itself, e.g. a dashboard module, overwrites it) runs with token authentication, the
+    # GCS and the raylet among them.
+    modes = {}
+    for process in psutil.process_iter(["uids", "name"]):
+        if process.info["uids"].real == ssh_node.uid and process.info["name"] != "sshd":
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if environ := process.environ():
+                    modes[process.info["name"]] = environ.get("RAY_AUTH_MODE")
+    assert {"gcs_server", "raylet"} <= set(modes), modes
+    assert set(modes.values()) == {"token"}, modes
     synced_script = ssh_node.home / SYNCED.removeprefix("~/") / "sweeps" / "scale.py"
     job = ["job", "submit", "--address", DASHBOARD, "--submission-id", "jobbed", "--no-wait"]
     job += ["--", "env", "SCALE_FPT_PROGRESS_EVERY=1", "python", str(synced_script)]
     job += [*sweep, "--name", "jobbed"]
     # The dashboard's job agent answers a little after `ray start` returns.
     wait_until(lambda: ray_cli(*job).returncode == 0, "the job server", timeout=60)
+    jobs = JobSubmissionClient(DASHBOARD, headers={"Authorization": f"Bearer {token}"})
+    probes = unauthenticated_probes(token, env)
     submitted = succeeds(
         "submit", str(config), "sweeps/scale.py", "--", *sweep, "--name", "submitted"
     )
     logs = succeeds("job", "logs", "--address", DASHBOARD, "--follow", "jobbed")
+    refused = {what: probe.communicate(timeout=300)[0] for what, probe in probes.items()}
+    assert all(probe.returncode != 0 for probe in probes.values()), refused
+    assert "Unauthorized: Missing authentication token" in refused["job without token"]
+    assert "Forbidden: Invalid authentication token" in refused["job with another token"]
+    assert "InvalidAuthToken" in refused["ray.init without token"]
+    assert "attached" not in refused["ray.init without token"]
+    # Submitted jobs (the list also holds `ray submit`'s driver, without a submission id).
+    assert {j.submission_id for j in jobs.list_jobs() if j.submission_id} == {"jobbed"}
     if planned:
         for study, output in (("submitted", submitted), ("jobbed", logs)):
             assert f"{study}: 1 arms x 1 trial(s)" in output, output[-3000:]
@@ -741,7 +925,12 @@ def test_ray_up_submit_job_submit_down_over_ssh(tmp_path, ssh_node, name):
         succeeds("job", "stop", "--address", DASHBOARD, "stopme")
         wait_until(lambda: job_status("stopme") == "STOPPED", "the stop", timeout=60)
     assert not (ssh_node.home / "results").exists()
-    assert not (ssh_node.home / ".ray" / "auth_token").exists()
+    for path in [
+        *ssh_node.shared.rglob("*"),
+        *(ssh_node.home / SYNCED.removeprefix("~/")).rglob("*"),
+    ]:
+        if path.is_file() and not path.is_symlink():
+            assert token.encode() not in path.read_bytes(), path
 
     succeeds("down", "-y", str(config))
     wait_until(lambda: not node_processes(ssh_node), "the node's Ray to stop", timeout=30)

@@ -3,7 +3,8 @@ per member trial.
 
 The driver already receives every evaluation (``ResultsCallback``); ``Trackers`` hands the
 same rows to each logger of ``SweepConfig.loggers`` through one interface (``TrialLogger``):
-a member trial starts with its flat config (TensorBoard hparams, W&B config, MLflow params),
+a member trial starts with its flat config as ``results.recorded_config`` allows it
+(TensorBoard hparams, W&B config, MLflow params; nothing of the environment),
 gets the curve scalars at each evaluated step (``CURVE_SCALARS`` as ``<split>/<metric>``,
 and ``val/best_accuracy``), and finishes with its status and final metrics (the trials
 table's columns, ``FINAL_COLUMNS``). Where they land:
@@ -32,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from scale_fpt.config import FIELD_TYPES
+from scale_fpt.results import recorded_config
 from scale_fpt.sweep.progress import arm_of
 from scale_fpt.vocabulary import ENDED, Status
 
@@ -75,15 +76,6 @@ def scalar_tag(column: str) -> str:
 
 def number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
-
-
-def hparams_of(row: dict) -> dict:
-    """The trial config fields of a trial row (scalars only): hparams, config, params."""
-    return {
-        k: v
-        for k, v in row.items()
-        if k in FIELD_TYPES and isinstance(v, bool | int | float | str) and v == v
-    }
 
 
 def final_values(row: dict) -> dict:
@@ -276,7 +268,7 @@ class Trackers:
     def start(self, trial_id: str, row: dict | None) -> None:
         if trial_id not in self.open:
             self.open.add(trial_id)
-            self.each("start", trial_id, hparams_of(row or {}), arm_of(row or {}))
+            self.each("start", trial_id, recorded_config(row or {}), arm_of(row or {}))
 
     def write(self, curve_rows: list[dict], trial_rows: list[dict]) -> None:
         configs = {row["trial_id"]: row for row in trial_rows}
