@@ -192,8 +192,9 @@ class EngineStep:
             optimizer=optimizer,
             config=deepspeed_config(train),
         )
-        if world.size == 1:
-            # A world of one reduces nothing, yet the allreduce walks every parameter.
+        if world.size == 1 and train.zero_stage == 0:
+            # A world of one reduces nothing, yet the allreduce walks every parameter (ZeRO's
+            # reduction also partitions the gradients: it stays).
             self.engine.enable_backward_allreduce = False
         self.autocast = torch.autocast(
             torch.device(self.engine.device).type,
