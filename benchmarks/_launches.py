@@ -174,7 +174,7 @@ class CompiledGraphs:
         )
 
         def run(*args):
-            with _disable_current_modes():
+            with _disable_current_modes(), self.counter.paused():  # Triton launches too
                 return gm(*args)
 
         return make_boxed_func(run)

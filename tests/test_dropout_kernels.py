@@ -31,7 +31,7 @@ KEYS = torch.tensor([123456789, -987654321987], dtype=torch.int64)  # two member
 @pytest.mark.skipif(INTERPRETING, reason="the child itself")
 def test_kernel_in_tritons_interpreter():
     output = run_pytest_child(__file__, {"TRITON_INTERPRET": "1"})
-    assert "\n3 passed, 1 skipped in" in output  # every check ran
+    assert "\n3 passed, 3 skipped in" in output  # every check ran
 
 
 @pytest.fixture
@@ -63,3 +63,18 @@ def test_some_rows_draw_what_the_whole_tensor_draws_there(kernel):
     x = torch.randn(4, 37, generator=torch.Generator().manual_seed(1))
     expected = x * ops.keyed_keep(x, 0.3, KEYS, rows).view(x.shape)
     assert torch.equal(kernel(x, None, KEYS, rows.index, rows.total, 0.3), expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETING, reason="the compiled kernel")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_kernel_equals_the_torch_op_mask_on_the_gpu(dtype):
+    from scale_fpt.models.dropout_kernels import keyed_dropout_add
+
+    generator = torch.Generator().manual_seed(2)
+    keys = KEYS.cuda()
+    x = torch.randn(2, 64, 3000, generator=generator).to(dtype).cuda()
+    h = torch.randn(2, 64, 3000, generator=generator).to(dtype).cuda()
+    keep = ops.keyed_keep(x, 0.1, keys).view(x.shape)
+    assert torch.equal(keyed_dropout_add(x, None, keys, None, 0, 0.1), x * keep)
+    assert torch.equal(keyed_dropout_add(x, h, keys, None, 0, 0.1), torch.addcmul(h, x, keep))
