@@ -168,6 +168,28 @@ def step_keys(member_seeds: torch.Tensor | Sequence[int], step: int | torch.Tens
     return mix64_tensor(torch.as_tensor(member_seeds, dtype=torch.int64), step)
 
 
+class StepKeys:
+    """``step_keys(member_seeds, step)`` of successive steps, made ``STEP_BLOCK`` steps at a
+    time on the seeds' device: a training step then takes its keys as a row of the block (a
+    view, no kernel) instead of a chain of element-wise ops per step."""
+
+    def __init__(self, member_seeds: torch.Tensor):
+        self.member_seeds = member_seeds  # (C,) int64
+        self._start, self._block = 0, None
+
+    def at(self, step: int) -> torch.Tensor:
+        """(C,) keys of ``step`` (contiguous)."""
+        if self._block is None or not self._start <= step < self._start + STEP_BLOCK:
+            self._start = step
+            steps = torch.arange(step, step + STEP_BLOCK, device=self.member_seeds.device)
+            self._block = mix64_tensor(self.member_seeds[None, :], steps[:, None])  # (S, C)
+        return self._block[step - self._start]
+
+
+STEP_BLOCK = 1024
+"""Training steps whose dropout keys are made at once."""
+
+
 _KEYS: contextvars.ContextVar[DropoutSites | None] = contextvars.ContextVar(
     "dropout_keys", default=None
 )
@@ -179,7 +201,14 @@ def dropout_keys(
 ) -> Iterator[None]:
     """Key every dropout mask drawn inside on (member seed, ``step``, site): see the module
     docstring. ``member_seeds``: one per member chunk of the tensors, in order."""
-    token = _KEYS.set(DropoutSites(step_keys(member_seeds, step)))
+    with keyed_by(step_keys(member_seeds, step)):
+        yield
+
+
+@contextlib.contextmanager
+def keyed_by(keys: torch.Tensor) -> Iterator[None]:
+    """``dropout_keys`` of the step whose keys (``step_keys``, ``StepKeys.at``) are ``keys``."""
+    token = _KEYS.set(DropoutSites(keys))
     try:
         yield
     finally:

@@ -205,7 +205,7 @@ class EngineStep:
         # Each rank draws its own dropout masks (rank 0 those of a world of one): equal masks
         # on every rank's slice would correlate the ranks.
         dropout_seed = rank_seed(seed_streams(train.seed).dropout, world.rank)
-        self.keys = torch.tensor([dropout_seed], device=self.engine.device)
+        self.step_keys = ops.StepKeys(torch.tensor([dropout_seed], device=self.engine.device))
         if world.size > 1:
             torch.manual_seed(dropout_seed)  # what draws from torch's global generator
         self.metrics = MemberMetrics(1, self.engine.device)
@@ -225,7 +225,7 @@ class EngineStep:
         if not self.training:
             self.engine.train()
             self.training = True
-        with ops.dropout_keys(self.keys, step), self.autocast:
+        with ops.keyed_by(self.step_keys.at(step)), self.autocast:
             logits = self.engine(x, lengths)  # (B/N, k, m, C)
         loss, correct = member_losses(logits[None], y[None])  # (1,), (1,)
         # Every rank's slice has batch_size / workers examples: the mean of the ranks' means
