@@ -31,12 +31,12 @@ interpreted = pytest.mark.skipif(
 )
 
 PINNED = {
-    # (path, finetune): kernel ops per step of gpt2-tiny, bit-xor, batch 4, bf16
-    ("engine", "fpt"): 0,
-    ("cohort-eager", "fpt"): 0,
-    ("cohort-compiled", "fpt"): 0,
-    ("baseline", "fpt"): 0,
-    ("engine", "full"): 0,
+    # (path, finetune): (kernel ops, device syncs) per step of gpt2-tiny, bit-xor, batch 4, bf16
+    ("engine", "fpt"): (205, 0),
+    ("cohort-eager", "fpt"): (292, 0),
+    ("cohort-compiled", "fpt"): (115, 0),  # eager ops around the graphs
+    ("baseline", "fpt"): (247, 1),  # the plain loop's: one host read inside its libraries
+    ("engine", "full"): (253, 0),
 }
 
 
@@ -54,13 +54,13 @@ def counted(*args: str) -> dict[str, dict]:
 
 
 @pytest.mark.skipif(INTERPRETING, reason="the parent")
-def test_every_path_launches_its_pinned_kernels_and_never_syncs():
+def test_every_path_launches_its_pinned_kernels_and_ours_never_sync():
     rows = counted("--path", "all")
     assert set(rows) == {"engine", "cohort-eager", "cohort-compiled", "baseline"}
     for path, row in rows.items():
         assert row["deterministic"], row
-        assert row["device_syncs_per_step"] == 0, (path, row["syncs"])
-        assert row["kernel_ops_per_step"] == PINNED[path, "fpt"], (path, row["top_ops"])
+        counts = (row["kernel_ops_per_step"], row["device_syncs_per_step"])
+        assert counts == PINNED[path, "fpt"], (path, row["syncs"], row["top_ops"])
     compiled = rows["cohort-compiled"]
     assert compiled["graph_breaks"] == 0 and compiled["recompiles_after_warmup"] == 0
 
@@ -68,8 +68,8 @@ def test_every_path_launches_its_pinned_kernels_and_never_syncs():
 @pytest.mark.skipif(INTERPRETING, reason="the parent")
 def test_full_fine_tuning_on_the_engine_launches_its_pinned_kernels_and_never_syncs():
     row = counted("--path", "engine", "--finetune", "full")["engine"]
-    assert row["device_syncs_per_step"] == 0, row["syncs"]
-    assert row["kernel_ops_per_step"] == PINNED["engine", "full"], row["top_ops"]
+    counts = (row["kernel_ops_per_step"], row["device_syncs_per_step"])
+    assert counts == PINNED["engine", "full"], (row["syncs"], row["top_ops"])
 
 
 @pytest.mark.skipif(INTERPRETING, reason="the parent")
