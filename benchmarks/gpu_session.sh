@@ -12,7 +12,8 @@
 # minutes with the ~30 s install):
 #   gpu      pytest -m gpu                                              (270 s)
 #   steps    step_throughput.py: one unpacked gpt2 bit-xor trial (batch 4), frozen and full
-#            gpt2-medium cifar10-lra (batch 16), data share of each step  (270 s)
+#            gpt2-medium cifar10-lra (batch 16), data share of each step; step_ops.py: the
+#            kernel ops and syncs per step of each path, for the record   (270 s)
 #   packing  packing.py: gpt2 bit-xor and bit-memory at K = 1 and the memory plan's K (240 s)
 #   e2e      end_to_end.py: 64 gpt2 bit-xor trials x 5,000 steps, command to last row (300 s)
 #   suite    pytest (everything, the GPU tests included)                (560 s)
@@ -77,7 +78,9 @@ for what in "${@:-gpu steps}"; do
             --batch-size 4 --steps 100 --warmup 20 --peak-seconds 2 &&
           python benchmarks/step_throughput.py --models gpt2-medium --tasks cifar10-lra \
             --finetune fpt,full --batch-size 16 --lra-batch-size 16 --steps 10 --warmup 3 \
-            --images 2000 --peak-seconds 2' ;;
+            --images 2000 --peak-seconds 2 &&
+          python benchmarks/step_ops.py --path all --model gpt2 --task bit-xor --batch 4 \
+            --precision bf16 --no-bytes' ;;
       packing)
         stage packing 240 python benchmarks/packing.py --models gpt2 \
           --tasks bit-xor,bit-memory --k 1,plan --batch-size 4 --steps 10 --big-steps 10 \

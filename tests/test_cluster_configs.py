@@ -763,7 +763,11 @@ def container_environment(name: str, node: SshNode) -> list[str]:
     /mnt/shared as on ``node``: what the swapped-out container gives every process."""
     docker = load_cluster_config(CLUSTER_DIR / name).get("docker") or {}
     options = [o.split(None, 1) for o in docker.get("run_options", [])]
-    return [value.replace(SHARED, str(node.shared)) for flag, value in options if flag == "--env"]
+    return [
+        option[1].replace(SHARED, str(node.shared))
+        for option in options
+        if option[0] == "--env" and len(option) == 2
+    ]
 
 
 def unauthenticated_probes(token: str, env: dict) -> dict[str, subprocess.Popen]:

@@ -18,8 +18,9 @@ slower than its own composition. Here:
   the same SplitMix64 draws in int64 tensor arithmetic: the fused kernel's mask, bit for
   bit; GELU is ``x sigmoid(u)`` in in-place passes.
 - on a GPU: torch's own kernels (``F.gelu``, SDPA; ``F.dropout`` when nothing keys the
-  mask), and the torch-op keyed mask when something does, so a trial draws the same masks
-  on a GPU as on a CPU; attention with keyed dropout or read-out queries runs the Triton
+  mask), and when something does, the Triton kernel of ``dropout_kernels`` (dropout and
+  the residual add in one launch, the mask recomputed in the backward; the torch-op mask
+  without Triton), so a trial draws the same masks on a GPU as on a CPU; attention with keyed dropout or read-out queries runs the Triton
   kernel of ``flash_attention``, which draws those masks inside (``attention_path``
   chooses; docs/attention.md).
 
@@ -71,7 +72,10 @@ KERNEL_SOURCE = Path(__file__).parent / "csrc" / "fused_cpu.cpp"
 
 log = logging.getLogger(__name__)
 
-FLASH = os.environ.get("SCALE_FPT_FLASH", "1") != "0" and bool(importlib.util.find_spec("triton"))
+TRITON = bool(importlib.util.find_spec("triton"))
+"""Whether Triton is installed (a CUDA build of torch brings it): keyed dropout on a GPU then
+runs ``dropout_kernels`` (one launch per call and per backward) instead of torch ops."""
+FLASH = os.environ.get("SCALE_FPT_FLASH", "1") != "0" and TRITON
 """Whether the Triton attention kernel may run on a GPU: Triton is installed (a CUDA build of
 torch brings it) and ``SCALE_FPT_FLASH=0`` did not turn it off when this module loaded. (A
 constant: ``torch.compile`` reads it without tracing a call.)"""
@@ -110,19 +114,28 @@ def fused_kernels():
         return None
 
 
+def on_gpu(x: torch.Tensor) -> bool:
+    """Whether ``x``'s computation takes the GPU path: every GPU-or-CPU branch of this
+    module reads this one predicate, so ``benchmarks/step_ops.py`` can replay the GPU path
+    on a CPU (counting the kernels a CUDA run dispatches) by replacing it."""
+    return x.is_cuda
+
+
 def _fused(*tensors: torch.Tensor | None):
     """The fused kernels if every tensor is float32 on a CPU, else None (also while
     ``torch.compile`` traces: the torch-op forms, which it can fuse, draw the same masks)."""
     if torch.compiler.is_compiling():
         return None
-    if any(t is not None and (t.device.type != "cpu" or t.dtype != torch.float32) for t in tensors):
+    if any(t is not None and (on_gpu(t) or t.dtype != torch.float32) for t in tensors):
         return None
     return fused_kernels()
 
 
 class DropoutSites:
     """The per-member keys of one forward pass: each dropout call (a *site*) takes the next
-    site's keys, ``mix64(step key, site)`` per member, made on the device.
+    site's keys, ``mix64(step key, site)`` per member, made on the device ``SITE_BLOCK``
+    sites at a time (one short chain of element-wise ops for a whole forward pass, instead
+    of one per site; each site's keys are then a row of the block, a view).
 
     A model passes it to its dropout calls explicitly (``PackedFPT``: traceable by
     ``torch.compile``, no context variable read in the graph), or ``dropout_keys`` makes it
@@ -131,18 +144,50 @@ class DropoutSites:
     def __init__(self, step_keys: torch.Tensor, first_site: int = 0):
         self.step_keys = step_keys  # (C,) int64: one per member chunk
         self.site = first_site
+        self._block_start, self._block = first_site, None
 
     def next(self) -> torch.Tensor:
-        """(C,) keys of the next site."""
+        """(C,) keys of the next site (contiguous)."""
         site = self.site
         self.site += 1
-        return mix64_tensor(self.step_keys, site)
+        if self._block is None or site >= self._block_start + SITE_BLOCK:
+            self._block_start = site
+            sites = torch.arange(site, site + SITE_BLOCK, device=self.step_keys.device)
+            self._block = mix64_tensor(self.step_keys[None, :], sites[:, None])  # (S, C)
+        return self._block[site - self._block_start]
+
+
+SITE_BLOCK = 128
+"""Dropout sites whose keys are made at once: more than a 24-layer model's forward pass
+(the embedding, then three per layer)."""
 
 
 def step_keys(member_seeds: torch.Tensor | Sequence[int], step: int | torch.Tensor) -> torch.Tensor:
     """(C,) keys of one step: ``mix64(seed, step)`` of each member's dropout seed, on the
     seeds' device (a sequence of ints: on the CPU)."""
     return mix64_tensor(torch.as_tensor(member_seeds, dtype=torch.int64), step)
+
+
+class StepKeys:
+    """``step_keys(member_seeds, step)`` of successive steps, made ``STEP_BLOCK`` steps at a
+    time on the seeds' device: a training step then takes its keys as a row of the block (a
+    view, no kernel) instead of a chain of element-wise ops per step."""
+
+    def __init__(self, member_seeds: torch.Tensor):
+        self.member_seeds = member_seeds  # (C,) int64
+        self._start, self._block = 0, None
+
+    def at(self, step: int) -> torch.Tensor:
+        """(C,) keys of ``step`` (contiguous)."""
+        if self._block is None or not self._start <= step < self._start + STEP_BLOCK:
+            self._start = step
+            steps = torch.arange(step, step + STEP_BLOCK, device=self.member_seeds.device)
+            self._block = mix64_tensor(self.member_seeds[None, :], steps[:, None])  # (S, C)
+        return self._block[step - self._start]
+
+
+STEP_BLOCK = 1024
+"""Training steps whose dropout keys are made at once."""
 
 
 _KEYS: contextvars.ContextVar[DropoutSites | None] = contextvars.ContextVar(
@@ -156,7 +201,14 @@ def dropout_keys(
 ) -> Iterator[None]:
     """Key every dropout mask drawn inside on (member seed, ``step``, site): see the module
     docstring. ``member_seeds``: one per member chunk of the tensors, in order."""
-    token = _KEYS.set(DropoutSites(step_keys(member_seeds, step)))
+    with keyed_by(step_keys(member_seeds, step)):
+        yield
+
+
+@contextlib.contextmanager
+def keyed_by(keys: torch.Tensor) -> Iterator[None]:
+    """``dropout_keys`` of the step whose keys (``step_keys``, ``StepKeys.at``) are ``keys``."""
+    token = _KEYS.set(DropoutSites(keys))
     try:
         yield
     finally:
@@ -278,9 +330,16 @@ def _dropout_then_add(
     if not training or p == 0.0:
         return x if h is None else h + x
     keys = _site_keys(sites)
-    if keys is None and x.is_cuda:
+    if keys is None and on_gpu(x):
         dropped = F.dropout(x, p, training=True)
         return dropped if h is None else h + dropped
+    same = h is None or (h.shape == x.shape and h.dtype == x.dtype)
+    if keys is not None and same and on_gpu(x) and TRITON:
+        # Triton is optional on a CPU machine, so it is imported where it runs.
+        from scale_fpt.models.dropout_kernels import keyed_dropout_add
+
+        index, total = (None, 0) if rows is None else rows
+        return keyed_dropout_add(x, h, keys, index, total, p)
     if (h is None or h.shape == x.shape) and _fused(h, x):
         seeds = _global_seed() if keys is None else keys.tolist()  # CPU keys: no sync
         return _FusedDropoutAdd.apply(h, x, p, seeds, rows)
@@ -325,7 +384,7 @@ class _SigmoidGelu(torch.autograd.Function):
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """GPT-2's activation (``gelu_new``: the tanh approximation of GELU)."""
-    if x.is_cuda:
+    if on_gpu(x):
         return F.gelu(x, approximate="tanh")
     if _fused(x):
         return _FusedGelu.apply(x)
@@ -339,9 +398,9 @@ def attention_path(q: torch.Tensor, dropout_p: float, keyed: bool, chosen_querie
     queries, at fused-attention memory) or ``"materialised"`` (the (N, H, Tq, T)
     probabilities in torch ops: on a CPU, or without Triton)."""
     dropping = dropout_p > 0.0
-    if not chosen_queries and (not dropping or (q.is_cuda and not keyed)):
+    if not chosen_queries and (not dropping or (on_gpu(q) and not keyed)):
         return "sdpa"
-    if q.is_cuda and FLASH:
+    if on_gpu(q) and FLASH:
         return "flash"
     return "materialised"
 
@@ -374,7 +433,7 @@ def causal_attention(
     queries draw for them. ``attention_path`` picks the kernel.
     """
     # (``_KEYS`` is read only when a mask is drawn: torch.compile cannot trace the read.)
-    keyed = dropout_p > 0.0 and (sites is not None or (q.is_cuda and _KEYS.get() is not None))
+    keyed = dropout_p > 0.0 and (sites is not None or (on_gpu(q) and _KEYS.get() is not None))
     path = attention_path(q, dropout_p, keyed, query_positions is not None)
     if path == "sdpa":
         return F.scaled_dot_product_attention(

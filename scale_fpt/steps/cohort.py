@@ -108,6 +108,7 @@ class CohortStep:
             self.dropout_seeds if everyone else self.dropout_seeds[self.index]
         )
         self.active_seeds = [self.member_seeds[i] for i in self.active]
+        self.step_keys = ops.StepKeys(self.active_dropout_seeds)
 
     # ----------------------------------------------------------------- steps
 
@@ -117,8 +118,9 @@ class CohortStep:
         # x (Ka, B, T, ...), lengths (Ka, B) or None, y (Ka, B, k, m)
         x, lengths, y = model_inputs(batch, self.dtype)
         self.model.train()
-        # (Ka,) dropout keys, made on the device: no host copy
-        step_keys = ops.step_keys(self.active_dropout_seeds, step)
+        # (Ka,) dropout keys, made on the device: no host copy. A copy of the block's row: a
+        # compiled forward then takes the same input (no storage offset) every step.
+        step_keys = self.step_keys.at(step).clone()
         self._new_graph_step()
         logits = self.forward(x, lengths, self.index, step_keys)  # (Ka, B, k, m, C)
         loss, correct = member_losses(logits, y)  # (Ka,), (Ka,)

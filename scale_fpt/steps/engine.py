@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
 
 from scale_fpt.config import ConfigError, TrainConfig
 from scale_fpt.loop import load_checkpoint_file
@@ -41,32 +42,65 @@ from scale_fpt.world import SINGLE_PROCESS, World, init_world, leave_world, rank
 CHECKPOINT_TAG = "trial"
 
 
+def lean_engine(train: TrainConfig) -> bool:
+    """Whether the trial's engine runs in DeepSpeed's fp32 mode around a client optimizer
+    (``deepspeed_config``): every trial but ZeRO (stage >= 1) and fp16 ones.
+
+    DeepSpeed earns its place in a trial where it does what plain torch would need a second
+    implementation of: ZeRO's sharding and offload, several data-parallel workers (its
+    allreduce), fp16 loss scaling (its scaler), and one checkpoint format for all of them.
+    Its world-of-one bf16 mode adds nothing a GPU needs and costs the step most of its
+    launches: bf16 at stage 0 wraps torch's Adam in ``FP16_UnfusedOptimizer``, whose overflow
+    scan reads every trained tensor on the host (a device sync each) and whose fp32 masters
+    are copied tensor by tensor, and no config switch removes it. So a bf16 (or fp32) trial
+    at stage 0 keeps the engine (its forward and backward hooks, allreduce when there are
+    several workers, checkpoints) in fp32 mode, with the trained tensors as fp32 masters and
+    the frozen ones in bf16, the model computing under ``torch.autocast(bf16)``, and hands it
+    a client ``torch.optim.Adam`` (fused on a GPU) that DeepSpeed steps with no wrapper;
+    gradients are clipped by ``clip_grad_norm_`` (foreach) between backward and step, where
+    DeepSpeed's ``gradient_clipping`` would add ~120 kernels and two blocking copies."""
+    return train.zero_stage == 0 and train.precision != "fp16"
+
+
 def deepspeed_config(train: TrainConfig) -> dict:
     """The DeepSpeed config of a trial, derived from its TrainConfig: ``batch_size`` is the
-    global batch, split evenly over the trial's ``workers``."""
-    return {
+    global batch, split evenly over the trial's ``workers``. A lean engine
+    (``lean_engine``) has no optimizer, clipping or bf16 section: its step brings them."""
+    lean = lean_engine(train)
+    config = {
         "train_batch_size": train.batch_size,
         "train_micro_batch_size_per_gpu": train.batch_size // train.workers,
         "gradient_accumulation_steps": 1,
-        "gradient_clipping": train.grad_clip,
-        "optimizer": {
+        "gradient_clipping": 0.0 if lean else train.grad_clip,
+        "zero_force_ds_cpu_optimizer": False,
+        "zero_optimization": zero_optimization(train),
+        "bf16": {"enabled": train.precision == "bf16" and not lean},
+        "fp16": {"enabled": train.precision == "fp16", "initial_scale_power": 16},
+        "steps_per_print": 1 << 62,
+        "wall_clock_breakdown": False,
+        # Its throughput timer synchronises the device twice per step otherwise.
+        "timers": {"throughput": {"enabled": False}},
+    }
+    if not lean:
+        config["optimizer"] = {
             "type": "Adam",
-            # torch's Adam (no weight decay, as the paper) avoids building DeepSpeed's fused op;
-            # with ZeRO-Offload it steps the optimizer state where it lives, on the CPU.
+            # torch's Adam (no weight decay, as the paper) avoids building DeepSpeed's fused
+            # op; with ZeRO-Offload it steps the optimizer state where it lives, on the CPU.
             "params": {
                 "lr": train.lr,
                 "weight_decay": 0.0,
                 "torch_adam": True,
                 "adam_w_mode": False,
             },
-        },
-        "zero_force_ds_cpu_optimizer": False,
-        "zero_optimization": zero_optimization(train),
-        "bf16": {"enabled": train.precision == "bf16"},
-        "fp16": {"enabled": train.precision == "fp16", "initial_scale_power": 16},
-        "steps_per_print": 1 << 62,
-        "wall_clock_breakdown": False,
-    }
+        }
+    return config
+
+
+def client_optimizer(train: TrainConfig, trainable: list[torch.nn.Parameter]):
+    """A lean engine's Adam (torch's update rule, no weight decay, as DeepSpeed's): fused on a
+    GPU (one launch per group of tensors, no host reads) and on a CPU (torch's fused CPU
+    kernel)."""
+    return torch.optim.Adam(trainable, lr=train.lr, weight_decay=0.0, fused=True)
 
 
 def zero_optimization(train: TrainConfig) -> dict:
@@ -80,6 +114,12 @@ def zero_optimization(train: TrainConfig) -> dict:
     if train.zero_offload:
         section["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
     return section
+
+
+def foreach(device: torch.device | str) -> bool | None:
+    """``clip_grad_norm_``'s ``foreach``: its multi-tensor kernels where torch has them (a
+    GPU: one norm launch for all gradients); None (per-tensor) elsewhere."""
+    return True if torch.device(device).type in _get_foreach_kernels_supported_devices() else None
 
 
 def enable_activation_checkpointing(module: torch.nn.Module, train: TrainConfig) -> None:
@@ -155,19 +195,46 @@ class EngineStep:
         import deepspeed
 
         trainable = [p for p in built.module.parameters() if p.requires_grad]
+        self.lean = lean_engine(train)
+        self.dtype = DTYPES[train.precision]
+        self.trainable = trainable
+        optimizer = None
+        if self.lean:
+            # Frozen tensors in the compute dtype once (as DeepSpeed's bf16 mode holds them),
+            # so autocast casts none of them per step; trained ones stay fp32 masters.
+            for p in built.module.parameters():
+                if not p.requires_grad:
+                    p.data = p.data.to(self.dtype)
+            optimizer = client_optimizer(train, trainable)
+        config = getattr(getattr(built.module, "backbone", None), "config", None)
+        if config is not None and hasattr(config, "use_cache"):
+            config.use_cache = False  # a KV cache is built per forward otherwise
         self.engine, *_ = deepspeed.initialize(
-            model=built.module, model_parameters=trainable, config=deepspeed_config(train)
+            model=built.module,
+            model_parameters=trainable,
+            optimizer=optimizer,
+            config=deepspeed_config(train),
         )
         self.engine.checkpoint_engine = weights_only_checkpoint_engine(self.engine)
-        self.dtype = DTYPES[train.precision]
+        if world.size == 1 and train.zero_stage == 0:
+            # A world of one reduces nothing, yet the allreduce walks every parameter (ZeRO's
+            # reduction also partitions the gradients: it stays).
+            self.engine.enable_backward_allreduce = False
+        self.autocast = torch.autocast(
+            torch.device(self.engine.device).type,
+            dtype=self.dtype,
+            enabled=self.lean and self.dtype != torch.float32,
+        )
         task.to(self.engine.device)  # batches are made where the engine trains
         # Each rank draws its own dropout masks (rank 0 those of a world of one): equal masks
         # on every rank's slice would correlate the ranks.
         dropout_seed = rank_seed(seed_streams(train.seed).dropout, world.rank)
-        self.keys = torch.tensor([dropout_seed], device=self.engine.device)
+        self.step_keys = ops.StepKeys(torch.tensor([dropout_seed], device=self.engine.device))
         if world.size > 1:
             torch.manual_seed(dropout_seed)  # what draws from torch's global generator
         self.metrics = MemberMetrics(1, self.engine.device)
+        self.engine.train()
+        self.training = True  # evaluations switch the module to eval mode and back
         flush_denormals()
         retain_freed_memory()
 
@@ -179,8 +246,10 @@ class EngineStep:
         whole batch's (all ranks agree on them, so all count or skip the update alike)."""
         batch = self.world.shard(self.task.train_batch(step, self.train_config.batch_size))
         x, lengths, y = model_inputs(batch, self.dtype)
-        self.engine.train()
-        with ops.dropout_keys(self.keys, step):
+        if not self.training:
+            self.engine.train()
+            self.training = True
+        with ops.keyed_by(self.step_keys.at(step)), self.autocast:
             logits = self.engine(x, lengths)  # (B/N, k, m, C)
         loss, correct = member_losses(logits[None], y[None])  # (1,), (1,)
         # Every rank's slice has batch_size / workers examples: the mean of the ranks' means
@@ -191,6 +260,11 @@ class EngineStep:
             step, whole_loss, whole_correct, y.numel() * self.world.size, None
         )
         self.engine.backward(torch.where(counts, loss, 0.0).sum())
+        if self.lean and self.train_config.grad_clip > 0:
+            # DeepSpeed's rule (scale by min(1, clip / (norm + 1e-6))), without host reads.
+            torch.nn.utils.clip_grad_norm_(
+                self.trainable, self.train_config.grad_clip, foreach=foreach(self.engine.device)
+            )
         self.engine.step()
 
     @torch.no_grad()
@@ -200,11 +274,13 @@ class EngineStep:
         weights collectively: a rank whose slice is empty runs the batch's first row and
         counts none."""
         self.engine.eval()
+        self.training = False
 
         def forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
             part = self.world.shard(batch)
             x, lengths, y = model_inputs(part if len(part) else rows(batch, 0, 1), self.dtype)
-            logits = self.engine(x, lengths)[None]
+            with self.autocast:
+                logits = self.engine(x, lengths)[None]
             return (logits, y[None]) if len(part) else None
 
         batches = self.task.eval_batches(split, self.train_config.eval_batch_size)

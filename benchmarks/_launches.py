@@ -1,0 +1,252 @@
+"""Kernel launches and device syncs of a training step as a CUDA run dispatches them,
+counted on a CPU: at small batch a GPU step is bound by how many kernels it launches and how
+often the host waits for the device, and those counts do not depend on the machine.
+
+``gpu_path()`` makes the CPU take the code path a GPU takes:
+
+- ``ops.on_gpu`` answers True: torch's GELU and dropout kernels, the Triton attention and
+  dropout kernels (run by Triton's interpreter, ``TRITON_INTERPRET=1``, set here before
+  Triton is imported), never the CPU's fused C++ kernels (``models/csrc``);
+- torch's foreach kernels are allowed on CPU tensors (``clip_grad_norm_(foreach=True)``,
+  foreach optimizers), as on CUDA tensors;
+- ``torch.compile`` compiles through AOTAutograd with the graphs' own ops left uncounted
+  (inductor would fuse them; on a CPU it would emit C++ kernels, not the GPU's): what is
+  counted is what runs eagerly around the graphs. Graphs compiled, graph breaks and the aten
+  ops inside the graphs before fusion are recorded beside.
+
+``LaunchCounter`` (a ``TorchDispatchMode`` plus a few hooks) then counts, per step:
+
+- kernel ops: every aten op that launches a kernel on a GPU (views and metadata-only ops,
+  allocations and host reads do not), and one per Triton launch. A custom op of this
+  project (``scale_fpt::*``: the Triton kernels' wrappers) is entered, so its own torch ops
+  and its launches count, and the Triton kernels run under the interpreter uncounted;
+- device syncs: explicit synchronisations (``torch.cuda.synchronize``, DeepSpeed's
+  accelerator), host reads of device values (``.item()``, ``bool()``, ``tolist()``,
+  ``.cpu()``, ``.numpy()``, ``nonzero``, boolean indexing) and blocking host-to-device
+  copies (a tensor made from host data, ``torch.tensor(...)``: a copy from pageable memory,
+  which waits for the stream);
+- non-matmul bytes: the bytes each non-matmul kernel reads and writes (its tensor
+  arguments and results; a Triton launch's tensor arguments).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import Counter
+from collections.abc import Iterator
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # read when Triton is imported
+
+import torch
+import torch.optim.optimizer as optimizer_module
+import torch.utils._foreach_utils as foreach_utils
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+from torch._library.custom_ops import OPDEFS
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_leaves
+
+from scale_fpt.models import ops
+
+aten = torch.ops.aten
+
+NO_KERNEL = {
+    aten.detach,
+    aten.alias,
+    aten.lift_fresh,
+    aten.empty,
+    aten.empty_like,
+    aten.empty_strided,
+    aten.new_empty,
+    aten.new_empty_strided,
+    aten._local_scalar_dense,
+    aten._unsafe_view,
+    aten._reshape_alias,
+    aten.resize_,
+    aten.set_,
+    aten.is_same_size,
+    aten._has_compatible_shallow_copy_type,
+    aten.record_stream,
+}
+"""Ops that launch no kernel on a GPU (allocations, aliasing, metadata, host reads; views
+are recognised by their schema)."""
+
+HOST_READS = {
+    aten._local_scalar_dense: ".item() / bool()",
+    aten.nonzero: "nonzero",
+    aten.masked_select: "masked_select",
+    aten.equal: "equal",
+    aten._unique2: "unique",
+    aten.unique_dim: "unique",
+    aten.unique_consecutive: "unique",
+}
+"""Ops whose result the host must wait for on a GPU (a value or a data-dependent shape)."""
+
+MATMULS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.addbmm, aten.convolution}
+
+
+def _tensor_bytes(values) -> int:
+    return sum(
+        t.numel() * t.element_size() for t in tree_leaves(values) if isinstance(t, torch.Tensor)
+    )
+
+
+class LaunchCounter(TorchDispatchMode):
+    """Counts kernel ops, device syncs and non-matmul bytes while active (see the module
+    docstring); ``paused()`` stops counting inside (e.g. a Triton kernel's interpreter)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+        self.syncs: Counter[str] = Counter()
+        self.nonmatmul_bytes = 0
+        self._paused = 0
+
+    @property
+    def kernel_ops(self) -> int:
+        return sum(self.ops.values())
+
+    @property
+    def device_syncs(self) -> int:
+        return sum(self.syncs.values())
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
+    def sync(self, why: str) -> None:
+        if not self._paused:
+            self.syncs[why] += 1
+
+    def launch(self, name: str, args) -> None:
+        """One Triton kernel launch with tensor arguments ``args``."""
+        if not self._paused:
+            self.ops[f"triton.{name}"] += 1
+            self.nonmatmul_bytes += _tensor_bytes(args)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self._paused:
+            return func(*args, **kwargs)
+        if func.namespace == "scale_fpt":  # a Triton kernel's wrapper: count what it does
+            with self:
+                return OPDEFS[func._schema.name]._init_fn(*args, **kwargs)
+        packet = func.overloadpacket
+        if packet is aten.lift_fresh:
+            self.syncs["host-to-device copy"] += 1
+        elif packet in HOST_READS:
+            self.syncs[HOST_READS[packet]] += 1
+        elif packet is aten.index and any(t is not None and t.dtype == torch.bool for t in args[1]):
+            self.syncs["boolean index"] += 1
+        out = func(*args, **kwargs)
+        if packet in NO_KERNEL or func.is_view:
+            return out
+        self.ops[str(packet).removeprefix("aten.")] += 1
+        if packet not in MATMULS:
+            self.nonmatmul_bytes += _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
+        return out
+
+
+class CompiledGraphs:
+    """What ``torch.compile`` made while counting: graphs compiled (forward and backward,
+    each), the aten ops inside them before fusion, and dynamo's graph breaks."""
+
+    def __init__(self, counter: LaunchCounter):
+        self.counter = counter
+        self.compiled = 0
+        self.ops_inside = 0
+        self.backend = aot_autograd(fw_compiler=self._compiler, bw_compiler=self._compiler)
+
+    def _compiler(self, gm: torch.fx.GraphModule, example_inputs):
+        self.compiled += 1
+        self.ops_inside += sum(
+            1
+            for node in gm.graph.nodes
+            if node.op == "call_function"
+            and isinstance(node.target, torch._ops.OpOverload)
+            and node.target.overloadpacket not in NO_KERNEL
+            and not node.target.is_view
+        )
+
+        def run(*args):
+            with _disable_current_modes(), self.counter.paused():  # Triton launches too
+                return gm(*args)
+
+        return make_boxed_func(run)
+
+    def compile(self, model, mode=None, **kwargs):
+        """``torch.compile``'s stand-in: the module compiled with the counting backend, called
+        with no dispatch mode active (dynamo runs a frame eagerly under one)."""
+        compiled = torch._dynamo.optimize(self.backend)(model)
+
+        def call(*args, **kwargs):
+            with _disable_current_modes():
+                return compiled(*args, **kwargs)
+
+        return call
+
+    @staticmethod
+    def graph_breaks() -> int:
+        return sum(torch._dynamo.utils.counters["graph_break"].values())
+
+
+def _counting_method(counter: LaunchCounter, method, why: str):
+    def counted(self, *args, **kwargs):
+        counter.sync(why)
+        return method(self, *args, **kwargs)
+
+    return counted
+
+
+@contextlib.contextmanager
+def gpu_path(counter: LaunchCounter) -> Iterator[CompiledGraphs]:
+    """The CPU takes the GPU's code path (module docstring) and ``counter`` hears of the
+    syncs and Triton launches that dispatch does not show, until the context exits."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    graphs = CompiledGraphs(counter)
+    run_kernel = InterpretedFunction.run
+
+    def launch(self, *args, grid, warmup, **kwargs):
+        counter.launch(self.fn.__name__, (args, kwargs))
+        with counter.paused():
+            return run_kernel(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    def devices():
+        return [*foreach_devices(), "cpu"]
+
+    foreach_devices = foreach_utils._get_foreach_kernels_supported_devices
+    patches = [
+        (ops, "on_gpu", lambda x: True),
+        (InterpretedFunction, "run", launch),
+        (foreach_utils, "_get_foreach_kernels_supported_devices", devices),
+        (optimizer_module, "_get_foreach_kernels_supported_devices", devices),
+        (torch, "compile", graphs.compile),
+        (torch.cuda, "synchronize", lambda device=None: counter.sync("synchronize")),
+    ]
+    for name, why in (("tolist", "tolist()"), ("cpu", ".cpu()"), ("numpy", ".numpy()")):
+        patches.append(
+            (torch.Tensor, name, _counting_method(counter, getattr(torch.Tensor, name), why))
+        )
+    try:  # the accelerator DeepSpeed synchronises through (``runtime.use_accelerator``)
+        from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+        patches.append((CPU_Accelerator, "synchronize", lambda *a: counter.sync("synchronize")))
+    except ImportError:  # DeepSpeed is optional for the paths without an engine
+        pass
+    saved = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in patches]
+    for owner, name, value in patches:
+        setattr(owner, name, value)
+    try:
+        yield graphs
+    finally:
+        for owner, name, value in reversed(saved):
+            if value is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
