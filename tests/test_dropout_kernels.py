@@ -17,7 +17,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from conftest import run_pytest_child
+from helpers import run_pytest_child
 
 from scale_fpt.models import ops
 
