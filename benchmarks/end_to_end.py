@@ -190,9 +190,6 @@ def sweep_env() -> dict:
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "RAY_ADDRESS": "local",  # a fresh local instance: its start-up is part of the figure
-        # a local ray.init() otherwise turns token auth on and leaves ~/.ray/auth_token,
-        # which other Ray clusters started later on a shared machine then require
-        "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
     }
 
 

@@ -36,7 +36,7 @@ state).
 Every file of a checkpoint holds tensors and plain data only (dicts, lists, str, int, float,
 None) and is read back with ``load_checkpoint_file``: torch's weights-only loader, which
 refuses any other pickled object, because unpickling one can run code and results folders
-travel between people and machines (``docs/security-results.md``).
+travel between people and machines (``docs/security.md``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One driver per sweep (docs/security-results.md): a second driver on the same results
+"""One driver per sweep (docs/security.md): a second driver on the same results
 directory and sweep name is refused at start-up naming the live one; a killed driver's
 lock goes with its process, so ``--resume`` after ``kill -9`` runs."""
 

@@ -1,4 +1,4 @@
-"""Results folders that cannot run code and can move (docs/security-results.md): every
+"""Results folders that cannot run code and can move (docs/security.md): every
 checkpoint file is read with torch's weights-only loader, so a planted pickle is refused
 and runs nothing; checkpoint paths are recorded relative to the results directory, so a
 moved or copied folder reads its own files and never its original's."""
