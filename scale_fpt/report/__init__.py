@@ -20,7 +20,7 @@ Files:
     document.py   report.md / report.html with figures/ and tables/
 """
 
-import importlib
+from scale_fpt.lazy import lazy_exports
 
 EXPORTS = {
     "DEFAULT_METRIC": "tables",
@@ -57,12 +57,5 @@ EXPORTS = {
 }
 """Each public name and the module of this package that defines it."""
 __all__ = sorted(EXPORTS)
-
-
-def __getattr__(name: str):
-    """``scale_fpt.report.NAME`` imports NAME's module on first use (PEP 562): the paper's
-    numbers (``report.published``), which the recipes read, load without torch (start-up
-    time)."""
-    if name not in EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{EXPORTS[name]}"), name)
+# The paper's numbers (``report.published``), which the recipes read, load without torch.
+__getattr__ = lazy_exports(__name__, EXPORTS)

@@ -13,7 +13,7 @@ A retried or moved trial resumes from its last Tune checkpoint; ``run_sweep(resu
 restores an interrupted sweep with ``Tuner.restore`` so finished trials are not run again.
 """
 
-import importlib
+from scale_fpt.lazy import lazy_exports
 
 EXPORTS = {
     "results_callback_class": "callbacks",
@@ -36,12 +36,5 @@ EXPORTS = {
 }
 """Each public name and the module of this package that defines it."""
 __all__ = sorted(EXPORTS)
-
-
-def __getattr__(name: str):
-    """``scale_fpt.sweep.NAME`` imports NAME's module on first use (PEP 562): importing
-    ``scale_fpt.sweep.config`` alone (the command line's flags) loads neither Ray nor torch
-    (start-up time)."""
-    if name not in EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{EXPORTS[name]}"), name)
+# ``scale_fpt.sweep.config`` alone (the command line's flags) loads neither Ray nor torch.
+__getattr__ = lazy_exports(__name__, EXPORTS)
