@@ -34,7 +34,7 @@ uninterrupted run (data and dropout masks are functions of (seed, step), not of 
 state).
 
 Every file of a checkpoint holds tensors and plain data only (dicts, lists, str, int, float,
-None) and is read back with ``load_checkpoint_file``: torch's weights-only loader, which
+None) and is read back with ``checkpoints.load_checkpoint_file``: torch's weights-only loader, which
 refuses any other pickled object, because unpickling one can run code and results folders
 travel between people and machines (``docs/security.md``).
 """
@@ -43,19 +43,17 @@ from __future__ import annotations
 
 import math
 import os
-import pickle
-import re
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
+from scale_fpt.checkpoints import UnsafeCheckpointError, load_checkpoint_file, weights_file
 from scale_fpt.config import TrainConfig
-from scale_fpt.results import ResultsError
 from scale_fpt.runtime import restore_rng, rng_state
 from scale_fpt.steps import NEVER, MemberMetrics
 from scale_fpt.tasks.base import EVAL_SPLITS
@@ -304,41 +302,6 @@ def save_checkpoint(
         **rng_state(),
     }
     torch.save(progress, os.path.join(directory, PROGRESS_FILE))
-
-
-class UnsafeCheckpointError(ResultsError):
-    """A checkpoint file that holds more than tensors and plain data: it is not read. (A
-    ResultsError: a trial resumed from it fails once instead of retrying, and the command
-    line says it in one line, exit code 2.)"""
-
-
-UNSAFE_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
-
-
-def load_checkpoint_file(path: str | Path, allowed: Sequence[type] = ()) -> Any:
-    """A checkpoint file read with torch's weights-only loader (tensors on the CPU, plain
-    data, and instances of the ``allowed`` classes, which must be plain records whose
-    construction runs no code of the file's choosing); a file holding any other pickled
-    object raises ``UnsafeCheckpointError`` naming the file and the object, and nothing of
-    it runs; bytes that are no pickle at all raise ValueError (a damaged file)."""
-    try:
-        with torch.serialization.safe_globals(list(allowed)):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        found = UNSAFE_GLOBAL.search(str(e))
-        if found is None:  # bytes the loader cannot parse, nothing it refused: damaged
-            raise ValueError(f"cannot read {path}: not a torch checkpoint (damaged?)") from None
-        raise UnsafeCheckpointError(
-            [
-                f"refused to load {path}: it holds a pickled {found.group(1)}, not only "
-                "tensors and plain data (unpickling it could run code)"
-            ]
-        ) from None
-
-
-def weights_file(trial_id: str) -> str:
-    """The file of one member's trained weights in a checkpoint directory."""
-    return f"weights-{trial_id}.pt"
 
 
 def restore_checkpoint(

@@ -23,16 +23,9 @@ from importlib import metadata
 
 import torch
 
+from scale_fpt.checkpoints import load_checkpoint_file, weights_file
 from scale_fpt.config import ConfigError, TrialConfig, parse_trial
-from scale_fpt.loop import (
-    Evaluation,
-    TrialState,
-    fit,
-    load_checkpoint_file,
-    restore_checkpoint,
-    save_checkpoint,
-    weights_file,
-)
+from scale_fpt.loop import Evaluation, TrialState, fit, restore_checkpoint, save_checkpoint
 from scale_fpt.models import build_model
 from scale_fpt.profile import TrialProfile, config_profile
 from scale_fpt.provenance import git_sha

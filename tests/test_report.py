@@ -346,7 +346,7 @@ def test_lr_fair_names_an_unrun_paper_rate(tmp_path):
 
 
 def test_published_data():
-    from scale_fpt.report import published
+    from scale_fpt import published
 
     assert published.lookup("T2", "random", "mnist")["value"] == 91.7
     assert published.lookup("T8", "+ attention", "cifar10")["diverged"]

@@ -21,13 +21,9 @@ from helpers import TINY_TRIAL
 from test_report import write
 
 from scale_fpt import cli
+from scale_fpt.checkpoints import UnsafeCheckpointError, load_checkpoint_file, weights_file
 from scale_fpt.config import TrialConfig
-from scale_fpt.loop import (
-    PROGRESS_FILE,
-    UnsafeCheckpointError,
-    load_checkpoint_file,
-    weights_file,
-)
+from scale_fpt.loop import PROGRESS_FILE
 from scale_fpt.models import build_model
 from scale_fpt.results import ResultsWriter, checkpoint_dir, load_results, recorded_checkpoint
 from scale_fpt.tasks import build_task

@@ -4,7 +4,7 @@ train the body)."""
 
 from __future__ import annotations
 
-from scale_fpt.report.published import STEPS, TASK_COLUMNS
+from scale_fpt.published import STEPS, TASK_COLUMNS
 
 PAPER_STEPS = {
     task: int(steps) for task, steps in zip(TASK_COLUMNS, STEPS["T4"]["random"], strict=True)

@@ -13,8 +13,7 @@ or, in a notebook::
 
 Files:
     stats.py      mean, std and the Student-t 95% interval of a cell
-    published.py  the paper's published numbers, as data
-    tables.py     Tables 1, 2, 3, 4, 6, 8 and the LR-fair comparison (DataFrames)
+    tables/       Tables 1, 2, 3, 4, 6, 8 and the LR-fair comparison (DataFrames)
     figures.py    scaling curve, learning curves, accuracy vs lr, steps bars, attention maps
     attention.py  attention maps of trained bit-task checkpoints
     document.py   report.md / report.html with figures/ and tables/
@@ -57,5 +56,5 @@ EXPORTS = {
 }
 """Each public name and the module of this package that defines it."""
 __all__ = sorted(EXPORTS)
-# The paper's numbers (``report.published``), which the recipes read, load without torch.
+# The report's names load on first use, so that importing the package loads no torch.
 __getattr__ = lazy_exports(__name__, EXPORTS)

@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from scale_fpt.checkpoints import load_checkpoint_file, weights_file
 from scale_fpt.config import FIELD_TYPES, TrialConfig
-from scale_fpt.loop import load_checkpoint_file, weights_file
 from scale_fpt.report.tables import SELECTION
 from scale_fpt.results import checkpoint_dir
 from scale_fpt.tasks.bits import BitMemory, BitXor
@@ -83,7 +83,7 @@ def attention_shares(maps: np.ndarray, relevant: dict[int, list[int]]) -> pd.Dat
 
 
 def trained_weights_path(row, results_dir: str | Path | None = None) -> Path:
-    """The trial's trained-weights file (``loop.weights_file``) in its ``checkpoint``
+    """The trial's trained-weights file (``checkpoints.weights_file``) in its ``checkpoint``
     directory (``results.checkpoint_dir``: a relative one under ``results_dir``, else the
     current directory)."""
     checkpoint = row["checkpoint"]

@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from scale_fpt.published import TASK_COLUMNS, TASK_TITLES
 from scale_fpt.report import tables
-from scale_fpt.report.published import TASK_COLUMNS, TASK_TITLES
 from scale_fpt.report.stats import summarize
 
 

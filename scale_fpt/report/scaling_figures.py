@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import NullFormatter
 
+from scale_fpt.published import TASK_TITLES
 from scale_fpt.report.figures import panels
-from scale_fpt.report.published import TASK_TITLES
 from scale_fpt.report.scaling_laws import AXES, curve_frame, grid, seed_spread
 
 AXIS_UNITS = {

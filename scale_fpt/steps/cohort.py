@@ -25,8 +25,8 @@ import os
 
 import torch
 
+from scale_fpt.checkpoints import load_checkpoint_file
 from scale_fpt.config import ConfigError, TrialConfig, parse_finetune
-from scale_fpt.loop import load_checkpoint_file
 from scale_fpt.models import build_heads, check_positions, ops
 from scale_fpt.models.backbones import build_backbone
 from scale_fpt.models.fpt import input_dropout_p

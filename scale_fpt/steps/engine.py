@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
 
+from scale_fpt.checkpoints import load_checkpoint_file
 from scale_fpt.config import ConfigError, TrainConfig
-from scale_fpt.loop import load_checkpoint_file
 from scale_fpt.models import BuiltModel, ops
 from scale_fpt.planner import ZERO_BUCKET_ELEMENTS
 from scale_fpt.runtime import (
@@ -153,7 +153,7 @@ def world_problems(train: TrainConfig, world: World) -> list[str]:
 
 def weights_only_checkpoint_engine(engine):
     """DeepSpeed's torch checkpoint engine for ``engine``, reading every checkpoint file with
-    the weights-only loader (``loop.load_checkpoint_file``; DeepSpeed's own loads with
+    the weights-only loader (``checkpoints.load_checkpoint_file``; DeepSpeed's own loads with
     ``weights_only=False``, so a planted file would run its code on resume). Besides tensors
     and plain data, DeepSpeed's optimiser states hold a few of its own plain records, allowed
     by name: loss scalers, the ZeRO stage enum and fragment addresses (read from the files

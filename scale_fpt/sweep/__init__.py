@@ -8,6 +8,8 @@
         --> callbacks.py: ResultsCallback on the driver --> Parquet rows
             (results.ResultsWriter: keyed, atomic, de-duplicated)
         resume.py: what an interrupted sweep has left, for ``--resume``
+        analysis_plan.py: the analysis plan written when the sweep starts (the report reads it)
+        lock.py: one driver per sweep
 
 A retried or moved trial resumes from its last Tune checkpoint; ``run_sweep(resume=True)``
 restores an interrupted sweep with ``Tuner.restore`` so finished trials are not run again.

@@ -8,7 +8,6 @@ import re
 import sys
 from dataclasses import dataclass
 
-from scale_fpt import analysis_plan
 from scale_fpt.cluster import GPUOffer
 from scale_fpt.config import parse_trial
 from scale_fpt.loop import evaluation_steps
@@ -16,6 +15,7 @@ from scale_fpt.models.backbones import scale_fpt_home
 from scale_fpt.recovery import restore_missing_rows
 from scale_fpt.results import ResultsWriter, load_results
 from scale_fpt.storage import check_sweep_storage, default_optuna_storage
+from scale_fpt.sweep import analysis_plan
 from scale_fpt.sweep.callbacks import (
     fit_reporting_write_failures,
     sweep_callbacks,

@@ -105,14 +105,13 @@ from scale_fpt.report.tables.paper import (
     table8_finetune,
 )
 from scale_fpt.report.tables.steps import (
-    DEFAULT_THRESHOLDS,
     speedup,
     speedups,
     steps_summary,
     steps_to_threshold,
     table4_steps,
-    thresholds_for,
 )
+from scale_fpt.sweep.analysis_plan import DEFAULT_THRESHOLDS, thresholds_for
 
 __all__ = [
     "ALPHA",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from scale_fpt.report.published import TASK_COLUMNS
+from scale_fpt.published import TASK_COLUMNS
 from scale_fpt.report.tables.cells import INIT_ORDER, paper_steps, prepare, rank, trial_config
 from scale_fpt.tasks.preprocessing import preprocessing
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from scale_fpt import published
 from scale_fpt.config import (
     FIELD_TYPES,
     FINETUNE_PRESETS,
@@ -17,8 +18,7 @@ from scale_fpt.config import (
     TrialConfig,
     parse_finetune,
 )
-from scale_fpt.report import published
-from scale_fpt.report.published import TASK_COLUMNS, paper_lr
+from scale_fpt.published import TASK_COLUMNS, paper_lr
 from scale_fpt.report.stats import summarize
 from scale_fpt.tasks.preprocessing import deviations
 from scale_fpt.vocabulary import Status

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from scale_fpt.report.published import BASELINES, TASK_COLUMNS
+from scale_fpt.published import BASELINES, TASK_COLUMNS
 from scale_fpt.report.tables.cells import INIT_ORDER
 
 

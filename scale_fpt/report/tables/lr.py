@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from scale_fpt.report.published import paper_lr
+from scale_fpt.published import paper_lr
 from scale_fpt.report.stats import adjust_p, paired_difference
 from scale_fpt.report.tables.cells import (
     ARM_KEYS,

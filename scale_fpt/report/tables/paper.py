@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from scale_fpt.report import published
+from scale_fpt import published
 from scale_fpt.report.tables.cells import (
     DEFAULT_METRIC,
     FINETUNE_ORDER,

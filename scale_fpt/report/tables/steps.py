@@ -6,8 +6,7 @@ import math
 
 import pandas as pd
 
-from scale_fpt.report import published
-from scale_fpt.report.published import TASK_COLUMNS
+from scale_fpt import published
 from scale_fpt.report.tables.cells import (
     ARM_KEYS,
     DEFAULT_METRIC,
@@ -17,21 +16,7 @@ from scale_fpt.report.tables.cells import (
     size_order,
 )
 from scale_fpt.report.tables.paper import frozen_transformers, init_rank, selected
-
-DEFAULT_THRESHOLDS = {
-    task: round(0.9 * value / 100, 4)
-    for task, value in zip(TASK_COLUMNS, published.ACCURACY["T2"]["language (FPT)"], strict=True)
-}
-"""Steps-to-threshold default per task: 90% of the paper's FPT accuracy (Table 2)."""
-
-
-def thresholds_for(tasks, thresholds=None) -> dict[str, float]:
-    """Per-task accuracy threshold (a fraction): a number for every task, a {task: value}
-    dict (others keep the default), or None for ``DEFAULT_THRESHOLDS``."""
-    if isinstance(thresholds, int | float):
-        return dict.fromkeys(tasks, float(thresholds))
-    given = thresholds or {}
-    return {t: float(given.get(t, DEFAULT_THRESHOLDS.get(t, 0.9))) for t in tasks}
+from scale_fpt.sweep.analysis_plan import thresholds_for
 
 
 def steps_to_threshold(curve: pd.DataFrame, threshold: float) -> tuple[float, float]:

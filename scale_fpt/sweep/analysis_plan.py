@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scale_fpt import published
 from scale_fpt.config import ConfigError
 from scale_fpt.sweep.config import CONFIRM_SUFFIX, SweepConfig
 
@@ -26,6 +27,24 @@ PLAN_FILE = "analysis_plan.json"
 SCHEMA_VERSION = 1
 PRIMARY_METRIC = "test_accuracy"
 """Test accuracy at each trial's best-validation evaluation (``selected_step``)."""
+DEFAULT_THRESHOLDS = {
+    task: round(0.9 * value / 100, 4)
+    for task, value in zip(
+        published.TASK_COLUMNS, published.ACCURACY["T2"]["language (FPT)"], strict=True
+    )
+}
+"""Steps-to-threshold default per task: 90% of the paper's FPT accuracy (Table 2)."""
+
+
+def thresholds_for(tasks, thresholds=None) -> dict[str, float]:
+    """Per-task accuracy threshold (a fraction): a number for every task, a {task: value}
+    dict (others keep the default), or None for ``DEFAULT_THRESHOLDS``."""
+    if isinstance(thresholds, int | float):
+        return dict.fromkeys(tasks, float(thresholds))
+    given = thresholds or {}
+    return {t: float(given.get(t, DEFAULT_THRESHOLDS.get(t, 0.9))) for t in tasks}
+
+
 LAW_FORM = "power_floor"
 """The declared scaling law: error = E + A x^-alpha (``scale_fpt.analysis`` forms)."""
 CONTRASTS = {
@@ -76,10 +95,6 @@ def declared_contrasts(sweep: SweepConfig) -> list[str]:
 def plan_for(sweep: SweepConfig) -> AnalysisPlan:
     """The plan of ``sweep``: its tasks' thresholds, one family per (measure, contrast) it
     runs, its seeds."""
-    # The report's thresholds, imported here: the report imports the sweep package, whose
-    # driver writes plans.
-    from scale_fpt.report.tables.steps import thresholds_for
-
     tasks = sorted({str(arm["task"]) for arm in sweep.trials()})
     families = {
         f"{kind}: {contrast}": [contrast]
