@@ -393,7 +393,7 @@ def test_attention_uniform_when_queries_and_keys_are_zero():
     maps = report.attention_maps(module, x)
     assert maps.shape == (1, 10, 10)
     np.testing.assert_allclose(maps[0], uniform_causal(10), atol=1e-6)
-    shares = report.attention_shares(maps, report.relevant_positions("bit-xor"))
+    shares = report.attention_shares(maps, report.relevant_positions(TaskConfig(task="bit-xor")))
     assert list(shares["output_position"]) == [5, 6, 7, 8, 9]
     expected = [2 / (6 + i) for i in range(5)]
     np.testing.assert_allclose(shares["share_last_layer"], expected, atol=1e-6)
@@ -429,12 +429,16 @@ def test_attention_peaked_on_a_chosen_position_averaged_over_heads():
 
 
 def test_relevant_positions_follow_the_task_layout():
-    assert report.relevant_positions("bit-xor") == {5 + i: [i, 5 + i] for i in range(5)}
-    memory = report.relevant_positions("bit-memory")
+    xor = report.relevant_positions(TaskConfig(task="bit-xor"))
+    assert xor == {5 + i: [i, 5 + i] for i in range(5)}
+    memory = report.relevant_positions(TaskConfig(task="bit-memory"))
     assert len(memory) == 20 and memory[100] == [0, 20, 40, 60, 80]
     assert memory[119] == [19, 39, 59, 79, 99]
+    # The smaller variant: one 20-bit token per string, the query the sixth token.
+    small = TaskConfig(task="bit-memory", bit_memory_bits=20, bit_memory_patch=20)
+    assert report.relevant_positions(small) == {5: [0, 1, 2, 3, 4]}
     with pytest.raises(ValueError):
-        report.relevant_positions("mnist")
+        report.relevant_positions(TaskConfig(task="mnist"))
 
 
 @pytest.mark.slow
