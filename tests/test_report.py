@@ -65,6 +65,32 @@ def write(writer, tid, acc, *, status="completed", val=None, hit=None, steps_don
         writer.write_curve(tid, [{**r, **{k: flat[k] for k in keys}} for r in curve])
 
 
+def test_steps_figure_draws_every_seed(results):
+    """The bars of Table 4 carry their seeds: a point per seed (an unreached one, open, at
+    its last evaluated step), one data row per seed, n under each bar."""
+    from scale_fpt.report import figures
+
+    t4 = report.table4_steps(results.trials, results.curves)
+    fig, data = figures.steps_figure(t4)
+    row = "gpt2-tiny · pretrained · steps=1000 · main"
+    xor = data[(data["task"] == "bit-xor") & (data["row"] == row)]
+    assert sorted(xor["seed_value"]) == [100, 200, 300] and xor["seed_reached"].all()
+    memory = data[(data["task"] == "bit-memory") & ~data["seed_reached"]]
+    assert list(memory["seed_value"]) == [1000]  # random never reached 0.9: its last step
+    cells = t4[~t4["row"].str.startswith("speed-up") & (t4["n"] > 0)]
+    assert len(data) == cells["n"].sum()
+    drawn = [
+        (x, y)
+        for ax in fig.axes
+        for line in ax.get_lines()
+        if line.get_marker() in ("o", "^")
+        for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True)
+    ]
+    assert sorted(y for _, y in drawn) == sorted(data["seed_value"])
+    labels = [t.get_text() for ax in fig.axes for t in ax.get_xticklabels()]
+    assert f"{row}\n(n=3)" in labels
+
+
 def build_results(root) -> None:
     main = ResultsWriter(root, "main")
     for seed, (acc, hit) in enumerate([(0.5, 100), (0.6, 200), (0.7, 300)]):
