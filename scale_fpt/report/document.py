@@ -725,11 +725,7 @@ def finding(
         "task": row["task"],
         "comparison": contrast,
         "setting": f"{setting} · {row['sweep']}",
-        "difference (pp) [95% CI]": (
-            f"{get('diff'):+.1f} [{get('ci_low'):+.1f}, {get('ci_high'):+.1f}]"
-            if math.isfinite(get("diff"))
-            else "—"
-        ),
+        "difference (pp) [95% CI]": pp_interval_text(get("diff"), get("ci_low"), get("ci_high")),
         "accuracies (%)": " · ".join(f"{arm} {value:.1f}" for arm, value in (means or {}).items()),
         "n": int(n) if math.isfinite(n) else "",
         "p (BH)": f"{p:.2g} ({get('p_adjusted'):.2g})" if math.isfinite(p) else "—",
@@ -739,6 +735,16 @@ def finding(
         "status": "exploratory" if family == EXPLORATORY else "planned",
         "note": note,
     }
+
+
+def pp_interval_text(diff: float, low: float, high: float) -> str:
+    """A difference in pp with its interval, '+1.8 [+0.9, +2.7]'; '+1.8 (no interval)' where the
+    seeds give none (one pair)."""
+    if not math.isfinite(diff):
+        return "—"
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return f"{diff:+.1f} (no interval)"
+    return f"{diff:+.1f} [{low:+.1f}, {high:+.1f}]"
 
 
 INIT_KEYS = {k: f"accuracy_{k}" for k in ("diff", "ci_low", "ci_high", "p", "p_adjusted",
