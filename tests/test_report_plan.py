@@ -71,6 +71,22 @@ def test_comparisons_outside_the_plan_are_exploratory(tmp_path):
     assert init_rows["accuracies (%)"].iloc[0] == "pretrained 90.0 · random 60.0"
 
 
+def test_a_matched_comparison_that_repeats_the_plain_one_is_a_note(tmp_path):
+    """Both arms ran the same steps at the same cost, so at equal examples they compare
+    exactly as they do plainly: the findings say it once, with a note."""
+    writer = ResultsWriter(tmp_path, "s")
+    for seed in range(3):
+        write(writer, f"p{seed}", 0.95, seed=seed, init="pretrained", hit=200)
+        write(writer, f"r{seed}", 0.5, seed=seed, init="random", hit=0)
+    results = load_results(tmp_path)
+    found = Comparisons.compute(results.trials, results.curves, "test_accuracy", None, {})
+    assert len(found.matched) == 1  # the matched comparison is still computed and shown
+    findings = found.findings({})
+    assert list(findings["comparison"]) == ["pretrained - random"]
+    assert findings["difference (pp) [95% CI]"].iloc[0] == "+45.0 [+45.0, +45.0]"
+    assert findings["note"].iloc[0] == "the same at equal examples (Matched budgets)"
+
+
 def test_listops_baseline_is_the_measured_majority_class_of_its_test_set(tmp_path):
     """ListOps' trivial baseline is measured on the test set the trials used (here the
     generator's, at 32 tokens), not assumed from LRA; the other tasks keep their text."""

@@ -690,23 +690,39 @@ class Comparisons:
         """One row per accuracy comparison: what, difference [95% CI], each arm's accuracy, n,
         p (BH within its family), the difference its n detects at 80% power, the task's
         baselines (``tables.baselines``), planned or exploratory."""
-        rows = []
+        rows, by_numbers = [], {}
         for r in self.init.to_dict("records"):
             means = {"pretrained": r["accuracy_pretrained"], "random": r["accuracy_random"]}
             rows.append(finding(r, INIT_KEYS, "pretrained - random", r["accuracy_family"],
                                 f"{r['model']} · {r['finetune_label']} · lr {r['lr']:g}",
                                 means=means))  # fmt: skip
+            by_numbers[same_numbers(r, rows[-1])] = rows[-1]
         for r in self.lr.to_dict("records"):
             rows.append(finding(r, LR_KEYS, f"{r['contrast']} (each at its best lr)", r["family"],
                                 f"{r['model']} · {r['headline']}", r.get("note", "")))  # fmt: skip
         for r in self.matched.to_dict("records"):
             means = dict(zip(r["contrast"].split(" - "), (r["mean_a"], r["mean_b"]), strict=True))
-            rows.append(finding(r, MATCHED_KEYS, f"{r['contrast']} at equal {r['match']}", r["family"],
-                                f"{r['model']} · lr {r['lr']:g}", means=means))  # fmt: skip
+            row = finding(r, MATCHED_KEYS, f"{r['contrast']} at equal {r['match']}", r["family"],
+                          f"{r['model']} · lr {r['lr']:g}", means=means)  # fmt: skip
+            # Arms that ran the same steps at the same cost compare the same at equal FLOPs or
+            # examples: one row, with a note, instead of the same numbers three times.
+            same = by_numbers.get(same_numbers(r, row))
+            if same is not None and same["status"] == row["status"]:
+                said = f"the same at equal {r['match']} (Matched budgets)"
+                same["note"] = "; ".join(filter(None, (same["note"], said)))
+                continue
+            rows.append(row)
         table = pd.DataFrame(rows)
         if not table.empty:
             table.insert(table.columns.get_loc("status"), "baselines", table["task"].map(baselines))
         return table
+
+
+def same_numbers(row: dict, shown: dict) -> tuple:
+    """What makes two findings one: the sweep, task, model and lr of the comparison's ``row``
+    and the difference, accuracies and n it ``shown``."""
+    return (row["sweep"], row["task"], row["model"], row["lr"],
+            *(shown[k] for k in ("difference (pp) [95% CI]", "accuracies (%)", "n")))  # fmt: skip
 
 
 def finding(
