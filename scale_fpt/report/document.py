@@ -690,7 +690,7 @@ class Comparisons:
         """One row per accuracy comparison: what, difference [95% CI], each arm's accuracy, n,
         p (BH within its family), the difference its n detects at 80% power, the task's
         baselines (``tables.baselines``), planned or exploratory."""
-        rows, by_numbers = [], {}
+        rows, by_numbers, repeated = [], {}, {}
         for r in self.init.to_dict("records"):
             means = {"pretrained": r["accuracy_pretrained"], "random": r["accuracy_random"]}
             rows.append(finding(r, INIT_KEYS, "pretrained - random", r["accuracy_family"],
@@ -708,10 +708,12 @@ class Comparisons:
             # examples: one row, with a note, instead of the same numbers three times.
             same = by_numbers.get(same_numbers(r, row))
             if same is not None and same["status"] == row["status"]:
-                said = f"the same at equal {r['match']} (Matched budgets)"
-                same["note"] = "; ".join(filter(None, (same["note"], said)))
+                repeated.setdefault(id(same), (same, []))[1].append(r["match"])
                 continue
             rows.append(row)
+        for same, matches in repeated.values():
+            said = f"the same at equal {' and at equal '.join(matches)} (Matched budgets)"
+            same["note"] = "; ".join(filter(None, (same["note"], said)))
         table = pd.DataFrame(rows)
         if not table.empty:
             table.insert(table.columns.get_loc("status"), "baselines", table["task"].map(baselines))
