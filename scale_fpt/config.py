@@ -103,6 +103,11 @@ class TaskConfig:
     """Generated ListOps: maximum number of arguments of one operator (LRA uses 10)."""
     listops_train_size: int = 20000
     """Generated ListOps: number of distinct training expressions (LRA has 96k)."""
+    bit_memory_bits: int = 1000
+    """Bit Memory: bits per string (the paper's 1000); fewer is a smaller variant of the task,
+    a deviation to declare."""
+    bit_memory_patch: int = 50
+    """Bit Memory: bits per token (the paper's 50); must divide ``bit_memory_bits``."""
     augment: bool = True
     """CIFAR-10: random crop (pad 4), horizontal flip and rotation while training."""
     rotation_degrees: float = 20.0
@@ -146,11 +151,18 @@ class TaskConfig:
             "listops_max_depth",
             "listops_max_args",
             "listops_train_size",
+            "bit_memory_bits",
+            "bit_memory_patch",
             "test_batches",
             "val_batches",
         ):
             if getattr(self, name) < 1:
                 out.append(f"{flag(name)}: must be >= 1, got {getattr(self, name)}")
+        if self.bit_memory_patch >= 1 and self.bit_memory_bits % self.bit_memory_patch:
+            out.append(
+                f"--bit-memory-patch: must divide --bit-memory-bits ({self.bit_memory_bits}), "
+                f"got {self.bit_memory_patch}"
+            )
         out.append(choice_problem("mnist_tokens", self.mnist_tokens, MNIST_TOKENS))
         out.append(choice_problem("homology_long", self.homology_long, HOMOLOGY_LONG))
         if not 0.0 <= self.rotation_degrees <= 180.0:

@@ -65,6 +65,32 @@ def write(writer, tid, acc, *, status="completed", val=None, hit=None, steps_don
         writer.write_curve(tid, [{**r, **{k: flat[k] for k in keys}} for r in curve])
 
 
+def test_steps_figure_draws_every_seed(results):
+    """The bars of Table 4 carry their seeds: a point per seed (an unreached one, open, at
+    its last evaluated step), one data row per seed, n under each bar."""
+    from scale_fpt.report import figures
+
+    t4 = report.table4_steps(results.trials, results.curves)
+    fig, data = figures.steps_figure(t4)
+    row = "gpt2-tiny · pretrained · steps=1000 · main"
+    xor = data[(data["task"] == "bit-xor") & (data["row"] == row)]
+    assert sorted(xor["seed_value"]) == [100, 200, 300] and xor["seed_reached"].all()
+    memory = data[(data["task"] == "bit-memory") & ~data["seed_reached"]]
+    assert list(memory["seed_value"]) == [1000]  # random never reached 0.9: its last step
+    cells = t4[~t4["row"].str.startswith("speed-up") & (t4["n"] > 0)]
+    assert len(data) == cells["n"].sum()
+    drawn = [
+        (x, y)
+        for ax in fig.axes
+        for line in ax.get_lines()
+        if line.get_marker() in ("o", "^")
+        for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True)
+    ]
+    assert sorted(y for _, y in drawn) == sorted(data["seed_value"])
+    labels = [t.get_text() for ax in fig.axes for t in ax.get_xticklabels()]
+    assert f"{row}\n(n=3)" in labels
+
+
 def build_results(root) -> None:
     main = ResultsWriter(root, "main")
     for seed, (acc, hit) in enumerate([(0.5, 100), (0.6, 200), (0.7, 300)]):
@@ -393,7 +419,7 @@ def test_attention_uniform_when_queries_and_keys_are_zero():
     maps = report.attention_maps(module, x)
     assert maps.shape == (1, 10, 10)
     np.testing.assert_allclose(maps[0], uniform_causal(10), atol=1e-6)
-    shares = report.attention_shares(maps, report.relevant_positions("bit-xor"))
+    shares = report.attention_shares(maps, report.relevant_positions(TaskConfig(task="bit-xor")))
     assert list(shares["output_position"]) == [5, 6, 7, 8, 9]
     expected = [2 / (6 + i) for i in range(5)]
     np.testing.assert_allclose(shares["share_last_layer"], expected, atol=1e-6)
@@ -429,12 +455,16 @@ def test_attention_peaked_on_a_chosen_position_averaged_over_heads():
 
 
 def test_relevant_positions_follow_the_task_layout():
-    assert report.relevant_positions("bit-xor") == {5 + i: [i, 5 + i] for i in range(5)}
-    memory = report.relevant_positions("bit-memory")
+    xor = report.relevant_positions(TaskConfig(task="bit-xor"))
+    assert xor == {5 + i: [i, 5 + i] for i in range(5)}
+    memory = report.relevant_positions(TaskConfig(task="bit-memory"))
     assert len(memory) == 20 and memory[100] == [0, 20, 40, 60, 80]
     assert memory[119] == [19, 39, 59, 79, 99]
+    # The smaller variant: one 20-bit token per string, the query the sixth token.
+    small = TaskConfig(task="bit-memory", bit_memory_bits=20, bit_memory_patch=20)
+    assert report.relevant_positions(small) == {5: [0, 1, 2, 3, 4]}
     with pytest.raises(ValueError):
-        report.relevant_positions("mnist")
+        report.relevant_positions(TaskConfig(task="mnist"))
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ import pytest
 from test_report import write
 
 from scale_fpt.recipes.studies import STUDIES
+from scale_fpt.report import tables
 from scale_fpt.report.document import Comparisons, inline_html
 from scale_fpt.report.tables.families import EXPLORATORY
 from scale_fpt.results import ResultsWriter, load_results
@@ -57,7 +58,7 @@ def test_comparisons_outside_the_plan_are_exploratory(tmp_path):
     assert init.loc["planned", "accuracy_p_adjusted"] == pytest.approx(
         init.loc["planned", "accuracy_p"]
     )
-    findings = found.findings()
+    findings = found.findings(tables.baselines(results.trials))
     init_rows = findings[findings["comparison"] == "pretrained - random"]
     assert list(init_rows["status"]) == ["planned", "exploratory"]
     # The plan declared no matched-budget family: those rows are exploratory.
@@ -65,6 +66,46 @@ def test_comparisons_outside_the_plan_are_exploratory(tmp_path):
         "exploratory"
     }
     assert findings["baselines"].iloc[0].startswith("chance 50%")
+    # Each arm's mean accuracy beside the baselines: a difference between two arms at the
+    # baseline reads as "neither learned".
+    assert init_rows["accuracies (%)"].iloc[0] == "pretrained 90.0 · random 60.0"
+
+
+def test_a_matched_comparison_that_repeats_the_plain_one_is_a_note(tmp_path):
+    """Both arms ran the same steps at the same cost, so at equal examples they compare
+    exactly as they do plainly: the findings say it once, with a note."""
+    writer = ResultsWriter(tmp_path, "s")
+    for seed in range(3):
+        write(writer, f"p{seed}", 0.95, seed=seed, init="pretrained", hit=200)
+        write(writer, f"r{seed}", 0.5, seed=seed, init="random", hit=0)
+    results = load_results(tmp_path)
+    found = Comparisons.compute(results.trials, results.curves, "test_accuracy", None, {})
+    assert len(found.matched) == 1  # the matched comparison is still computed and shown
+    findings = found.findings({})
+    assert list(findings["comparison"]) == ["pretrained - random"]
+    assert findings["difference (pp) [95% CI]"].iloc[0] == "+45.0 [+45.0, +45.0]"
+    assert findings["note"].iloc[0] == "the same at equal examples (Matched budgets)"
+
+
+def test_listops_baseline_is_the_measured_majority_class_of_its_test_set(tmp_path):
+    """ListOps' trivial baseline is measured on the test set the trials used (here the
+    generator's, at 32 tokens), not assumed from LRA; the other tasks keep their text."""
+    from collections import Counter
+
+    from scale_fpt.tasks.listops import generated_expression
+
+    writer = ResultsWriter(tmp_path, "s")
+    listops = {"task": "listops", "max_length": 32, "test_batches": 4}
+    for seed in range(2):
+        write(writer, f"l{seed}", 0.4, seed=seed, **listops)
+    write(writer, "x", 0.9, task="bit-xor")
+    found = tables.baselines(load_results(tmp_path).trials)
+    values = Counter(generated_expression("test", 12345, i, 10, 10, 32)[1] for i in range(128))
+    rate = max(values.values()) / 128
+    assert found["listops"] == (
+        f"majority class {rate:.1%} (measured on the 32-token generated test set); chance 10%"
+    )
+    assert found["bit-xor"].startswith("chance 50%")
 
 
 def test_power_section_says_how_many_seeds_detect_a_difference(tmp_path):

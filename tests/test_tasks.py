@@ -386,6 +386,22 @@ def test_bit_memory_query_is_a_masked_copy_and_targets_its_string(configs):
         assert torch.equal(target[i], (strings[i, copies[0]] > 0).long())
 
 
+def test_bit_memory_size_follows_the_config():
+    config = TaskConfig(task="bit-memory", bit_memory_bits=20, bit_memory_patch=10)
+    task = build_task(config, 0)
+    assert (task.spec.n_tokens, task.spec.token_width, task.spec.n_predicting_tokens) == (12, 10, 2)
+    b = task.train_batch(0, 8)
+    assert b.x.shape == (8, 12, 10) and b.y.shape == (8, 2, 10)
+    strings, query = b.x[:, :10].reshape(8, 5, 20), b.x[:, 10:].reshape(8, 20)
+    target = b.y.reshape(8, 20)
+    for i in range(8):
+        shown = query[i] != 0
+        assert any((strings[i, k] > 0).long().equal(target[i]) for k in range(5))
+        assert torch.equal(query[i][shown], (target[i][shown] * 2 - 1).float())
+    with pytest.raises(ConfigError, match="--bit-memory-patch: must divide"):
+        TrialConfig.from_flat({"task": "bit-memory", "bit_memory_bits": 20, "bit_memory_patch": 3})
+
+
 def test_bit_test_set_size(configs):
     assert build_task(configs["bit-xor"], 0).test_size() == 2 * 32
 
@@ -808,6 +824,8 @@ def test_preprocessing_is_declared_beside_paper_and_reference():
     assert deviating(task="mnist", normalize=False) == ["split"]  # the reference's is none
     assert deviating(task="homology", homology_long="truncate") == ["split", "truncation"]
     assert deviating(task="bit-memory", input_dropout=False) == ["input dropout"]
+    small = {"task": "bit-memory", "bit_memory_bits": 20, "bit_memory_patch": 20}
+    assert deviating(**small) == ["sequence length"]  # the laptop study's smaller variant
     assert deviating(task="bit-xor", dropout=0.2) == ["input dropout"]
     assert deviating(task="listops", input_dropout=False) == ["split", "truncation"]
     (text,) = deviations(TrialConfig.from_flat({"task": "mnist", "mnist_tokens": 64}))[:1]

@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from scale_fpt.checkpoints import load_checkpoint_file, weights_file
-from scale_fpt.config import FIELD_TYPES, TrialConfig
+from scale_fpt.config import FIELD_TYPES, TaskConfig, TrialConfig
 from scale_fpt.report.tables import SELECTION
 from scale_fpt.results import checkpoint_dir
 from scale_fpt.tasks.bits import BitMemory, BitXor
@@ -32,16 +32,16 @@ from scale_fpt.tasks.bits import BitMemory, BitXor
 ATTENTION_TASKS = ("bit-xor", "bit-memory")
 
 
-def relevant_positions(task: str) -> dict[int, list[int]]:
+def relevant_positions(config: TaskConfig) -> dict[int, list[int]]:
     """Output position -> the input positions its prediction depends on."""
-    if task == "bit-xor":
+    if config.task == "bit-xor":
         n = BitXor.n_bits
         return {n + i: [i, n + i] for i in range(n)}
-    if task == "bit-memory":
-        q = BitMemory.n_bits // BitMemory.patch  # tokens per string (20)
+    if config.task == "bit-memory":
+        q = config.bit_memory_bits // config.bit_memory_patch  # tokens per string (20)
         start = BitMemory.n_strings * q  # first query token (100)
         return {start + j: [s * q + j for s in range(BitMemory.n_strings)] for j in range(q)}
-    raise ValueError(f"no attention analysis for task {task!r} (only {ATTENTION_TASKS})")
+    raise ValueError(f"no attention analysis for task {config.task!r} (only {ATTENTION_TASKS})")
 
 
 @torch.no_grad()
@@ -146,7 +146,7 @@ def trial_attention(row, results_dir=None, n_examples: int = 32) -> dict:
     module, task = load_trial_model(row, results_dir)
     x = test_inputs(task, n_examples)
     maps = attention_maps(module, x)
-    relevant = relevant_positions(row["task"])
+    relevant = relevant_positions(trial_config(row).task)
     return {
         "maps": maps,
         "shares": attention_shares(maps, relevant),

@@ -296,13 +296,15 @@ def compute_line(table: pd.DataFrame) -> str:
     )
 
 
-def table_section(doc: Document, key: str, table: pd.DataFrame, out: Path, wide_fn, text_fn):
+def table_section(
+    doc: Document, key: str, table: pd.DataFrame, out: Path, wide_fn, text_fn, baselines: dict
+):
     doc.heading(2, table.attrs["title"])
     doc.para(used_line(table))
     doc.table(wide_fn(table, text_fn))
-    baselines = baselines_line(table["task"]) if key != "T4" else ""
-    if baselines:
-        doc.para(baselines)
+    shown = baselines_line(table["task"], baselines) if key != "T4" else ""
+    if shown:
+        doc.para(shown)
     if "published" in table and table["published"].notna().any():
         doc.para(
             "Published (Lu et al. 2021) beside each cell: value (Δ study - paper) where "
@@ -317,12 +319,12 @@ def table_section(doc: Document, key: str, table: pd.DataFrame, out: Path, wide_
     doc.para(f"Cells in long form: [tables/{key}.csv](tables/{key}.csv).")
 
 
-def baselines_line(tasks) -> str:
-    """'Baselines (...): bit-xor chance 50% ...' of the tasks shown."""
-    known = [t for t in dict.fromkeys(tasks) if tables.baseline_text(t)]
+def baselines_line(tasks, baselines: dict) -> str:
+    """'Baselines (...): bit-xor chance 50% ...' of the tasks shown (``tables.baselines``)."""
+    known = [t for t in dict.fromkeys(tasks) if baselines.get(t)]
     return (
         "Baselines (an accuracy at one of these means the arm did not learn): "
-        + "; ".join(f"{t} {tables.baseline_text(t)}" for t in known)
+        + "; ".join(f"{t} {baselines[t]}" for t in known)
         + "."
         if known
         else ""
@@ -371,7 +373,16 @@ def figures_section(doc, out, trials, curves, t4, metric) -> None:
     if len(t4):
         fig, data = figures.steps_figure(t4)
         if len(data):
-            save_figure(doc, out, "steps", fig, data, "Steps to the threshold accuracy")
+            save_figure(
+                doc,
+                out,
+                "steps",
+                fig,
+                data,
+                "Steps to the threshold accuracy: bars the mean over seeds (± SD; hatched: a "
+                "lower bound, some seed never reached it), every seed a point (open triangle: "
+                "never reached, drawn at its last evaluated step); n per bar under its label",
+            )
 
 
 def attention_section(doc, out, trials, results_dir, examples: int) -> None:
@@ -497,7 +508,8 @@ def build_report(
         )
     plans = analysis_plan.plans(results_dir, sweeps)
     comparisons = Comparisons.compute(trials, curves, metric, thresholds, plans)
-    findings_section(doc, out, comparisons)
+    baselines = tables.baselines(trials)
+    findings_section(doc, out, comparisons, baselines)
     power_section(doc, out, comparisons, seeds_for)
     plan_section(doc, sweeps, plans)
     trials_section(doc, by_sweep, metric)
@@ -530,11 +542,11 @@ def build_report(
             absent.append(f"{table.attrs.get('title', key)}: {MISSING[key]}.")
             continue
         if key == "T6":
-            table_section(doc, key, table, out, t6_wide, tables.cell_text)
+            table_section(doc, key, table, out, t6_wide, tables.cell_text, baselines)
         elif key == "LR":
-            table_section(doc, key, table, out, tables.wide, tables.lr_text)
+            table_section(doc, key, table, out, tables.wide, tables.lr_text, baselines)
         else:
-            table_section(doc, key, table, out, tables.wide, tables.cell_text)
+            table_section(doc, key, table, out, tables.wide, tables.cell_text, baselines)
     contrasts = comparisons.lr
     if not contrasts.empty:
         frame_section(
@@ -674,25 +686,53 @@ class Comparisons:
         matched = adjust_in_families(matched, plans, "matched budgets", "p", "contrast", "family")
         return cls(init, lr, matched)
 
-    def findings(self) -> pd.DataFrame:
-        """One row per accuracy comparison: what, difference [95% CI], n, p (BH within its
-        family), the difference its n detects at 80% power, planned or exploratory."""
-        rows = []
+    def findings(self, baselines: dict) -> pd.DataFrame:
+        """One row per accuracy comparison: what, difference [95% CI], each arm's accuracy, n,
+        p (BH within its family), the difference its n detects at 80% power, the task's
+        baselines (``tables.baselines``), planned or exploratory."""
+        rows, by_numbers, repeated = [], {}, {}
         for r in self.init.to_dict("records"):
+            means = {"pretrained": r["accuracy_pretrained"], "random": r["accuracy_random"]}
             rows.append(finding(r, INIT_KEYS, "pretrained - random", r["accuracy_family"],
-                                f"{r['model']} · {r['finetune_label']} · lr {r['lr']:g}"))  # fmt: skip
+                                f"{r['model']} · {r['finetune_label']} · lr {r['lr']:g}",
+                                means=means))  # fmt: skip
+            by_numbers[same_numbers(r, rows[-1])] = rows[-1]
         for r in self.lr.to_dict("records"):
             rows.append(finding(r, LR_KEYS, f"{r['contrast']} (each at its best lr)", r["family"],
                                 f"{r['model']} · {r['headline']}", r.get("note", "")))  # fmt: skip
         for r in self.matched.to_dict("records"):
-            rows.append(finding(r, MATCHED_KEYS, f"{r['contrast']} at equal {r['match']}", r["family"],
-                                f"{r['model']} · lr {r['lr']:g}"))  # fmt: skip
-        return pd.DataFrame(rows)
+            means = dict(zip(r["contrast"].split(" - "), (r["mean_a"], r["mean_b"]), strict=True))
+            row = finding(r, MATCHED_KEYS, f"{r['contrast']} at equal {r['match']}", r["family"],
+                          f"{r['model']} · lr {r['lr']:g}", means=means)  # fmt: skip
+            # Arms that ran the same steps at the same cost compare the same at equal FLOPs or
+            # examples: one row, with a note, instead of the same numbers three times.
+            same = by_numbers.get(same_numbers(r, row))
+            if same is not None and same["status"] == row["status"]:
+                repeated.setdefault(id(same), (same, []))[1].append(r["match"])
+                continue
+            rows.append(row)
+        for same, matches in repeated.values():
+            said = f"the same at equal {' and at equal '.join(matches)} (Matched budgets)"
+            same["note"] = "; ".join(filter(None, (same["note"], said)))
+        table = pd.DataFrame(rows)
+        if not table.empty:
+            table.insert(table.columns.get_loc("status"), "baselines", table["task"].map(baselines))
+        return table
 
 
-def finding(row: dict, keys: dict, contrast: str, family: str, setting: str, note="") -> dict:
+def same_numbers(row: dict, shown: dict) -> tuple:
+    """What makes two findings one: the sweep, task, model and lr of the comparison's ``row``
+    and the difference, accuracies and n it ``shown``."""
+    return (row["sweep"], row["task"], row["model"], row["lr"],
+            *(shown[k] for k in ("difference (pp) [95% CI]", "accuracies (%)", "n")))  # fmt: skip
+
+
+def finding(
+    row: dict, keys: dict, contrast: str, family: str, setting: str, note="", means=None
+) -> dict:
     """A row of the findings: ``keys`` maps diff, ci_low, ci_high, n, p, p_adjusted and
-    detectable to ``row``'s columns."""
+    detectable to ``row``'s columns; ``means``: each arm's mean accuracy (%), shown beside
+    the task's baselines."""
 
     def get(key):
         value = row.get(keys.get(key, key), math.nan)
@@ -703,20 +743,26 @@ def finding(row: dict, keys: dict, contrast: str, family: str, setting: str, not
         "task": row["task"],
         "comparison": contrast,
         "setting": f"{setting} · {row['sweep']}",
-        "difference (pp) [95% CI]": (
-            f"{get('diff'):+.1f} [{get('ci_low'):+.1f}, {get('ci_high'):+.1f}]"
-            if math.isfinite(get("diff"))
-            else "—"
-        ),
+        "difference (pp) [95% CI]": pp_interval_text(get("diff"), get("ci_low"), get("ci_high")),
+        "accuracies (%)": " · ".join(f"{arm} {value:.1f}" for arm, value in (means or {}).items()),
         "n": int(n) if math.isfinite(n) else "",
         "p (BH)": f"{p:.2g} ({get('p_adjusted'):.2g})" if math.isfinite(p) else "—",
         "detectable at 80% power (pp)": (
             f"{get('detectable'):.2g}" if math.isfinite(get("detectable")) else "—"
         ),
-        "baselines": tables.baseline_text(row["task"]),
         "status": "exploratory" if family == EXPLORATORY else "planned",
         "note": note,
     }
+
+
+def pp_interval_text(diff: float, low: float, high: float) -> str:
+    """A difference in pp with its interval, '+1.8 [+0.9, +2.7]'; '+1.8 (no interval)' where the
+    seeds give none (one pair)."""
+    if not math.isfinite(diff):
+        return "—"
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return f"{diff:+.1f} (no interval)"
+    return f"{diff:+.1f} [{low:+.1f}, {high:+.1f}]"
 
 
 INIT_KEYS = {k: f"accuracy_{k}" for k in ("diff", "ci_low", "ci_high", "p", "p_adjusted",
@@ -725,9 +771,9 @@ LR_KEYS = {"p": "p_t", "p_adjusted": "p_t_adjusted"}
 MATCHED_KEYS = {"n": "n_pairs"}
 
 
-def findings_section(doc: Document, out: Path, comparisons: Comparisons) -> None:
+def findings_section(doc: Document, out: Path, comparisons: Comparisons, baselines: dict) -> None:
     doc.heading(2, "Findings")
-    table = comparisons.findings()
+    table = comparisons.findings(baselines)
     if table.empty:
         doc.para("No two arms of these results can be compared (no setting ran both inits, "
                  "or full and fpt, on shared seeds).")  # fmt: skip

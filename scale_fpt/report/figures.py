@@ -8,8 +8,8 @@ building a report never touches a notebook's backend or global figure state.
   value, so the mean is never of survivors only).
 - ``lr_figure``: the validation selection score (mean best validation accuracy over the
   selection seeds) vs learning rate per arm of the LR searches, every seed's score drawn.
-- ``steps_figure``: steps to the threshold per init (Table 4), unreached cells hatched at
-  their lower bound.
+- ``steps_figure``: steps to the threshold per init (Table 4), every seed a point over its
+  bar, unreached cells hatched at their lower bound.
 - ``attention_figure``: attention maps (last layer, mean over layers) with the positions
   each output token depends on marked.
 """
@@ -191,31 +191,54 @@ def lr_figure(trials: pd.DataFrame, metric: str = tables.DEFAULT_METRIC):
 
 
 def steps_figure(t4: pd.DataFrame):
-    """Bars of Table 4: mean steps to the threshold (± std) per (model · init); a hatched bar
-    marks a cell where some seed never reached it (height: the lower bound)."""
+    """Bars of Table 4: mean steps to the threshold (± std) per (model · init), every seed a
+    point over its bar (a seed that never reached the threshold an open triangle at its last
+    evaluated step); a hatched bar marks a cell where some seed never reached it (height: the
+    lower bound). The data: one row per seed."""
     if t4.empty:
         fig, axes = panels(1)
         axes[0].set_title("no steps-to-threshold data")
         return fig, t4
-    data = t4[~t4["row"].str.startswith("speed-up") & (t4["n"] > 0)]
+    cells = t4[~t4["row"].str.startswith("speed-up") & (t4["n"] > 0)].reset_index(drop=True)
     columns = ["task", "row", "threshold", "n", "n_reached", "all_reached", "mean", "std"]
-    data = data[[*columns, "lower_bound"]].reset_index(drop=True)
-    tasks = task_order(data["task"])
+    data = (
+        cells[[*columns, "lower_bound", "seed_steps", "seed_reached"]]
+        .explode(["seed_steps", "seed_reached"])
+        .rename(columns={"seed_steps": "seed_value"})
+        .reset_index(drop=True)
+    )
+    data["seed_value"] = data["seed_value"].astype(float)
+    data["seed_reached"] = data["seed_reached"].astype(bool)
+    tasks = task_order(cells["task"])
     fig, axes = panels(max(len(tasks), 1))
     for ax, task in zip(axes, tasks, strict=False):
-        cells = data[data["task"] == task]
-        x = np.arange(len(cells))
-        heights = np.where(cells["all_reached"], cells["mean"], cells["lower_bound"])
-        bars = ax.bar(x, heights, yerr=cells["std"].fillna(0), capsize=3)
-        for bar, reached in zip(bars, cells["all_reached"], strict=True):
-            if not reached:
+        shown = cells[cells["task"] == task]
+        x = np.arange(len(shown))
+        heights = np.where(shown["all_reached"], shown["mean"], shown["lower_bound"])
+        bars = ax.bar(x, heights, yerr=shown["std"].fillna(0), capsize=3, color="#9ecae1")
+        for i, (bar, cell) in enumerate(zip(bars, shown.itertuples(), strict=True)):
+            if not cell.all_reached:
                 bar.set_hatch("//")
                 bar.set_alpha(0.5)
                 ax.annotate(">", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center")
-        ax.set_xticks(x, cells["row"], rotation=30, ha="right", fontsize=7)
-        threshold = cells["threshold"].iloc[0] if len(cells) else math.nan
+            values = np.asarray(cell.seed_steps, dtype=float)
+            reached = np.asarray(cell.seed_reached, dtype=bool)
+            spread = 0.2 if len(values) > 1 else 0.0
+            offsets = i + np.linspace(-spread, spread, len(values))
+            if reached.any():
+                ax.plot(offsets[reached], values[reached], "o", color="black", ms=4,
+                        label="a seed")  # fmt: skip
+            if not reached.all():
+                ax.plot(offsets[~reached], values[~reached], "^", mfc="none", color="black",
+                        ms=6, label="a seed not reached (at its last step)")  # fmt: skip
+        labels = [f"{row}\n(n={n:.0f})" for row, n in zip(shown["row"], shown["n"], strict=True)]
+        ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=7)
+        threshold = shown["threshold"].iloc[0] if len(shown) else math.nan
         ax.set_title(f"{TASK_TITLES.get(task, task)}: steps to {threshold:.3g} accuracy")
         ax.set_ylabel("gradient steps")
+        handles, names = ax.get_legend_handles_labels()
+        unique = dict(zip(names, handles, strict=True))
+        ax.legend(unique.values(), unique.keys(), fontsize=7)
     return fig, data
 
 

@@ -88,39 +88,43 @@ class BitXor(_FreshRandomTask):
 
 
 class BitMemory(_FreshRandomTask):
-    """Five random ±1 strings of 1000 bits, then a query: one of them, chosen at random, with
-    each bit masked to 0 with probability 0.5. Everything is cut into patches of 50 bits, so
-    the sequence is 6 * 1000 / 50 = 120 tokens of width 50; the last 20 tokens (the query)
-    each predict their 50 bits of the unmasked string (class 1 for +1, 0 for -1).
-    x: (B, 120, 50) float, y: (B, 20, 50) long."""
+    """Five random ±1 strings of ``config.bit_memory_bits`` bits (the paper's 1000), then a
+    query: one of them, chosen at random, with each bit masked to 0 with probability 0.5.
+    Everything is cut into patches of ``config.bit_memory_patch`` bits (the paper's 50), so
+    the paper's sequence is 6 * 1000 / 50 = 120 tokens of width 50; the last 1000 / 50 = 20
+    tokens (the query) each predict their 50 bits of the unmasked string (class 1 for +1, 0
+    for -1). x: (B, 6 * bits / patch, patch) float, y: (B, bits / patch, patch) long."""
 
     name = "bit-memory"
     n_strings = 5
-    n_bits = 1000
-    patch = 50
     mask_prob = 0.5
+
+    def __init__(self, config: TaskConfig, seed: int):
+        super().__init__(config, seed)
+        self.n_bits = config.bit_memory_bits
+        self.patch = config.bit_memory_patch
 
     @classmethod
     def spec_for(cls, config: TaskConfig) -> TaskSpec:
-        query_tokens = cls.n_bits // cls.patch
+        query_tokens = config.bit_memory_bits // config.bit_memory_patch
         return TaskSpec(
             n_tokens=(cls.n_strings + 1) * query_tokens,
-            token_width=cls.patch,
+            token_width=config.bit_memory_patch,
             vocab_size=0,
             n_predicting_tokens=query_tokens,
-            outputs_per_token=cls.patch,
+            outputs_per_token=config.bit_memory_patch,
             n_classes=2,
         )
 
     def _sample(self, n: int, draws: Draws) -> Batch:
         bits = draws.randint(0, 2, (n, self.n_strings, self.n_bits))
-        strings = bits.float() * 2 - 1  # lead + (n, 5, 1000) in {-1, +1}
+        strings = bits.float() * 2 - 1  # lead + (n, 5, bits) in {-1, +1}
         which = draws.randint(0, self.n_strings, n)  # lead + (n,)
         chosen = which[..., None, None].expand(*which.shape, 1, self.n_bits)
-        target = strings.gather(-2, chosen).squeeze(-2)  # lead + (n, 1000)
+        target = strings.gather(-2, chosen).squeeze(-2)  # lead + (n, bits)
         keep = draws.rand((n, self.n_bits)) >= self.mask_prob
         query = target * keep  # masked bits read 0
-        x = torch.cat([strings.flatten(-2), query], dim=-1)  # lead + (n, 6000)
-        x = x.unflatten(-1, (-1, self.patch))  # lead + (n, 120, 50)
-        y = (target > 0).long().unflatten(-1, (-1, self.patch))  # lead + (n, 20, 50)
+        x = torch.cat([strings.flatten(-2), query], dim=-1)  # lead + (n, 6 * bits)
+        x = x.unflatten(-1, (-1, self.patch))  # lead + (n, 6 * bits / patch, patch)
+        y = (target > 0).long().unflatten(-1, (-1, self.patch))  # lead + (n, bits / patch, patch)
         return Batch(x, y)

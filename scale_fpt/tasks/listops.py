@@ -325,3 +325,12 @@ class ListOps(Task):
                 indices = list(range(n_chunks * TEST_CHUNK))
                 self._eval[split] = self._generated_batch(split, seed, indices).to(self.device)
         return split_batch(self._eval[split], batch_size)
+
+
+def majority_rate(config: TaskConfig, split: str = "test") -> float:
+    """The share of the most frequent value in ``config``'s ``split`` (generated or read from
+    the LRA files): what a model that always answers it scores there, ListOps' trivial
+    baseline measured on the data a trial used rather than assumed."""
+    task = ListOps(config, seed=0)
+    values = torch.cat([batch.y.flatten() for batch in task.eval_batches(split, 4096)])
+    return float(torch.bincount(values, minlength=10).max()) / len(values)

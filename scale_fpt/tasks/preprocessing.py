@@ -7,7 +7,7 @@ what this trial does, what the paper says, what the reference code (kzl/universa
 does, and whether this trial does what produced the published numbers. Defaults follow the
 paper where it is explicit and the reference code where the paper is silent; every other
 choice is a flag (``mnist_tokens``, ``rotation_degrees``, ``homology_long``, ``normalize``,
-``input_dropout``). ``scale-fpt plan`` prints the list; the report marks a published number
+``input_dropout``, ``bit_memory_bits``). ``scale-fpt plan`` prints the list; the report marks a published number
 comparable only when no aspect differs (``deviations``).
 """
 
@@ -47,9 +47,14 @@ def _input_dropout(config: TrialConfig, continuous: bool) -> Aspect:
 
 
 def _bits(config: TrialConfig) -> list[Aspect]:
-    shape = "120 tokens x 50 bits" if config.task.task == "bit-memory" else "10 tokens x 1 bit"
+    if config.task.task == "bit-memory":
+        bits, patch = config.task.bit_memory_bits, config.task.bit_memory_patch
+        shape = f"{6 * bits // patch} tokens x {patch} bits (5 strings of {bits} bits, a query)"
+        published = "120 tokens x 50 bits (5 strings of 1000 bits, a query)"
+    else:
+        shape = published = "10 tokens x 1 bit"
     return [
-        Aspect("sequence length", shape, shape, shape, True),
+        Aspect("sequence length", shape, published, published, shape == published),
         Aspect(
             "split",
             "fresh random training batches; fixed validation and test draws (val_seed, test_seed)",

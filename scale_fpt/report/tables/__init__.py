@@ -71,6 +71,7 @@ from scale_fpt.report.tables.differences import (
 )
 from scale_fpt.report.tables.display import (
     baseline_text,
+    baselines,
     cell_text,
     compute_text,
     count,
@@ -133,6 +134,7 @@ __all__ = [
     "annotate",
     "backbone_kind",
     "baseline_text",
+    "baselines",
     "budget_table",
     "cell_summary",
     "cell_text",

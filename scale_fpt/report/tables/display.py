@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from scale_fpt.published import BASELINES, TASK_COLUMNS
-from scale_fpt.report.tables.cells import INIT_ORDER
+from scale_fpt.report.tables.cells import INIT_ORDER, trial_config
 
 
 def cell_text(cell) -> str:
@@ -145,3 +145,40 @@ def baseline_text(task: str) -> str:
     """What a task's accuracy is without learning it (``published.BASELINES``)."""
     found = BASELINES.get(task)
     return found[1] if found else ""
+
+
+LISTOPS_TEST_SET = ("data_dir", "max_length", "listops_max_depth", "listops_max_args",
+                    "test_batches", "test_seed", "test_limit")  # fmt: skip
+"""The config fields that decide which ListOps test set a trial scored on."""
+
+
+def baselines(trials: pd.DataFrame) -> dict[str, str]:
+    """Per task of ``trials``: what its accuracy is without learning it. ListOps: the
+    majority-class share measured on each test set its trials used (``majority_rate``; a
+    test set that cannot be read here, e.g. LRA files elsewhere, keeps the table's text);
+    every other task: ``baseline_text``."""
+    out = {task: baseline_text(task) for task in dict.fromkeys(trials.get("task", []))}
+    if "listops" not in out:
+        return out
+    # The ListOps reader loads torch: imported only when a report holds ListOps trials.
+    from scale_fpt.tasks.base import DataUnavailable
+    from scale_fpt.tasks.listops import majority_rate
+
+    rows = trials[trials["task"] == "listops"]
+    measured = []
+    for _, row in rows.drop_duplicates([c for c in LISTOPS_TEST_SET if c in rows]).iterrows():
+        config = trial_config(row)
+        if config is None:
+            continue
+        try:
+            rate = majority_rate(config.task)
+        except (DataUnavailable, OSError):
+            continue
+        source = "LRA basic_test" if config.task.data_dir else "generated"
+        measured.append(
+            f"majority class {rate:.1%} (measured on the {config.task.max_length or 512}-token "
+            f"{source} test set)"
+        )
+    if measured:
+        out["listops"] = "; ".join(measured) + "; chance 10%"
+    return out

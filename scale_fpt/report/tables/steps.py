@@ -30,16 +30,19 @@ def steps_to_threshold(curve: pd.DataFrame, threshold: float) -> tuple[float, fl
 
 def steps_summary(group: pd.DataFrame) -> dict:
     """T4 cell: seeds that reached the threshold, and a lower bound on the mean steps where
-    some did not (each unreached seed counted at its last evaluated step)."""
+    some did not (each unreached seed counted at its last evaluated step); each seed's steps
+    (``seed_steps``, an unreached one at its last evaluated step) and whether it reached the
+    threshold (``seed_reached``), in trial order."""
     used = group[group["used"]]
     reached = used["steps"].notna()
+    bounded = used["steps"].where(reached, used["last_step"])
     out = {
         "n": len(used),
         "n_reached": int(reached.sum()),
         "all_reached": bool(len(used)) and bool(reached.all()),
-        "lower_bound": float(used["steps"].where(reached, used["last_step"]).mean())
-        if len(used)
-        else math.nan,
+        "lower_bound": float(bounded.mean()) if len(used) else math.nan,
+        "seed_steps": tuple(float(v) for v in bounded),
+        "seed_reached": tuple(bool(v) for v in reached),
     }
     if len(used):
         out["note"] = ""
