@@ -83,6 +83,10 @@ class MemberMetrics:
             self.last_loss = torch.zeros_like(self.last_loss).index_copy_(0, index, loss.detach())
         return finite
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The tensors ``record`` updates in place."""
+        return [self.loss_sum, self.accuracy_sum, self.diverged_at]
+
     def take(self) -> torch.Tensor:
         """(K, 2) sums of [loss, accuracy] since the last call (on the device); resets them."""
         sums = torch.stack([self.loss_sum, self.accuracy_sum], 1)
