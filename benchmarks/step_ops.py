@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import replace
 
 import _harness as h
@@ -247,10 +248,13 @@ def bytes_per_layer(path: str, config: TrialConfig) -> float:
 
 
 def cpu_seconds_per_step(path: str, config: TrialConfig, task: Task, steps: int) -> float:
-    """Median seconds per step of the CPU's own path (fused CPU kernels, no counting)."""
+    """Median CPU seconds (user + system) per step of the CPU's own path (fused CPU kernels,
+    no counting)."""
     step = make_step(path, config, task)
     try:
-        return h.time_steps(step.train_step, steps, warmup=WARMUP.get(path, 2))
+        return h.time_steps(
+            step.train_step, steps, warmup=WARMUP.get(path, 2), clock=time.process_time
+        )
     finally:
         step.close()
 
@@ -266,6 +270,7 @@ def parse_args(argv):
     parser.add_argument("--width", type=int, default=0, help="the model's depth at this width")
     parser.add_argument("--no-bytes", action="store_true", help="skip the 1024-token bytes")
     parser.add_argument("--time", type=int, default=0, help="also time N steps per path")
+    parser.add_argument("--no-count", action="store_true", help="--time only: no counts")
     parser.add_argument("--json", action="store_true", help="one JSON object per path")
     parser.add_argument(
         "--attribute", action="store_true", help="kernel ops by region of the step (slower)"
@@ -276,6 +281,8 @@ def parse_args(argv):
     parser.add_argument("--data-dir", default="", help="--draw: the dataset task's data")
     args = parser.parse_args(argv)
     problems = []
+    if args.no_count and not args.time:
+        problems.append("--no-count: needs --time N (nothing to measure otherwise)")
     if args.draw and args.task not in GENERATED_TASKS and not args.data_dir:
         problems.append(f"--draw --task {args.task}: needs --data-dir (its dataset)")
     if args.batch < 1:
@@ -317,15 +324,24 @@ def main(argv=None) -> int:
     )
     paths = PATHS if args.path == "all" else (args.path,)
     seed = config.train.seed
-    rows = [count_path(path, config, make_task(args.task, seed), args.attribute) for path in paths]
+    if args.no_count:
+        rows = [{"path": path} for path in paths]
+    else:
+        rows = [
+            count_path(path, config, make_task(args.task, seed), args.attribute) for path in paths
+        ]
     for row in rows:
-        if not args.no_bytes:
+        if not args.no_bytes and not args.no_count:
             row["nonmatmul_bytes_per_layer_T1024"] = bytes_per_layer(row["path"], config)
     if args.time:
         task = make_task(args.task, seed)
         baseline = cpu_seconds_per_step("baseline", config, task, args.time)
         for row in rows:
-            seconds = cpu_seconds_per_step(row["path"], config, task, args.time)
+            seconds = (
+                baseline
+                if row["path"] == "baseline"
+                else cpu_seconds_per_step(row["path"], config, task, args.time)
+            )
             row["cpu_ms_per_step"] = round(seconds * 1e3, 2)
             row["cpu_time_over_baseline"] = round(seconds / baseline, 2)
     if args.json:
@@ -337,6 +353,9 @@ def main(argv=None) -> int:
         f"\n{model}, {args.task}, batch {args.batch}, {args.precision}, {args.finetune}: "
         "counted on the CPU along the GPU's code path\n"
     )
+    if args.no_count:
+        h.print_table(rows, ["path", "cpu_ms_per_step", "cpu_time_over_baseline"])
+        return 0
     columns = ["path", "kernel_ops_per_step", "device_syncs_per_step", "deterministic"]
     if not args.no_bytes:
         columns.append("nonmatmul_bytes_per_layer_T1024")
