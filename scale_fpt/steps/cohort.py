@@ -91,9 +91,9 @@ class CohortStep:
         dropout_seeds = [seed_streams(c.train.seed).dropout for c in configs]
         self.dropout_seeds = torch.tensor(dropout_seeds, device=self.device)  # (K,)
         self.metrics = MemberMetrics(len(configs), self.device)
-        # Compiled, a training step is three graphs (forward with loss and metrics, its
-        # backward, the update) and a handful of eager ops between them: nothing per member,
-        # parameter or metric runs eagerly.
+        # Compiled, a training step is four graphs (the task's draw, the forward with loss
+        # and metrics, its backward, the update) and four eager ops between them: nothing
+        # per member, parameter or metric runs eagerly.
         self._losses = self._compile(self._training_losses, mode)
         # The update is compiled where inductor emits Triton: its CPU backend fails on this
         # graph (torch 2.13: a KeyError in its outer-loop fusion), and a CPU has no launches

@@ -237,7 +237,9 @@ class Task(ABC):
     def drawn(self, draw: Callable, *args, step: int | None = None):
         """``draw(step, *args)``: a training batch's device work, compiled where
         ``draws_on_gpu`` (one graph per batch; the step is then passed as a device value, so
-        one graph serves every step). ``step`` None: the draw reads no step."""
+        one graph serves every step). ``step`` None: the draw reads no step. ``draw`` takes
+        whatever differs between members (indices, data seeds) as arguments: copies of the
+        task share its compiled draws."""
         if not self.draws_on_gpu:
             return draw(step, *args)
         if draw.__name__ not in self._compiled:
