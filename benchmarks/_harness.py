@@ -366,18 +366,24 @@ def flops_per_step(config: TrialConfig) -> int:
 # --------------------------------------------------------------------------- timing
 
 
-def time_steps(step: Callable[[int], object], steps: int, warmup: int) -> float:
+def time_steps(
+    step: Callable[[int], object],
+    steps: int,
+    warmup: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
     """Seconds per step: ``warmup`` untimed calls, then the median of ``steps`` timed ones
-    (the median resists other processes briefly taking the cores)."""
+    (the median resists other processes briefly taking the cores); ``clock``: wall time, or
+    ``time.process_time`` for this process's CPU time (user + system)."""
     for i in range(warmup):
         step(i)
     sync()
     times = []
     for i in range(warmup, warmup + steps):
-        start = time.perf_counter()
+        start = clock()
         step(i)
         sync()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return statistics.median(times)
 
 

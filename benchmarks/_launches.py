@@ -7,12 +7,15 @@ often the host waits for the device, and those counts do not depend on the machi
 - ``ops.on_gpu`` answers True: torch's GELU and dropout kernels, the Triton attention and
   dropout kernels (run by Triton's interpreter, ``TRITON_INTERPRET=1``, set here before
   Triton is imported), never the CPU's fused C++ kernels (``models/csrc``);
+- ``tasks.base.draws_on_gpu`` answers True: training batches are drawn by compiled code, and
+  host data is copied from pinned memory (``pin_memory``, counted as the one copy);
 - torch's foreach kernels are allowed on CPU tensors (``clip_grad_norm_(foreach=True)``,
   foreach optimizers), as on CUDA tensors;
 - ``torch.compile`` compiles through AOTAutograd with the graphs' own ops left uncounted
   (inductor would fuse them; on a CPU it would emit C++ kernels, not the GPU's): what is
-  counted is what runs eagerly around the graphs. Graphs compiled, graph breaks and the aten
-  ops inside the graphs before fusion are recorded beside.
+  counted is what runs eagerly around the graphs. Graphs compiled, graphs run
+  (``graph_calls``, each at least one kernel), graph breaks and the aten ops inside the
+  graphs before fusion are recorded beside.
 
 ``LaunchCounter`` (a ``TorchDispatchMode`` plus a few hooks) then counts, per step:
 
@@ -33,8 +36,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # read when Triton is imported
 
@@ -48,6 +52,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_leaves
 
 from scale_fpt.models import ops
+from scale_fpt.tasks import base as task_base
 
 aten = torch.ops.aten
 
@@ -94,14 +99,40 @@ def _tensor_bytes(values) -> int:
 
 class LaunchCounter(TorchDispatchMode):
     """Counts kernel ops, device syncs and non-matmul bytes while active (see the module
-    docstring); ``paused()`` stops counting inside (e.g. a Triton kernel's interpreter)."""
+    docstring); ``paused()`` stops counting inside (e.g. a Triton kernel's interpreter).
 
-    def __init__(self):
+    ``regions``: attribute each kernel op to the innermost calling function named in it,
+    ``{(file name, function name): region}`` (``regions`` counts them; ``"other"`` where no
+    caller is named). Reading the Python stack per op is slow: for breakdowns only."""
+
+    def __init__(self, regions: Mapping[tuple[str, str], str] | None = None):
         super().__init__()
         self.ops: Counter[str] = Counter()
         self.syncs: Counter[str] = Counter()
+        self.regions: Counter[str] = Counter()
         self.nonmatmul_bytes = 0
+        self.graph_calls = 0
         self._paused = 0
+        self._counting = 0
+        self._region_of = regions
+
+    def __enter__(self):
+        self._counting += 1
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self._counting -= 1
+        return super().__exit__(*exc)
+
+    def graph_called(self) -> None:
+        """A compiled graph ran (its ops uncounted: inductor fuses them into its kernels)."""
+        if self._counting and not self._paused:
+            self.graph_calls += 1
+
+    def host_to_device(self) -> None:
+        """A copy of host data to the device from pinned memory: one copy, no wait."""
+        if self._counting and not self._paused:
+            self._count("copy from pinned memory")
 
     @property
     def kernel_ops(self) -> int:
@@ -126,8 +157,24 @@ class LaunchCounter(TorchDispatchMode):
     def launch(self, name: str, args) -> None:
         """One Triton kernel launch with tensor arguments ``args``."""
         if not self._paused:
-            self.ops[f"triton.{name}"] += 1
+            self._count(f"triton.{name}")
             self.nonmatmul_bytes += _tensor_bytes(args)
+
+    def _count(self, op: str) -> None:
+        self.ops[op] += 1
+        if self._region_of is not None:
+            self.regions[self._caller_region()] += 1
+
+    def _caller_region(self) -> str:
+        frame = sys._getframe(2)
+        while frame is not None:
+            code = frame.f_code
+            file = os.path.basename(code.co_filename)
+            region = self._region_of.get((file, code.co_name)) or self._region_of.get((file, "*"))
+            if region is not None:
+                return region
+            frame = frame.f_back
+        return "other"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -146,7 +193,7 @@ class LaunchCounter(TorchDispatchMode):
         out = func(*args, **kwargs)
         if packet in NO_KERNEL or func.is_view:
             return out
-        self.ops[str(packet).removeprefix("aten.")] += 1
+        self._count(str(packet).removeprefix("aten."))
         if packet not in MATMULS:
             self.nonmatmul_bytes += _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
         return out
@@ -174,6 +221,7 @@ class CompiledGraphs:
         )
 
         def run(*args):
+            self.counter.graph_called()
             with _disable_current_modes(), self.counter.paused():  # Triton launches too
                 return gm(*args)
 
@@ -220,9 +268,22 @@ def gpu_path(counter: LaunchCounter) -> Iterator[CompiledGraphs]:
     def devices():
         return [*foreach_devices(), "cpu"]
 
+    def pin_memory(tensor, device=None):  # a CPU has no pinned memory: the copy is counted
+        counter.host_to_device()
+        return tensor
+
+    def from_numpy(array):  # a host tensor, whatever the device (dispatch says lift_fresh)
+        with counter.paused():
+            return host_tensor(array)
+
+    host_tensor = torch.from_numpy
+
     foreach_devices = foreach_utils._get_foreach_kernels_supported_devices
     patches = [
         (ops, "on_gpu", lambda x: True),
+        (task_base, "draws_on_gpu", lambda device: True),
+        (torch.Tensor, "pin_memory", pin_memory),
+        (torch, "from_numpy", from_numpy),
         (InterpretedFunction, "run", launch),
         (foreach_utils, "_get_foreach_kernels_supported_devices", devices),
         (optimizer_module, "_get_foreach_kernels_supported_devices", devices),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import replace
 
 import _harness as h
@@ -53,11 +54,33 @@ WARMUP = {"cohort-compiled": 3}
 """Steps before counting (the first steps build optimiser state and compile); default 2."""
 COUNTED = 2
 BYTES_TASK = "cifar10-lra"  # 1024 tokens per sequence
+REGIONS = {
+    **{(f, "*"): "data" for f in ("bits.py", "images.py", "listops.py", "homology.py", "pool.py")},
+    **{("base.py", f): "data" for f in ("cohort_batch", "epoch_indices", "_permutation")},
+    ("__init__.py", "model_inputs"): "data",
+    ("_harness.py", "*"): "data",
+    ("ops.py", "at"): "keys",
+    ("ops.py", "step_keys"): "keys",
+    **{(f, "*"): "forward" for f in ("packed.py", "packed_families.py", "fpt.py", "ops.py")},
+    ("module.py", "_call_impl"): "forward",
+    ("__init__.py", "member_losses"): "loss",
+    ("__init__.py", "record"): "metrics",
+    ("__init__.py", "grad"): "backward",
+    ("_tensor.py", "backward"): "backward",
+    ("clip_grad.py", "*"): "optimizer",
+    ("adam.py", "*"): "optimizer",
+    ("optimizer.py", "*"): "optimizer",
+}
+"""``--attribute``: the region of a kernel op is that of its innermost caller named here,
+``(file name, function name or "*")``."""
 TARGETS = {
     ("engine", "fpt"): 700,
     ("engine", "full"): 900,
+    ("cohort-compiled", "fpt"): 15,  # eager ops around the graphs
 }
 """Issue 25: kernel ops per step of gpt2 bit-xor batch 4 bf16 (0 syncs on every path)."""
+DRAW_TARGET = 5
+"""Issue 25: kernel launches per training batch of every task."""
 
 
 class BaselineStep:
@@ -104,9 +127,11 @@ def narrow_model(model: str, width: int) -> str:
     return name
 
 
-def make_task(name: str, seed: int) -> Task:
-    if name in GENERATED_TASKS:
-        return build_task(TaskConfig(task=name), seed).to("cpu")
+def make_task(name: str, seed: int, data_dir: str = "") -> Task:
+    """The task ``name`` (a dataset's from ``data_dir``; without one, ``SyntheticTask`` data
+    of its shapes). Each count makes its own: a task keeps its compiled draws."""
+    if name in GENERATED_TASKS or data_dir:
+        return build_task(TaskConfig(task=name, data_dir=data_dir), seed).to("cpu")
     return h.SyntheticTask(TaskConfig(task=name), seed)
 
 
@@ -123,11 +148,13 @@ def make_step(path: str, config: TrialConfig, task: Task):
     return CohortStep([replace(config, train=replace(config.train, compile=mode))], task)
 
 
-def count_path(path: str, config: TrialConfig, task: Task) -> dict:
+def count_path(path: str, config: TrialConfig, task: Task, attribute: bool = False) -> dict:
     """One path's counts per step: ``COUNTED`` steps after the warm-up, each counted alone
-    (they must agree: the counts are deterministic)."""
+    (they must agree: the counts are deterministic); ``attribute``: with the ops of the last
+    step by region (``REGIONS``)."""
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
+    regions = REGIONS if attribute else None
     counter = _launches.LaunchCounter()
     with _launches.gpu_path(counter) as graphs:
         step = make_step(path, config, task)
@@ -138,10 +165,17 @@ def count_path(path: str, config: TrialConfig, task: Task) -> dict:
             compiled_in_warmup = graphs.compiled
             per_step = []
             for i in range(warmup, warmup + COUNTED):
-                counter.__init__()
+                counter.__init__(regions)
                 with counter:
                     step.train_step(i)
-                per_step.append((counter.kernel_ops, counter.device_syncs, counter.nonmatmul_bytes))
+                per_step.append(
+                    (
+                        counter.kernel_ops,
+                        counter.device_syncs,
+                        counter.nonmatmul_bytes,
+                        counter.graph_calls,
+                    )
+                )
         finally:
             step.close()
     ops_counts = [p[0] for p in per_step]
@@ -155,10 +189,13 @@ def count_path(path: str, config: TrialConfig, task: Task) -> dict:
         "kernel_ops_per_step": per_step[-1][0],
         "device_syncs_per_step": per_step[-1][1],
         "nonmatmul_bytes_per_step": per_step[-1][2],
+        "graph_calls_per_step": per_step[-1][3],
         "deterministic": len(set(per_step)) == 1,
         "syncs": dict(counter.syncs),
         "top_ops": dict(counter.ops.most_common(12)),
     }
+    if attribute:
+        row["ops_by_region"] = dict(counter.regions.most_common())
     if path == "cohort-compiled":
         row["graphs_compiled"] = compiled_in_warmup
         row["recompiles_after_warmup"] = graphs.compiled - compiled_in_warmup
@@ -167,6 +204,35 @@ def count_path(path: str, config: TrialConfig, task: Task) -> dict:
     if not row["deterministic"]:
         row["kernel_ops_each_step"] = ops_counts
     return row
+
+
+def count_draw(task: Task, batch_size: int, step: int = 1) -> dict[str, dict]:
+    """Kernel launches (eager ops, and one per compiled graph run) and device syncs of one
+    training batch of ``task`` along the GPU's path: its ``train_batch`` (a trial alone; the
+    engine's) and its ``cohort_batch`` of one member (the cohort's), at ``step``, after the
+    batch of ``step - 1`` (which drew the epoch's permutation and compiled the draw)."""
+    torch._dynamo.reset()
+    counter = _launches.LaunchCounter()
+    draws = {
+        "train_batch": lambda s: task.train_batch(s, batch_size),
+        "cohort_batch": lambda s: task.cohort_batch(s, batch_size, [task.seed]),
+    }
+    counts = {}
+    with _launches.gpu_path(counter):
+        for kind, draw in draws.items():
+            draw(step - 1)
+            counter.__init__()
+            with counter:
+                draw(step)
+            counts[kind] = {
+                "launches": counter.kernel_ops + counter.graph_calls,
+                "eager_ops": counter.kernel_ops,
+                "graph_calls": counter.graph_calls,
+                "device_syncs": counter.device_syncs,
+                "ops": dict(counter.ops),
+                "syncs": dict(counter.syncs),
+            }
+    return counts
 
 
 def bytes_per_layer(path: str, config: TrialConfig) -> float:
@@ -182,10 +248,13 @@ def bytes_per_layer(path: str, config: TrialConfig) -> float:
 
 
 def cpu_seconds_per_step(path: str, config: TrialConfig, task: Task, steps: int) -> float:
-    """Median seconds per step of the CPU's own path (fused CPU kernels, no counting)."""
+    """Median CPU seconds (user + system) per step of the CPU's own path (fused CPU kernels,
+    no counting)."""
     step = make_step(path, config, task)
     try:
-        return h.time_steps(step.train_step, steps, warmup=WARMUP.get(path, 2))
+        return h.time_steps(
+            step.train_step, steps, warmup=WARMUP.get(path, 2), clock=time.process_time
+        )
     finally:
         step.close()
 
@@ -201,9 +270,21 @@ def parse_args(argv):
     parser.add_argument("--width", type=int, default=0, help="the model's depth at this width")
     parser.add_argument("--no-bytes", action="store_true", help="skip the 1024-token bytes")
     parser.add_argument("--time", type=int, default=0, help="also time N steps per path")
+    parser.add_argument("--no-count", action="store_true", help="--time only: no counts")
     parser.add_argument("--json", action="store_true", help="one JSON object per path")
+    parser.add_argument(
+        "--attribute", action="store_true", help="kernel ops by region of the step (slower)"
+    )
+    parser.add_argument(
+        "--draw", action="store_true", help="count one training batch of --task instead"
+    )
+    parser.add_argument("--data-dir", default="", help="--draw: the dataset task's data")
     args = parser.parse_args(argv)
     problems = []
+    if args.no_count and not args.time:
+        problems.append("--no-count: needs --time N (nothing to measure otherwise)")
+    if args.draw and args.task not in GENERATED_TASKS and not args.data_dir:
+        problems.append(f"--draw --task {args.task}: needs --data-dir (its dataset)")
     if args.batch < 1:
         problems.append(f"--batch: must be >= 1, got {args.batch}")
     try:
@@ -217,22 +298,50 @@ def parse_args(argv):
     return args
 
 
+def print_draw(task: str, batch: int, data_dir: str, as_json: bool) -> None:
+    counts = count_draw(make_task(task, 0, data_dir), batch)
+    if as_json:
+        print(json.dumps({"task": task, "batch": batch, **counts}))
+        return
+    h.header()
+    print(f"\n{task}, batch {batch}: one training batch, counted along the GPU's code path\n")
+    h.print_table(
+        [{"draw": kind, **row} for kind, row in counts.items()],
+        ["draw", "launches", "eager_ops", "graph_calls", "device_syncs"],
+    )
+    for kind, row in counts.items():
+        h.print_target(f"{kind} launches", row["launches"], DRAW_TARGET, "d", True)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.draw:
+        print_draw(args.task, args.batch, args.data_dir, args.json)
+        return 0
     model = narrow_model(args.model, args.width) if args.width else args.model
     config = h.trial_config(
         model, args.task, args.finetune, args.batch, precision=args.precision, accelerator="cpu"
     )
     paths = PATHS if args.path == "all" else (args.path,)
-    task = make_task(args.task, config.train.seed)
-    rows = [count_path(path, config, task) for path in paths]
+    seed = config.train.seed
+    if args.no_count:
+        rows = [{"path": path} for path in paths]
+    else:
+        rows = [
+            count_path(path, config, make_task(args.task, seed), args.attribute) for path in paths
+        ]
     for row in rows:
-        if not args.no_bytes:
+        if not args.no_bytes and not args.no_count:
             row["nonmatmul_bytes_per_layer_T1024"] = bytes_per_layer(row["path"], config)
     if args.time:
+        task = make_task(args.task, seed)
         baseline = cpu_seconds_per_step("baseline", config, task, args.time)
         for row in rows:
-            seconds = cpu_seconds_per_step(row["path"], config, task, args.time)
+            seconds = (
+                baseline
+                if row["path"] == "baseline"
+                else cpu_seconds_per_step(row["path"], config, task, args.time)
+            )
             row["cpu_ms_per_step"] = round(seconds * 1e3, 2)
             row["cpu_time_over_baseline"] = round(seconds / baseline, 2)
     if args.json:
@@ -244,6 +353,9 @@ def main(argv=None) -> int:
         f"\n{model}, {args.task}, batch {args.batch}, {args.precision}, {args.finetune}: "
         "counted on the CPU along the GPU's code path\n"
     )
+    if args.no_count:
+        h.print_table(rows, ["path", "cpu_ms_per_step", "cpu_time_over_baseline"])
+        return 0
     columns = ["path", "kernel_ops_per_step", "device_syncs_per_step", "deterministic"]
     if not args.no_bytes:
         columns.append("nonmatmul_bytes_per_layer_T1024")
@@ -252,6 +364,8 @@ def main(argv=None) -> int:
     h.print_table(rows, columns)
     for row in rows:
         print(f"\n{row['path']}: syncs {row['syncs'] or 'none'}; top ops {row['top_ops']}")
+        if "ops_by_region" in row:
+            print(f"  kernel ops by region {row['ops_by_region']}")
         if "graphs_compiled" in row:
             print(
                 f"  graphs {row['graphs_compiled']}, recompiles after warm-up "

@@ -74,6 +74,13 @@ def splitmix64(key: int | torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     return _finalise(z + (_signed(key) if isinstance(key, int) else key))
 
 
+def opaque_counters(counters: torch.Tensor) -> torch.Tensor:
+    """``counters`` itself (in place), made opaque to torch.compile's inductor: ``~(c ^ -1)``
+    is c, but bitwise ops keep inductor from folding counters made of aranges into an index
+    expression, whose constants (a position times ``GOLDEN``) overflow int64 there."""
+    return counters.bitwise_xor_(-1).bitwise_not_()
+
+
 def mix64_tensor(a: torch.Tensor, b: int | torch.Tensor) -> torch.Tensor:
     """``mix64`` element-wise on int64 tensors (or a tensor and an int): the same keys, made
     on the device (no host copy, and traceable by ``torch.compile``)."""
@@ -103,7 +110,7 @@ class Draws:
         n = 1
         for size in shape:
             n *= size
-        counters = torch.arange(self.offset, self.offset + n, device=self.device)
+        counters = opaque_counters(torch.arange(self.offset, self.offset + n, device=self.device))
         self.offset += n
         key = self.key if isinstance(self.key, int) else self.key.view(-1, 1)
         return splitmix64(key, counters).view(*self.lead, *shape)
@@ -195,10 +202,7 @@ def _keep_block(
 ) -> torch.Tensor:
     """(len(rows), stop - first) float32: columns ``first:stop`` of ``keep_mask_rows``."""
     columns = torch.arange(first, stop, device=rows.device)
-    counters = (rows % rows_per_key).unsqueeze(1) * width + columns
-    # ~(c ^ -1) is c: bitwise ops keep torch.compile's inductor from folding counters made of
-    # aranges into an index expression, whose constants (width * GOLDEN) overflow int64.
-    counters = counters.bitwise_xor_(-1).bitwise_not_()
+    counters = opaque_counters((rows % rows_per_key).unsqueeze(1) * width + columns)
     row_keys = keys.index_select(0, rows // rows_per_key).unsqueeze(1)  # (R, 1)
     keep = _shift_right(splitmix64(row_keys, counters), 32) >= threshold
     return keep.to(torch.float32).mul_(scale)

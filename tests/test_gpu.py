@@ -184,10 +184,12 @@ def test_draws_batches_and_dropout_masks_are_the_cpu_ones():
     for name in ("bit-xor", "bit-memory"):
         config = TaskConfig(task=name, test_batches=2, val_batches=2)
         host, gpu = build_task(config, seed=3), build_task(config, seed=3).to("cuda")
-        for step in (0, 11):
+        for step in (0, 11):  # on the GPU drawn by compiled code (Task.drawn), bit for bit
             ours, theirs = gpu.train_batch(step, 8), host.train_batch(step, 8)
             assert ours.x.is_cuda and torch.equal(ours.x.cpu(), theirs.x)
             assert torch.equal(ours.y.cpu(), theirs.y)
+            ours, theirs = gpu.cohort_batch(step, 8, [3, 4]), host.cohort_batch(step, 8, [3, 4])
+            assert torch.equal(ours.x.cpu(), theirs.x) and torch.equal(ours.y.cpu(), theirs.y)
 
 
 @pytest.mark.parametrize("compile_mode", ["off", "reduce-overhead"])

@@ -23,6 +23,17 @@ import torch
 pytest.importorskip("triton")
 
 from helpers import run_pytest_child
+from test_tasks import (  # noqa: F401 (its fixtures: every task on tiny data of its format)
+    ALL_TASKS,
+    cifar_data,
+    configs,
+    hf_cache,
+    lra_dir,
+    mnist_data,
+    tape_dir,
+)
+
+from scale_fpt.tasks import build_task
 
 REPO = Path(__file__).resolve().parent.parent
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -31,13 +42,28 @@ interpreted = pytest.mark.skipif(
 )
 
 PINNED = {
-    # (path, finetune): (kernel ops, device syncs) per step of gpt2-tiny, bit-xor, batch 4, bf16
-    ("engine", "fpt"): (195, 0),
-    ("cohort-eager", "fpt"): (282, 0),
-    ("cohort-compiled", "fpt"): (115, 0),  # eager ops around the graphs
-    ("baseline", "fpt"): (247, 1),  # the plain loop's: one host read inside its libraries
-    ("engine", "full"): (243, 0),
+    # (path, finetune): (kernel ops, device syncs, compiled graphs run) per step of gpt2-tiny,
+    # bit-xor, batch 4, bf16; every path draws its batch in one graph (``Task.drawn``)
+    ("engine", "fpt"): (174, 0, 1),
+    ("cohort-eager", "fpt"): (239, 0, 1),
+    # eager ops around the graphs: the step as a device value for the draw and the metrics,
+    # the dropout keys' row copied, the loss's unit gradient; graphs: the draw, forward (with
+    # loss and metrics), backward, update
+    ("cohort-compiled", "fpt"): (4, 0, 4),
+    ("baseline", "fpt"): (225, 1, 1),  # the plain loop's: one host read inside its libraries
+    ("engine", "full"): (222, 0, 1),
 }
+PINNED_DRAWS = {
+    # task: kernel launches of one training batch (eager ops, and one per compiled graph run)
+    "bit-xor": 2,  # the step as a device value, the compiled keyed draw
+    "bit-memory": 2,
+    "listops": 1,  # generated on the host: one copy from pinned memory
+    "mnist": 1,  # the compiled gather (no augmentation: no step)
+    "cifar10": 2,  # the step, the compiled gather and augmentation
+    "cifar10-lra": 2,
+    "homology": 1,
+}
+"""One training batch of each task (``step_ops.count_draw``); issue 25's target is 5."""
 
 
 def step_ops(*args: str) -> subprocess.CompletedProcess:
@@ -59,16 +85,21 @@ def test_every_path_launches_its_pinned_kernels_and_ours_never_sync():
     assert set(rows) == {"engine", "cohort-eager", "cohort-compiled", "baseline"}
     for path, row in rows.items():
         assert row["deterministic"], row
-        counts = (row["kernel_ops_per_step"], row["device_syncs_per_step"])
+        counts = (
+            row["kernel_ops_per_step"],
+            row["device_syncs_per_step"],
+            row["graph_calls_per_step"],
+        )
         assert counts == PINNED[path, "fpt"], (path, row["syncs"], row["top_ops"])
     compiled = rows["cohort-compiled"]
     assert compiled["graph_breaks"] == 0 and compiled["recompiles_after_warmup"] == 0
+    assert compiled["kernel_ops_per_step"] <= 15  # issue 25's target
 
 
 @pytest.mark.skipif(INTERPRETING, reason="the parent")
 def test_full_fine_tuning_on_the_engine_launches_its_pinned_kernels_and_never_syncs():
     row = counted("--path", "engine", "--finetune", "full")["engine"]
-    counts = (row["kernel_ops_per_step"], row["device_syncs_per_step"])
+    counts = (row["kernel_ops_per_step"], row["device_syncs_per_step"], row["graph_calls_per_step"])
     assert counts == PINNED["engine", "full"], (row["syncs"], row["top_ops"])
 
 
@@ -83,7 +114,7 @@ def test_bad_arguments_exit_2_naming_the_problem():
 @pytest.mark.skipif(INTERPRETING, reason="the child itself")
 def test_counter_in_tritons_interpreter():
     output = run_pytest_child(__file__, {"TRITON_INTERPRET": "1"})
-    assert "\n2 passed, 4 skipped in" in output  # every check ran
+    assert f"\n{2 + len(ALL_TASKS)} passed, 4 skipped in" in output  # every check ran
 
 
 @pytest.fixture
@@ -129,3 +160,19 @@ def test_the_gpu_path_runs_one_triton_launch_per_keyed_dropout_and_backward(laun
         out.sum().backward()
     assert counter.ops["triton._dropout_add_kernel"] == 2
     assert counter.device_syncs == 1  # torch.tensor([7]): built inside the count on purpose
+
+
+@interpreted
+@pytest.mark.parametrize("name", ALL_TASKS)
+def test_a_training_batch_of_every_task_is_its_pinned_launches_and_never_syncs(
+    launches,
+    configs,  # noqa: F811 (test_tasks' fixture, imported above)
+    name,
+):
+    import step_ops  # beside _launches (the fixture puts benchmarks/ on the path)
+
+    counts = step_ops.count_draw(build_task(configs[name], 0), batch_size=2)
+    for kind, row in counts.items():  # a trial alone (train_batch) and a cohort's member
+        assert row["device_syncs"] == 0, (kind, row)
+        assert row["launches"] == PINNED_DRAWS[name], (kind, row)
+    assert PINNED_DRAWS[name] <= step_ops.DRAW_TARGET

@@ -75,13 +75,17 @@ class MemberMetrics:
             self.diverged_at.copy_(diverged)
             self.loss_sum.add_(loss_add)
             self.accuracy_sum.add_(accuracy_add)
-            self.last_loss = loss.detach()
-        else:
+            self.last_loss.copy_(loss.detach())  # in place: a compiled step's output memory
+        else:  # is the graph's own (CUDA graphs overwrite it at the next step)
             self.diverged_at.index_copy_(0, index, diverged)
             self.loss_sum.index_add_(0, index, loss_add)
             self.accuracy_sum.index_add_(0, index, accuracy_add)
-            self.last_loss = torch.zeros_like(self.last_loss).index_copy_(0, index, loss.detach())
+            self.last_loss.zero_().index_copy_(0, index, loss.detach())
         return finite
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The tensors ``record`` updates in place."""
+        return [self.loss_sum, self.accuracy_sum, self.diverged_at, self.last_loss]
 
     def take(self) -> torch.Tensor:
         """(K, 2) sums of [loss, accuracy] since the last call (on the device); resets them."""

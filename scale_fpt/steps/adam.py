@@ -50,9 +50,15 @@ class PackedAdam:
         self.lr = torch.tensor(lr, dtype=torch.float32, device=device)
         self.clip = torch.tensor(clip, dtype=torch.float32, device=device)
         self.betas, self.eps = betas, eps
-        self.step_count = 0
+        # Steps taken, on the device (float64, exact to 2^53): the bias corrections are then
+        # device values, and a compiled update is one graph for every step, not one per step.
+        self.step_count = torch.zeros((), dtype=torch.float64, device=device)
         self.exp_avg = torch.zeros_like(self.flat)
         self.exp_avg_sq = torch.zeros_like(self.flat)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The tensors every step updates in place (masters and moments)."""
+        return [self.flat, self.exp_avg, self.exp_avg_sq, self.step_count]
 
     @torch.no_grad()
     def step(self, grads: list[torch.Tensor], stepping: torch.Tensor) -> None:
@@ -65,10 +71,11 @@ class PackedAdam:
         norm = torch.linalg.vector_norm(g, dim=1)  # (K,): each member's own gradient norm
         coef = torch.where(self.clip > 0, (self.clip / (norm + 1e-6)).clamp(max=1.0), 1.0)
         g.mul_(coef[:, None])
-        self.step_count += 1
+        self.step_count.add_(1)
         beta1, beta2 = self.betas
-        bias1 = 1 - beta1**self.step_count
-        bias2_sqrt = (1 - beta2**self.step_count) ** 0.5
+        # float64 as Python's floats were: then rounded to float32 where they meet the moments
+        bias1 = 1 - torch.pow(beta1, self.step_count)
+        bias2_sqrt = (1 - torch.pow(beta2, self.step_count)).sqrt()
         self.exp_avg.lerp_(g, 1 - beta1)
         self.exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
         denom = (self.exp_avg_sq.sqrt() / bias2_sqrt).add_(self.eps)
@@ -77,12 +84,12 @@ class PackedAdam:
 
     def state_dict(self) -> dict:
         return {
-            "step_count": self.step_count,
+            "step_count": int(self.step_count),  # read at checkpoints only
             "exp_avg": self.exp_avg.cpu(),
             "exp_avg_sq": self.exp_avg_sq.cpu(),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.step_count = state["step_count"]
+        self.step_count.fill_(state["step_count"])
         self.exp_avg.copy_(state["exp_avg"])
         self.exp_avg_sq.copy_(state["exp_avg_sq"])

@@ -71,7 +71,7 @@ class CohortStep:
         del backbone, heads
         mode = first.train.compile  # shared by every member (cohort_problems)
         self.compiled = mode != "off"
-        self.forward = torch.compile(self.model, mode=mode) if self.compiled else self.model
+        self.forward = self._compile(self.model, mode)
         self.task = task.to(self.device)  # batches are drawn where the cohort trains
         self.member_seeds = [c.train.seed for c in configs]
 
@@ -91,6 +91,18 @@ class CohortStep:
         dropout_seeds = [seed_streams(c.train.seed).dropout for c in configs]
         self.dropout_seeds = torch.tensor(dropout_seeds, device=self.device)  # (K,)
         self.metrics = MemberMetrics(len(configs), self.device)
+        # Compiled, a training step is four graphs (the task's draw, the forward with loss
+        # and metrics, its backward, the update) and four eager ops between them: nothing
+        # per member, parameter or metric runs eagerly.
+        self._losses = self._compile(self._training_losses, mode)
+        # The update is compiled where inductor emits Triton: its CPU backend fails on this
+        # graph (torch 2.13: a KeyError in its outer-loop fusion), and a CPU has no launches
+        # to save.
+        on_gpu = ops.on_gpu(self.optimizer.flat)
+        self._update = self._compile(self.optimizer.step, mode if on_gpu else "off")
+        if self.compiled:  # updated in place every step: CUDA graphs keep their addresses
+            for t in (*self.optimizer.state_tensors(), *self.metrics.state_tensors()):
+                torch._dynamo.mark_static_address(t)
         self.set_active(list(range(len(configs))))
         flush_denormals()  # as a lone trial: Adam's moments decay into slow denormals
         retain_freed_memory()
@@ -115,24 +127,36 @@ class CohortStep:
     def train_step(self, step: int) -> None:
         """One step of every active member; nothing is read on the host."""
         batch = self.task.cohort_batch(step, self.train_config.batch_size, self.active_seeds)
-        # x (Ka, B, T, ...), lengths (Ka, B) or None, y (Ka, B, k, m)
-        x, lengths, y = model_inputs(batch, self.dtype)
         self.model.train()
         # (Ka,) dropout keys, made on the device: no host copy. A copy of the block's row: a
         # compiled forward then takes the same input (no storage offset) every step.
         step_keys = self.step_keys.at(step).clone()
+        # Compiled, the step is a device value: one graph for every step, not one per step.
+        at = torch.full((), step, device=self.device) if self.compiled else step
         self._new_graph_step()
-        logits = self.forward(x, lengths, self.index, step_keys)  # (Ka, B, k, m, C)
+        total, stepping = self._losses(batch, step_keys, at)
+        grads = torch.autograd.grad(total, self.optimizer.params)
+        self._update(grads, stepping)
+
+    def _training_losses(
+        self, batch: Batch, step_keys: torch.Tensor, step: int | torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The summed loss of the members whose update counts at ``step`` (recorded in the
+        metrics), and (K,) bool: which members step."""
+        # x (Ka, B, T, ...), lengths (Ka, B) or None, y (Ka, B, k, m)
+        x, lengths, y = model_inputs(batch, self.dtype)
+        logits = self.model(x, lengths, self.index, step_keys)  # (Ka, B, k, m, C)
         loss, correct = member_losses(logits, y)  # (Ka,), (Ka,)
         counts = self.metrics.record(step, loss, correct, y[0].numel(), self.index)
         total = torch.where(counts, loss, 0.0).sum()  # a diverged member's NaNs stay out
-        grads = torch.autograd.grad(total, self.optimizer.params)
         if self.index is None:
-            stepping = counts
-        else:
-            stepping = torch.zeros(self.size, dtype=torch.bool, device=self.device)
-            stepping.index_copy_(0, self.index, counts)
-        self.optimizer.step(grads, stepping)
+            return total, counts
+        stepping = torch.zeros(self.size, dtype=torch.bool, device=self.device)
+        return total, stepping.index_copy_(0, self.index, counts)
+
+    def _compile(self, function, mode: str):
+        """``function`` compiled in ``mode``, or itself with ``--compile off``."""
+        return function if mode == "off" else torch.compile(function, mode=mode)
 
     def _new_graph_step(self) -> None:
         """Under ``--compile reduce-overhead``, tell CUDA graphs a new call begins: its replay

@@ -13,13 +13,15 @@ Data lives where the model trains (``Task.to(device)``): datasets are held on th
 compact tensors (images as uint8), and each step's randomness (example order, fresh
 synthetic draws, augmentation) is drawn there with ``keyed_random`` (``step_draws``), so a
 training step copies nothing from the host and the draws are the same on a CPU and a GPU.
+On a GPU a training batch's device work (keyed draws, gathers, augmentation: dozens of small
+element-wise ops) is compiled (``Task.drawn``): one graph of fused kernels per batch.
 """
 
 from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -115,6 +117,14 @@ class Batch:
         return Batch(self.x[i], self.y[i], None if self.lengths is None else self.lengths[i])
 
 
+def draws_on_gpu(device: torch.device) -> bool:
+    """Whether training batches made on ``device`` take the GPU's path: their device work
+    compiled, host data copied from pinned memory without waiting. On a CPU the ops run as
+    they are (no compile time). ``benchmarks/_launches.py`` replaces it to count the GPU's
+    path on a CPU."""
+    return device.type == "cuda"
+
+
 def step_draws(
     seed: int | torch.Tensor, step: int, stream: int, device: torch.device | str = "cpu"
 ) -> Draws:
@@ -173,6 +183,7 @@ class Task(ABC):
         self.device = torch.device("cpu")
         """Where the task holds its data and makes its batches (``to``)."""
         self._data_seeds: dict[tuple[int, ...], torch.Tensor] = {}
+        self._compiled: dict[str, Callable] = {}  # draw name -> compiled draw (``drawn``)
 
     def to(self, device: torch.device | str) -> Task:
         """Hold every tensor of the task on ``device`` and make batches there from now on
@@ -198,6 +209,10 @@ class Task(ABC):
         of a cohort), stacked (``stack_batches``): member i's rows are exactly
         ``train_batch`` of the task built for seeds[i]. This default makes each member's
         batch in turn; tasks whose draws vectorise over seeds make them all at once."""
+        if list(seeds) == [self.seed]:  # a trial alone: its batch, viewed as one member's
+            batch = self.train_batch(step, batch_size)
+            lengths = None if batch.lengths is None else batch.lengths[None]
+            return Batch(batch.x[None], batch.y[None], lengths)
         batches = []
         for seed in seeds:
             member = copy.copy(self)
@@ -213,6 +228,25 @@ class Task(ABC):
             streams = [seed_streams(seed).data for seed in seeds]
             self._data_seeds[key] = torch.tensor(streams, device=self.device)
         return self._data_seeds[key]
+
+    @property
+    def draws_on_gpu(self) -> bool:
+        """Whether this task's training batches take the GPU's path (``draws_on_gpu``)."""
+        return draws_on_gpu(self.device)
+
+    def drawn(self, draw: Callable, *args, step: int | None = None):
+        """``draw(step, *args)``: a training batch's device work, compiled where
+        ``draws_on_gpu`` (one graph per batch; the step is then passed as a device value, so
+        one graph serves every step). ``step`` None: the draw reads no step. ``draw`` takes
+        whatever differs between members (indices, data seeds) as arguments: copies of the
+        task share its compiled draws."""
+        if not self.draws_on_gpu:
+            return draw(step, *args)
+        if draw.__name__ not in self._compiled:
+            self._compiled[draw.__name__] = torch.compile(draw)
+        if step is not None:
+            step = torch.full((), step, device=self.device)
+        return self._compiled[draw.__name__](step, *args)
 
     @abstractmethod
     def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:
@@ -244,12 +278,29 @@ def epoch_indices(
     host and each permutation is made once on the device: nothing is read back.
     """
     device = torch.device(device)
-    start, end = step * batch_size, (step + 1) * batch_size
-    parts = []
-    for epoch in range(start // n, (end - 1) // n + 1):
-        first, last = max(start, epoch * n), min(end, (epoch + 1) * n)
-        parts.append(_permutation(seed, epoch, n, device)[first - epoch * n : last - epoch * n])
+    parts = [
+        _permutation(seed, epoch, n, device)[first:last]
+        for epoch, first, last in _epoch_spans(step, batch_size, n)
+    ]
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def host_epoch_indices(seed: int, step: int, batch_size: int, n: int) -> list[int]:
+    """``epoch_indices`` as a list on the host, for work done there (generating examples, a
+    batch's longest sequence): each epoch's permutation is read into a list once."""
+    return [
+        index
+        for epoch, first, last in _epoch_spans(step, batch_size, n)
+        for index in _host_permutation(seed, epoch, n)[first:last]
+    ]
+
+
+def _epoch_spans(step: int, batch_size: int, n: int) -> Iterator[tuple[int, int, int]]:
+    """(epoch, first, last): batch ``step`` holds positions first..last-1 of each epoch's
+    permutation it reaches (one epoch, or the end of one and the start of the next)."""
+    start, end = step * batch_size, (step + 1) * batch_size
+    for epoch in range(start // n, (end - 1) // n + 1):
+        yield epoch, max(start, epoch * n) - epoch * n, min(end, (epoch + 1) * n) - epoch * n
 
 
 def split_batch(batch: Batch, batch_size: int):
@@ -263,6 +314,11 @@ def split_batch(batch: Batch, batch_size: int):
 @lru_cache(maxsize=512)  # a packed cohort of K members reads K seeds' current epochs
 def _permutation(seed: int, epoch: int, n: int, device: torch.device) -> torch.Tensor:
     return step_draws(seed, epoch, PERMUTATION_STREAM, device).permutation(n)
+
+
+@lru_cache(maxsize=128)  # host lists of the current epochs of a cohort's members
+def _host_permutation(seed: int, epoch: int, n: int) -> list[int]:
+    return _permutation(seed, epoch, n, torch.device("cpu")).tolist()
 
 
 def release_device_draws() -> None:

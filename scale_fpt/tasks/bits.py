@@ -42,12 +42,17 @@ class _FreshRandomTask(Task):
         raise NotImplementedError
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
-        draws = step_draws(self.data_seed, step, DATA_STREAM, self.device)
-        return self._sample(batch_size, draws)
+        return self.cohort_batch(step, batch_size, [self.seed]).member(0)
 
     def cohort_batch(self, step: int, batch_size: int, seeds: Sequence[int]) -> Batch:
-        draws = step_draws(self.data_seeds(seeds), step, DATA_STREAM, self.device)
-        return self._sample(batch_size, draws)
+        x, y = self.drawn(self._draw, self.data_seeds(seeds), batch_size, step=step)
+        return Batch(x, y)
+
+    def _draw(
+        self, step: int | torch.Tensor, data_seeds: torch.Tensor, n: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self._sample(n, step_draws(data_seeds, step, DATA_STREAM, self.device))
+        return batch.x, batch.y
 
     def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:
         if split not in self._eval:

@@ -33,6 +33,7 @@ from scale_fpt.tasks.base import (
     check_split,
     epoch_indices,
     eval_limit,
+    host_epoch_indices,
 )
 
 DEFAULT_MAX_LENGTH = 1024
@@ -175,20 +176,26 @@ class RemoteHomology(Task):
             x, lengths, y = load_split(path, max_length, long)
             n = eval_limit(config, split) or len(x)
             self._eval[split] = (x[:n], lengths[:n], y[:n])
-        self._host_lengths = {"train": self._train[1]} | {
-            split: lengths for split, (_, lengths, _) in self._eval.items()
-        }
-        """Each split's sequence lengths, kept on the host when the data moves."""
+        self._host_lengths = {split: lengths for split, (_, lengths, _) in self._eval.items()}
+        """Each evaluation split's sequence lengths, kept on the host when the data moves."""
+        self._host_train_lengths: list[int] = self._train[1].tolist()
+        """The training sequences' lengths on the host (a list, read per batch)."""
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
-        x, lengths, y = self._train
-        n = len(x)
+        n = len(self._train[0])
         # The same permutation on the host and on the device: the host's lengths give the
         # batch's longest sequence without reading the device.
-        host = epoch_indices(self.data_seed, step, batch_size, n)
+        host = host_epoch_indices(self.data_seed, step, batch_size, n)
+        longest = max(self._host_train_lengths[i] for i in host)
         indices = epoch_indices(self.data_seed, step, batch_size, n, self.device)
-        longest = int(self._host_lengths["train"][host].max())
-        return _batch(x[indices], lengths[indices], y[indices], longest)
+        return Batch(*self.drawn(self._draw, indices, longest))
+
+    def _draw(
+        self, step: None, indices: torch.Tensor, longest: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x, lengths, y = self._train
+        batch = _batch(x[indices], lengths[indices], y[indices], longest)
+        return batch.x, batch.y, batch.lengths
 
     def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:
         x, lengths, y = self._eval[check_split(split)]

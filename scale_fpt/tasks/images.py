@@ -326,18 +326,25 @@ class ImageClassification(Task):
         return self.cohort_batch(step, batch_size, [self.seed]).member(0)
 
     def cohort_batch(self, step: int, batch_size: int, seeds: Sequence[int]) -> Batch:
-        n, K = len(self.train_images), len(seeds)
-        indices = torch.stack(
-            [
-                epoch_indices(seed_streams(seed).data, step, batch_size, n, self.device)
-                for seed in seeds
-            ]
-        )  # (K, B)
-        draws = step_draws(self.data_seeds(seeds), step, AUGMENT_STREAM, self.device)
-        images = self.train_images[indices.view(-1)]  # (K*B, H, W, C) uint8
-        x = self.tokens(images, draws if self.augment else None)  # (K*B, T, W)
-        labels = self.train_labels[indices].view(K, batch_size, 1, 1)
-        return Batch(x.unflatten(0, (K, batch_size)), labels)
+        n = len(self.train_images)
+        indices = [
+            epoch_indices(seed_streams(seed).data, step, batch_size, n, self.device)
+            for seed in seeds
+        ]  # K of (B,)
+        step = step if self.augment else None  # only augmentation draws from the step
+        return Batch(*self.drawn(self._draw, indices, self.data_seeds(seeds), step=step))
+
+    def _draw(
+        self, step: int | torch.Tensor | None, indices: list[torch.Tensor], data_seeds: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x (K, B, T, W), labels (K, B, 1, 1)) of the members' examples ``indices``,
+        augmented from (data seed, ``step``) unless ``step`` is None."""
+        K, B = len(indices), len(indices[0])
+        rows = torch.stack(indices)  # (K, B)
+        images = self.train_images[rows.view(-1)]  # (K*B, H, W, C) uint8
+        draws = None if step is None else step_draws(data_seeds, step, AUGMENT_STREAM, self.device)
+        x = self.tokens(images, draws)  # (K*B, T, W)
+        return x.unflatten(0, (K, B)), self.train_labels[rows].view(K, B, 1, 1)
 
     def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:
         images, labels = self.eval_sets[check_split(split)]

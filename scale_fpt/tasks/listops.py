@@ -33,6 +33,7 @@ from scale_fpt.tasks.base import (
     check_split,
     epoch_indices,
     eval_limit,
+    host_epoch_indices,
     split_batch,
     synthetic_eval_set,
 )
@@ -171,12 +172,12 @@ def generate_expression(
 
 # (split, seed, max_depth, max_args, max_length) -> {index: (ids (L,) uint8, value)}:
 # generated expressions, shared by every task object in the process.
-_GENERATED: dict[tuple, dict[int, tuple[torch.Tensor, int]]] = {}
+_GENERATED: dict[tuple, dict[int, tuple[np.ndarray, int]]] = {}
 
 
 def generated_expression(
     split: str, seed: int, index: int, max_depth: int, max_args: int, max_length: int
-) -> tuple[torch.Tensor, int]:
+) -> tuple[np.ndarray, int]:
     """Expression ``index`` of the generated ``split`` ('train', 'val' or 'test') drawn from
     ``seed``: (token ids (L,) uint8, value). Each expression has its own random stream, so
     any one is made on demand, in any order, and training generates only what it reads."""
@@ -184,7 +185,7 @@ def generated_expression(
     if index not in cache:
         rng = random.Random(f"listops-{split}-{seed}-{index}")
         ids = generate_expression(rng, max_depth, max_args, max_length)
-        cache[index] = (torch.tensor(ids, dtype=torch.uint8), evaluate(ids))
+        cache[index] = (np.asarray(ids, dtype=np.uint8), evaluate(ids))
     return cache[index]
 
 
@@ -291,27 +292,36 @@ class ListOps(Task):
             self.n_train = config.listops_train_size
 
     def _generated_batch(self, split: str, seed: int, indices: list[int]) -> Batch:
+        """The generated expressions ``indices`` of ``split`` on :attr:`device`: made on the
+        host in one (N, max_length + 2) array of ids, length and value, copied over at once
+        (from pinned memory without waiting, where ``draws_on_gpu``)."""
         c = self.config
-        x = torch.full((len(indices), self.max_length), PAD, dtype=torch.long)
-        lengths = torch.empty(len(indices), dtype=torch.long)
-        y = torch.empty(len(indices), dtype=torch.long)
+        rows = np.full((len(indices), self.max_length + 2), PAD, dtype=np.int64)
         for row, index in enumerate(indices):
             ids, value = generated_expression(
                 split, seed, index, c.listops_max_depth, c.listops_max_args, self.max_length
             )
-            x[row, : len(ids)] = ids
-            lengths[row], y[row] = len(ids), value
-        return Batch(x, y.view(-1, 1, 1), lengths)
+            rows[row, : len(ids)] = ids
+            rows[row, -2:] = len(ids), value
+        host = torch.from_numpy(rows)
+        if self.draws_on_gpu:
+            host = host.pin_memory()
+        on_device = host.to(self.device, non_blocking=True)
+        return Batch(on_device[:, :-2], on_device[:, -1].view(-1, 1, 1), on_device[:, -2])
 
     def train_batch(self, step: int, batch_size: int) -> Batch:
         if not self.config.data_dir:
             # Generated expressions are made in Python on the host, then copied over.
-            indices = epoch_indices(self.data_seed, step, batch_size, self.n_train)
-            batch = self._generated_batch("train", TRAIN_POOL_SEED, indices.tolist())
-            return batch.to(self.device)
+            indices = host_epoch_indices(self.data_seed, step, batch_size, self.n_train)
+            return self._generated_batch("train", TRAIN_POOL_SEED, indices)
         indices = epoch_indices(self.data_seed, step, batch_size, self.n_train, self.device)
+        return Batch(*self.drawn(self._draw, indices))
+
+    def _draw(
+        self, step: None, indices: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         x, lengths, y = self._train
-        return Batch(x[indices].long(), y[indices].view(-1, 1, 1), lengths[indices])
+        return x[indices].long(), y[indices].view(-1, 1, 1), lengths[indices]
 
     def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:
         if split not in self._eval:
@@ -323,7 +333,7 @@ class ListOps(Task):
             else:
                 seed, n_chunks = synthetic_eval_set(self.config, split)
                 indices = list(range(n_chunks * TEST_CHUNK))
-                self._eval[split] = self._generated_batch(split, seed, indices).to(self.device)
+                self._eval[split] = self._generated_batch(split, seed, indices)
         return split_batch(self._eval[split], batch_size)
 
 
