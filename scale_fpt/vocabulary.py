@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+CONFIRM_SUFFIX = "-confirm"
+"""The confirmation runs of sweep NAME are the sweep NAME-confirm."""
+
 
 class Status(StrEnum):
     """A trial's ``status`` column."""

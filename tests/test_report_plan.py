@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 from test_report import write
 
+from scale_fpt import analysis_plan
 from scale_fpt.recipes.studies import STUDIES
 from scale_fpt.report import tables
 from scale_fpt.report.document import Comparisons, inline_html
 from scale_fpt.report.tables.families import EXPLORATORY
 from scale_fpt.results import ResultsWriter, load_results
-from scale_fpt.sweep import analysis_plan
 
 
 def test_a_sweeps_plan_is_written_once_and_read_back(tmp_path):

@@ -8,7 +8,7 @@ from scale_fpt.analysis import fit_scaling_law
 from scale_fpt.config import TrialConfig
 from scale_fpt.report import build_report, scaling_laws, tables
 from scale_fpt.results import ResultsWriter, load_results
-from scale_fpt.sweep.config import CONFIRM_SUFFIX
+from scale_fpt.vocabulary import CONFIRM_SUFFIX
 
 SIZES = {"gpt2-tiny": 4e5, "gpt2-mini": 3.2e6, "gpt2-small-cpu": 1.1e7, "gpt2": 8.5e7}
 LAWS = {  # (init, finetune) -> error law in total parameters

@@ -26,12 +26,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from scale_fpt import analysis_plan
 from scale_fpt.config import ConfigError
 from scale_fpt.published import TASK_TITLES
 from scale_fpt.report import attention, figures, scaling_section, tables
 from scale_fpt.report.tables.families import EXPLORATORY, adjust_in_families
 from scale_fpt.results import ResultsError, load_results
-from scale_fpt.sweep import analysis_plan
 
 MAX_LISTED_IDS = 30
 

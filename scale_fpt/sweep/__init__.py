@@ -8,7 +8,6 @@
         --> callbacks.py: ResultsCallback on the driver --> Parquet rows
             (results.ResultsWriter: keyed, atomic, de-duplicated)
         resume.py: what an interrupted sweep has left, for ``--resume``
-        analysis_plan.py: the analysis plan written when the sweep starts (the report reads it)
         lock.py: one driver per sweep
 
 A retried or moved trial resumes from its last Tune checkpoint; ``run_sweep(resume=True)``

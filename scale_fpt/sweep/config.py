@@ -26,8 +26,6 @@ TUNED_FIELDS = ("lr", "batch_size")
 across them, and a grid over them is a search whose choice ``confirm_seeds`` re-runs. A grid
 over anything else (task, model, init, finetune, ...) holds several arms, and ASHA would
 rank them against each other (ListOps against XOR) and stop the weaker arms' trials."""
-CONFIRM_SUFFIX = "-confirm"
-"""The confirmation runs of sweep NAME are the sweep NAME-confirm."""
 
 LOGGERS = ("tensorboard", "wandb", "mlflow", "none")
 """Values of ``SweepConfig.loggers``: ``none`` alone turns tracking off."""

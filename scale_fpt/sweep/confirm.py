@@ -14,8 +14,8 @@ import math
 
 import pandas as pd
 
-from scale_fpt.sweep.config import CONFIRM_SUFFIX, SweepConfig, arm_label
-from scale_fpt.vocabulary import Status
+from scale_fpt.sweep.config import SweepConfig, arm_label
+from scale_fpt.vocabulary import CONFIRM_SUFFIX, Status
 
 PLACEMENT_FIELDS = ("workers", "zero_stage")
 """Fields the planner may set on a trial (``placement.planned_arms``): not matched."""

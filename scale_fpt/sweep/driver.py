@@ -8,6 +8,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+from scale_fpt import analysis_plan
 from scale_fpt.cluster import GPUOffer
 from scale_fpt.config import parse_trial
 from scale_fpt.loop import evaluation_steps
@@ -15,13 +16,12 @@ from scale_fpt.models.backbones import scale_fpt_home
 from scale_fpt.recovery import restore_missing_rows
 from scale_fpt.results import ResultsWriter, load_results
 from scale_fpt.storage import check_sweep_storage, default_optuna_storage
-from scale_fpt.sweep import analysis_plan
 from scale_fpt.sweep.callbacks import (
     fit_reporting_write_failures,
     sweep_callbacks,
     write_where_told,
 )
-from scale_fpt.sweep.config import CONFIRM_SUFFIX, SweepConfig, arm_label
+from scale_fpt.sweep.config import SweepConfig, arm_label
 from scale_fpt.sweep.confirm import confirmation_arms, confirmation_sweep
 from scale_fpt.sweep.lock import driver_lock
 from scale_fpt.sweep.placement import (
@@ -46,6 +46,7 @@ from scale_fpt.trial import (
     git_sha,
     without_search_configs,
 )
+from scale_fpt.vocabulary import CONFIRM_SUFFIX
 
 
 def search_algorithm(sweep: SweepConfig, arms: list[dict], devices: Devices):

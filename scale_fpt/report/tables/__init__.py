@@ -25,6 +25,7 @@ of display strings. Conventions, shared by every table:
   reason. Batch size is reported, not judged.
 """
 
+from scale_fpt.analysis_plan import DEFAULT_THRESHOLDS, thresholds_for
 from scale_fpt.report.stats import ALPHA, KM_INTERVAL_MIN_SEEDS, seeds_needed
 from scale_fpt.report.tables.budgets import (
     budget_table,
@@ -112,7 +113,6 @@ from scale_fpt.report.tables.steps import (
     steps_to_threshold,
     table4_steps,
 )
-from scale_fpt.sweep.analysis_plan import DEFAULT_THRESHOLDS, thresholds_for
 
 __all__ = [
     "ALPHA",

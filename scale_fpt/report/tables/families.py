@@ -1,4 +1,4 @@
-"""Multiplicity families as the analysis plan declared them (``scale_fpt.sweep.analysis_plan``),
+"""Multiplicity families as the analysis plan declared them (``scale_fpt.analysis_plan``),
 not as a results folder happens to group them: each comparison's p-values are
 Benjamini-Hochberg adjusted within its declared family of its sweep; a comparison the plan
 did not declare (or a sweep without a plan) is "exploratory", adjusted only among the

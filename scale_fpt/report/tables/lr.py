@@ -26,7 +26,7 @@ from scale_fpt.report.tables.cells import (
     rank,
 )
 from scale_fpt.report.tables.display import cell_text, count
-from scale_fpt.sweep.config import CONFIRM_SUFFIX
+from scale_fpt.vocabulary import CONFIRM_SUFFIX
 
 
 def lr_points(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:

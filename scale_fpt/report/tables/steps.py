@@ -7,6 +7,7 @@ import math
 import pandas as pd
 
 from scale_fpt import published
+from scale_fpt.analysis_plan import thresholds_for
 from scale_fpt.report.tables.cells import (
     ARM_KEYS,
     DEFAULT_METRIC,
@@ -16,7 +17,6 @@ from scale_fpt.report.tables.cells import (
     size_order,
 )
 from scale_fpt.report.tables.paper import frozen_transformers, init_rank, selected
-from scale_fpt.sweep.analysis_plan import thresholds_for
 
 
 def steps_to_threshold(curve: pd.DataFrame, threshold: float) -> tuple[float, float]:

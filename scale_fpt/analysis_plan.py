@@ -18,10 +18,14 @@ import datetime
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scale_fpt import published
 from scale_fpt.config import ConfigError
-from scale_fpt.sweep.config import CONFIRM_SUFFIX, SweepConfig
+from scale_fpt.vocabulary import CONFIRM_SUFFIX
+
+if TYPE_CHECKING:  # the sweep imports this module: the plan is read without it
+    from scale_fpt.sweep.config import SweepConfig
 
 PLAN_FILE = "analysis_plan.json"
 SCHEMA_VERSION = 1
