@@ -14,7 +14,8 @@ from test_report import write
 from scale_fpt import analysis_plan
 from scale_fpt.recipes.studies import STUDIES
 from scale_fpt.report import tables
-from scale_fpt.report.document import Comparisons, inline_html
+from scale_fpt.report.comparisons import Comparisons
+from scale_fpt.report.render import inline_html
 from scale_fpt.report.tables.families import EXPLORATORY
 from scale_fpt.results import ResultsWriter, load_results
 
@@ -110,7 +111,8 @@ def test_listops_baseline_is_the_measured_majority_class_of_its_test_set(tmp_pat
 
 def test_power_section_says_how_many_seeds_detect_a_difference(tmp_path):
     from scale_fpt.report import stats
-    from scale_fpt.report.document import Document, power_section
+    from scale_fpt.report.render import Document
+    from scale_fpt.report.sections import power_section
 
     writer = ResultsWriter(tmp_path, "s")
     for seed, (pre, rnd) in enumerate([(0.9, 0.6), (0.95, 0.7), (0.85, 0.5)]):

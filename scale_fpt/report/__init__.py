@@ -16,7 +16,11 @@ Files:
     tables/       Tables 1, 2, 3, 4, 6, 8 and the LR-fair comparison (DataFrames)
     figures.py    scaling curve, learning curves, accuracy vs lr, steps bars, attention maps
     attention.py  attention maps of trained bit-task checkpoints
-    document.py   report.md / report.html with figures/ and tables/
+    comparisons.py  every comparison of arms, adjusted in its declared family; the findings
+    render.py     the document's blocks as Markdown and HTML
+    sections.py, figure_sections.py  the report's sections
+    build.py      report.md / report.html with figures/ and tables/
+    cli.py        `scale-fpt report`
 """
 
 from scale_fpt.lazy import lazy_exports
@@ -24,20 +28,20 @@ from scale_fpt.lazy import lazy_exports
 EXPORTS = {
     "DEFAULT_METRIC": "tables",
     "DEFAULT_THRESHOLDS": "tables",
-    "all_tables": "document",
+    "all_tables": "build",
     "attention_figure": "figures",
     "attention_maps": "attention",
     "attention_shares": "attention",
     "budget_table": "tables",
-    "build_report": "document",
+    "build_report": "build",
     "learning_curves_figure": "figures",
     "load_trial_model": "attention",
     "lr_differences": "tables",
     "lr_fair": "tables",
     "lr_figure": "figures",
     "lr_points": "tables",
-    "main": "document",
-    "parse_thresholds": "document",
+    "main": "cli",
+    "parse_thresholds": "cli",
     "relevant_positions": "attention",
     "scaling_figure": "figures",
     "steps_figure": "figures",

@@ -46,7 +46,7 @@ FLOPS_NOTE = (
 def section(
     doc, out: Path, trials: pd.DataFrame, metric: str, save_figure, law_form: str | None = None
 ) -> None:
-    """Append the section to ``doc``; ``save_figure`` is ``document.save_figure``;
+    """Append the section to ``doc``; ``save_figure`` is ``figure_sections.save_figure``;
     ``law_form`` is the analysis plan's law (``power_floor`` when the plan names none)."""
     form = laws.check_form(law_form or laws.DEFAULT_FORM)
     doc.heading(2, "Scaling laws")
