@@ -15,7 +15,6 @@ from scale_fpt import analysis_plan
 from scale_fpt.recipes.studies import STUDIES
 from scale_fpt.report import tables
 from scale_fpt.report.comparisons import Comparisons
-from scale_fpt.report.render import inline_html
 from scale_fpt.report.tables.families import EXPLORATORY
 from scale_fpt.results import ResultsWriter, load_results
 
@@ -136,9 +135,3 @@ def test_bad_seeds_for_is_one_error_before_any_work(tmp_path, capsys):
 
     assert cli.main(["report", str(tmp_path), "--seeds-for", "-1"]) == 2
     assert "--seeds-for: -1.0 must be a positive difference in pp" in capsys.readouterr().err
-
-
-def test_html_renders_markdown_links():
-    assert inline_html("[tables/T1.csv](tables/T1.csv) a<b") == (
-        '<a href="tables/T1.csv">tables/T1.csv</a> a&lt;b'
-    )

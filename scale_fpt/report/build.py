@@ -26,7 +26,7 @@ from scale_fpt import analysis_plan
 from scale_fpt.report import scaling_section, tables
 from scale_fpt.report.comparisons import Comparisons
 from scale_fpt.report.figure_sections import attention_section, figures_section, save_figure
-from scale_fpt.report.render import Document
+from scale_fpt.report.render import Document, escape_md
 from scale_fpt.report.sections import (
     contrasts_display,
     conventions,
@@ -97,14 +97,14 @@ def build_report(
     doc.heading(1, "Frozen Pretrained Transformers: study report")
     shas = sorted(set(trials["git_sha"].dropna())) if len(trials) else []
     doc.para(
-        f"Results: {Path(results_dir).absolute()} · generated "
+        f"Results: {escape_md(Path(results_dir).absolute())} · generated "
         f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} · "
-        f"code: {', '.join(shas) or 'unknown'}. Published numbers: Lu et al. 2021, "
+        f"code: {escape_md(', '.join(shas)) or 'unknown'}. Published numbers: Lu et al. 2021, "
         "'Pretrained Transformers as Universal Computation Engines'."
     )
     if pool and len(sweeps) > 1:
         doc.para(
-            f"**Pooled (--pool):** the trials of {len(sweeps)} sweeps ({', '.join(sweeps)}) "
+            f"**Pooled (--pool):** the trials of {len(sweeps)} sweeps ({escape_md(', '.join(sweeps))}) "
             "share cells wherever their settings agree. Seeds may repeat across sweeps (the "
             "same seed shares every random stream), so a pooled cell's n counts trials, not "
             "independent seeds, and its interval is too narrow by an unknown amount."

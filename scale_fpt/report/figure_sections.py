@@ -11,7 +11,7 @@ import pandas as pd
 from scale_fpt.config import ConfigError
 from scale_fpt.published import TASK_TITLES
 from scale_fpt.report import attention, figures, tables
-from scale_fpt.report.render import Document
+from scale_fpt.report.render import Document, escape_md
 from scale_fpt.report.sections import first_line
 
 
@@ -90,14 +90,14 @@ def attention_section(doc, out, trials, results_dir, examples: int) -> None:
             f"{row['task']} · {tables.model_label(row['model'])} · {row['init']} · "
             f"{row['finetune']} · lr {row['lr']:g} · seed {row['seed']}"
         )
-        doc.heading(3, f"{name} (trial {row['trial_id']})")
+        doc.heading(3, escape_md(f"{name} (trial {row['trial_id']})"))
         try:
             result = attention.trial_attention(row, results_dir, examples)
         except ConfigError as e:  # e.g. pretrained weights not available here
-            doc.para(f"Not analysed: {'; '.join(e.problems)}")
+            doc.para(f"Not analysed: {escape_md('; '.join(e.problems))}")
             continue
         except (OSError, ValueError, KeyError, RuntimeError) as e:
-            doc.para(f"Not analysed: {first_line(str(e), 300)}")
+            doc.para(f"Not analysed: {escape_md(first_line(str(e), 300))}")
             continue
         shares = result["shares"]
         doc.para(

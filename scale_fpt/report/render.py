@@ -1,25 +1,56 @@
 """The report's document model and its two renderings: blocks (heading, paragraph, bullets,
 table, image) appended by the sections, written out as Markdown (``report.md``) and as one
-self-contained HTML page (``report.html``, images embedded)."""
+self-contained HTML page (``report.html``, images embedded).
+
+The Markdown is written here; the HTML is that Markdown rendered by markdown-it-py (raw HTML
+off, so nothing in the text becomes markup it did not ask for) inside a jinja2 page with
+autoescaping. Text that comes from a results folder (sweep names, ``git_sha``, errors,
+labels) is data, never markup: table cells are escaped here, and the sections pass any row
+text they put in a paragraph through ``escape_md``.
+"""
 
 from __future__ import annotations
 
 import base64
-import html
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jinja2
 import numpy as np
 import pandas as pd
+from markdown_it import MarkdownIt
+from markupsafe import Markup
+
+MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")
+"""CommonMark with GitHub's tables; raw HTML in the text is shown as text."""
+
+PAGE = jinja2.Environment(autoescape=True).from_string(
+    "<!doctype html><html><head><meta charset='utf-8'><title>{{ title }}</title>"
+    "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
+    "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;"
+    "padding:3px 6px}img{max-width:100%}</style></head><body>\n{{ body }}</body></html>\n"
+)
+
+SPECIAL = re.compile(r"([\\`*_\[\]<>|!&#~])")
+CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")
+
+
+def escape_md(value) -> str:
+    """``value`` as Markdown that renders as exactly its text on one line: every character
+    with a meaning in Markdown (or HTML) backslash-escaped, line breaks and other control
+    characters as one space. For any text that comes from rows."""
+    return SPECIAL.sub(r"\\\1", CONTROL.sub(" ", str(value)))
 
 
 @dataclass
 class Document:
-    """Blocks rendered to Markdown and HTML alike: (kind, payload)."""
+    """Blocks rendered to Markdown and HTML alike: (kind, payload). Headings, paragraphs and
+    bullets are Markdown written by the sections; tables are data, escaped cell by cell."""
 
     root: Path
+    title: str = "scale_fpt report"
     blocks: list = field(default_factory=list)
 
     def heading(self, level: int, text: str) -> None:
@@ -38,66 +69,39 @@ class Document:
     def image(self, relative: str, caption: str) -> None:
         self.blocks.append(("image", (relative, caption)))
 
-    def markdown(self) -> str:
+    def markdown(self, *, embed_images: bool = False) -> str:
+        """The document as Markdown; ``embed_images``: images as data URIs (for the HTML)."""
         out = []
         for kind, payload in self.blocks:
             if kind == "heading":
-                out.append("#" * payload[0] + " " + payload[1])
+                out.append("#" * payload[0] + " " + CONTROL.sub(" ", payload[1]))
             elif kind == "para":
-                out.append(payload)
+                out.append(CONTROL.sub(" ", payload))
             elif kind == "bullets":
-                out.append("\n".join(f"- {item}" for item in payload))
+                out.append("\n".join(f"- {CONTROL.sub(' ', item)}" for item in payload))
             elif kind == "table":
                 out.append(markdown_table(payload))
             elif kind == "image":
-                relative, caption = payload
-                csv = Path(relative).with_suffix(".csv")
-                data = f" ([data]({csv}))" if (self.root / csv).exists() else ""
-                out.append(f"![{caption}]({relative})\n\n*{caption}*{data}")
+                out.append(self.image_markdown(*payload, embed=embed_images))
         return "\n\n".join(out) + "\n"
 
+    def image_markdown(self, relative: str, caption: str, *, embed: bool) -> str:
+        text = escape_md(caption)
+        if embed:
+            data = base64.b64encode((self.root / relative).read_bytes()).decode()
+            return f"![{text}](data:image/png;base64,{data})\n\n*{text}*"
+        csv = Path(relative).with_suffix(".csv")
+        data = f" ([data]({csv}))" if (self.root / csv).exists() else ""
+        return f"![{text}]({relative})\n\n*{text}*{data}"
+
     def html(self) -> str:
-        out = [
-            "<!doctype html><html><head><meta charset='utf-8'><title>scale_fpt report</title>",
-            "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
-            "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;"
-            "padding:3px 6px}img{max-width:100%}</style></head><body>",
-        ]
-        for kind, payload in self.blocks:
-            if kind == "heading":
-                out.append(f"<h{payload[0]}>{html.escape(payload[1])}</h{payload[0]}>")
-            elif kind == "para":
-                out.append(f"<p>{inline_html(payload)}</p>")
-            elif kind == "bullets":
-                items = "".join(f"<li>{inline_html(i)}</li>" for i in payload)
-                out.append(f"<ul>{items}</ul>")
-            elif kind == "table":
-                out.append(html_table(payload))
-            elif kind == "image":
-                relative, caption = payload
-                data = base64.b64encode((self.root / relative).read_bytes()).decode()
-                out.append(
-                    f"<figure><img src='data:image/png;base64,{data}' alt='{html.escape(caption)}'>"
-                    f"<figcaption>{html.escape(caption)}</figcaption></figure>"
-                )
-        return "\n".join(out) + "</body></html>\n"
-
-
-LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
-
-
-BOLD = re.compile(r"\*\*(.+?)\*\*")
-
-
-CODE = re.compile(r"`([^`]+)`")
+        body = Markup(MARKDOWN.render(self.markdown(embed_images=True)))
+        return PAGE.render(title=self.title, body=body)
 
 
 def inline_html(text: str) -> str:
-    """A paragraph's Markdown links, **bold** and `code` as HTML, everything else escaped."""
-    out = html.escape(text, quote=False)
-    out = LINK.sub(lambda m: f'<a href="{html.escape(m[2])}">{m[1]}</a>', out)
-    out = BOLD.sub(r"<strong>\1</strong>", out)
-    return CODE.sub(r"<code>\1</code>", out)
+    """One paragraph of Markdown as HTML, without the paragraph element."""
+    return MARKDOWN.renderInline(text)
 
 
 def rows_of(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
@@ -125,17 +129,6 @@ def markdown_table(frame: pd.DataFrame) -> str:
     header, body = rows_of(frame)
 
     def line(cells):
-        return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+        return "| " + " | ".join(escape_md(c) for c in cells) + " |"
 
     return "\n".join([line(header), line(["---"] * len(header)), *map(line, body)])
-
-
-def html_table(frame: pd.DataFrame) -> str:
-    if frame.empty:
-        return "<p><em>(empty)</em></p>"
-    header, body = rows_of(frame)
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    rows = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"

@@ -12,7 +12,7 @@ import pandas as pd
 
 from scale_fpt.report import tables
 from scale_fpt.report.comparisons import Comparisons
-from scale_fpt.report.render import Document
+from scale_fpt.report.render import Document, escape_md
 
 MAX_LISTED_IDS = 30
 
@@ -120,13 +120,15 @@ def used_line(table: pd.DataFrame) -> str:
     used_cells = table[table["n"].fillna(0) > 0] if len(table) and "n" in table else table
     diverged = int(used_cells["n_diverged"].fillna(0).sum()) if "n_diverged" in table else 0
     parts = [
-        f"Selection: {a.get('selection', '')}",
+        f"Selection: {escape_md(a.get('selection', ''))}",
         f"trials used: {a.get('used', 0)} of {a.get('matched', 0)} matching ({diverged} of "
         "them diverged)",
-        f"sweeps: {', '.join(a.get('sweeps', [])) or 'none'}",
+        f"sweeps: {escape_md(', '.join(a.get('sweeps', []))) or 'none'}",
     ]
     if a.get("not_used"):
-        parts.append("not used: " + ", ".join(f"{n} {r}" for r, n in a["not_used"].items()))
+        parts.append(
+            "not used: " + escape_md(", ".join(f"{n} {r}" for r, n in a["not_used"].items()))
+        )
     if a.get("other_lr"):
         parts.append(
             f"{a['other_lr']} trials at other learning rates of an LR search left out "
@@ -134,7 +136,7 @@ def used_line(table: pd.DataFrame) -> str:
         )
     ids = a.get("trial_ids", [])
     if ids and len(ids) <= MAX_LISTED_IDS:
-        parts.append("trial ids: " + ", ".join(ids))
+        parts.append("trial ids: " + escape_md(", ".join(ids)))
     elif ids:
         parts.append("trial ids: the trial_ids column of the CSV")
     return "; ".join(parts) + "."
@@ -167,7 +169,7 @@ def table_section(
             "like-for-like, (ref.) where the setting differs:"
         )
         doc.table(wide_fn(table, tables.published_text))
-        doc.bullets(tables.reference_notes(table))
+        doc.bullets([escape_md(note) for note in tables.reference_notes(table)])
     doc.para(compute_line(table))
     doc.table(wide_fn(table, tables.compute_text))
     path = out / "tables" / f"{key}.csv"
@@ -180,7 +182,7 @@ def baselines_line(tasks, baselines: dict) -> str:
     known = [t for t in dict.fromkeys(tasks) if baselines.get(t)]
     return (
         "Baselines (an accuracy at one of these means the arm did not learn): "
-        + "; ".join(f"{t} {baselines[t]}" for t in known)
+        + escape_md("; ".join(f"{t} {baselines[t]}" for t in known))
         + "."
         if known
         else ""
@@ -267,18 +269,18 @@ def plan_section(doc: Document, sweeps: list[str], plans: dict) -> None:
     for sweep in sweeps:
         plan = plans.get(sweep)
         if plan is None:
-            lines.append(f"{sweep}: no analysis plan (written before plans existed, or not by "
-                         "a sweep): every comparison is exploratory.")  # fmt: skip
+            lines.append(f"{escape_md(sweep)}: no analysis plan (written before plans existed, "
+                         "or not by a sweep): every comparison is exploratory.")  # fmt: skip
             continue
-        lines.append(
+        thresholds = ", ".join(f"{t} {v:.3g}" for t, v in plan.thresholds.items())
+        lines.append(escape_md(
             f"{sweep} (plan of {plan.sweep}, written {plan.written}, schema "
-            f"{plan.schema_version}): primary metric `{plan.primary_metric}`, selection on "
-            f"`{plan.selection_metric}`; thresholds "
-            + ", ".join(f"{t} {v:.3g}" for t, v in plan.thresholds.items())
-            + f"; families: {', '.join(plan.families) or 'none'}; scaling law "
-            f"`{plan.law_form}`; seeds: selection {plan.seeds.get('selection')}, "
-            f"confirmation {plan.seeds.get('confirmation') or 'none'}."
-        )
+            f"{plan.schema_version}): primary metric {plan.primary_metric}, selection on "
+            f"{plan.selection_metric}; thresholds {thresholds}; families: "
+            f"{', '.join(plan.families) or 'none'}; scaling law {plan.law_form}; seeds: "
+            f"selection {plan.seeds.get('selection')}, confirmation "
+            f"{plan.seeds.get('confirmation') or 'none'}."
+        ))  # fmt: skip
     doc.bullets(lines)
 
 
