@@ -59,10 +59,16 @@ def test_the_study_summary_is_per_learning_rate_and_its_finding_is_paired(tmp_pa
         write(writer, f"p{seed}", pre, seed=seed, init="pretrained", hit=400, max_steps=2000)
         write(writer, f"r{seed}", rnd, seed=seed, init="random", hit=0, max_steps=2000)
         write(writer, f"q{seed}", 0.6, seed=seed, init="random", lr=1e-4, max_steps=2000)
+        write(writer, f"s{seed}", 0.5, seed=seed, task="bit-memory", max_steps=2000)
     text = summary_table(SweepConfig(name="scale-local", results_dir=str(tmp_path)))
-    header = text.splitlines()[2]
-    assert "gpt2-tiny random fpt lr 0.0001 bs 16" in header  # its own column, not pooled
-    assert "gpt2-tiny random fpt lr 0.001 bs 16" in header
+    # One row per arm and learning rate (lr varies; the batch size does not: no column).
+    assert text.splitlines()[2:7] == [
+        "      task     model       init finetune     lr test acc   95% interval  n",
+        "bit-memory gpt2-tiny pretrained      fpt  0.001    0.500 [0.500, 0.500]  3",
+        "   bit-xor gpt2-tiny pretrained      fpt  0.001    0.993 [0.965, 1.022]  3",
+        "   bit-xor gpt2-tiny     random      fpt 0.0001    0.600 [0.600, 0.600]  3",
+        "   bit-xor gpt2-tiny     random      fpt  0.001    0.850 [0.726, 0.974]  3",
+    ]
     finding = next(line for line in text.splitlines() if line.startswith("bit-xor ("))
     assert finding.startswith(
         "bit-xor (gpt2-tiny, fpt, lr 0.001, 2,000-step budget, threshold 0.9): pretrained - "
