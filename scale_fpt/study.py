@@ -23,7 +23,7 @@ from scale_fpt.config import FIELD_TYPES, TASKS, ConfigError, coerce, parse_tria
 from scale_fpt.flags import add_field_flags, load_mapping
 from scale_fpt.gpus import DEFAULT_GPU, GPUS
 from scale_fpt.preflight import preflight_problems
-from scale_fpt.sweep.config import TUNED_FIELDS, SweepConfig
+from scale_fpt.sweep.config import SweepConfig
 from scale_fpt.vocabulary import ARM_LABEL_FIELDS
 
 LIST_FLAGS = {
@@ -384,18 +384,22 @@ def summary_table(sweep) -> str:
 
 
 def arm_summary(trials):
-    """One row per arm (``ARM_LABEL_FIELDS``), and per learning rate and batch size where
-    those vary in ``trials`` (a grid's or search's values are never pooled into one mean):
-    ``test_accuracy`` over the arm's seeds, its mean with the Student-t 95% interval of
-    ``report.stats`` (``-`` for a single seed) and n."""
+    """One row per arm: ``ARM_LABEL_FIELDS``, then each other config field that tells apart
+    arms sharing those (a grid's or search's learning rates, batch sizes, ...; a value that
+    only follows the task, as the presets' per-task lr, is no column), so configurations are
+    never pooled into one mean; ``test_accuracy`` over the arm's seeds: its mean with the
+    Student-t 95% interval of ``report.stats`` (``-`` for a single seed) and n."""
     from scale_fpt.report.stats import t_half_width  # scipy: start-up time
 
-    keys = [*ARM_LABEL_FIELDS, *(k for k in TUNED_FIELDS if trials[k].nunique() > 1)]
+    label = list(ARM_LABEL_FIELDS)
+    others = [f for f in FIELD_TYPES if f in trials and f not in (*label, "seed")]
+    spread = trials.groupby(label, dropna=False)[others].nunique(dropna=False).max()
+    keys = [*label, *(f for f in others if spread[f] > 1)]
     cells = trials.groupby(keys, dropna=False)["test_accuracy"].agg(["mean", "std", "count"])
     half = t_half_width(cells["std"].to_numpy(), cells["count"].to_numpy())
     shown = cells.reset_index()[keys]
-    for key in keys[len(ARM_LABEL_FIELDS) :]:  # the tuned values as the sweep states them
-        shown[key] = shown[key].map("{:g}".format)
+    for key in keys[len(label) :]:  # as the sweep states them
+        shown[key] = shown[key].map(lambda v: f"{v:g}" if isinstance(v, float) else str(v))
     low = (cells["mean"] - half).map("{:.3f}".format)
     high = (cells["mean"] + half).map("{:.3f}".format)
     shown["test acc"] = cells["mean"].map("{:.3f}".format).to_numpy()
@@ -403,7 +407,7 @@ def arm_summary(trials):
         ("[" + low + ", " + high + "]").where(cells["count"] > 1, "-").to_numpy()
     )
     shown["n"] = cells["count"].to_numpy()
-    return shown.rename(columns={"batch_size": "batch size"})
+    return shown
 
 
 def findings(trials, curves=None) -> str:
