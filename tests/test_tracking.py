@@ -82,6 +82,7 @@ def test_sweep_progress_errors_and_trackers(tmp_path, capsys, monkeypatch):
     assert hparams["arm"].string_value == "bit-xor/gpt2-tiny/random/fpt"
 
     best = trials.loc["bit-xor", "best_val_accuracy"]
+    wandb_flushed()
     runs = {run["id"]: run for run in wandb_runs(tmp_path / "watched" / "wandb")}
     assert sorted(runs) == sorted([xor, homology])
     assert runs[homology]["summary"]["status"] == "failed" and runs[homology]["exit_code"] == 1
@@ -114,6 +115,15 @@ def test_sweep_progress_errors_and_trackers(tmp_path, capsys, monkeypatch):
     assert [value for _, value in val] == pytest.approx(expected["val_accuracy"].tolist())
     assert ml_run.data.metrics["best_val_accuracy"] == pytest.approx(best)
     assert ml_run.data.tags["status"] == "completed"
+
+
+def wandb_flushed() -> None:
+    """Stop this process's W&B service, so that every offline run file is complete before
+    it is read (once, under load, a run file read right after ``finish`` lacked its run
+    record); the driver's own exit does the same."""
+    import wandb
+
+    wandb.teardown()
 
 
 def wandb_records(path: Path):
@@ -247,6 +257,7 @@ def test_runs_are_named_by_what_varies_and_grouped_by_sweep(tmp_path, monkeypatc
     trials = grid.trials()
     grid_ids = feed(grid, [trials[0], trials[-1]])
     single_ids = feed(single, single.trials() * 2, ["a" * 12, "b" * 12])
+    wandb_flushed()
     names = {
         "grid": ["pretrained lr=0.001 seed=0", "random lr=0.01 seed=1"],
         "single": ["bit-xor gpt2-tiny random fpt", f"bit-xor gpt2-tiny random fpt {'b' * 12}"],

@@ -98,14 +98,9 @@ def run_name(row: dict, fields: tuple[str, ...]) -> str:
     in its sweep, ``SweepConfig.varying_fields``; the arm's fields when none does), the arm's
     bare and first, the others as ``field=value``, the seed last:
     ``bit-xor gpt2-tiny pretrained fpt lr=0.001 seed=0``."""
-    shown = sorted(
-        fields or ARM_LABEL_FIELDS,
-        key=lambda f: (
-            ARM_LABEL_FIELDS.index(f)
-            if f in ARM_LABEL_FIELDS
-            else len(ARM_LABEL_FIELDS) + (f == "seed")
-        ),
-    )
+    arm = [f for f in ARM_LABEL_FIELDS if f in fields or not fields]
+    others = [f for f in fields if f not in (*ARM_LABEL_FIELDS, "seed")]
+    shown = [*arm, *others, *(["seed"] if "seed" in fields else [])]
     parts = [
         value_text(row[f]) if f in ARM_LABEL_FIELDS else f"{f}={value_text(row[f])}"
         for f in shown
@@ -118,7 +113,8 @@ class TrialLogger:
     """One tracker's runs, one per member trial (``Trackers`` calls it)."""
 
     def start(self, trial_id: str, name: str, config: dict, arm: str) -> None:
-        """Open the run of ``trial_id``, named ``name``, with its flat ``config``."""
+        """Open the run of ``trial_id``, named ``name``, with its flat ``config`` and its
+        ``arm`` (``task/model/init/finetune``)."""
 
     def log(self, trial_id: str, scalars: dict[str, float], step: int) -> None:
         """Scalars of an open run at a training step."""
