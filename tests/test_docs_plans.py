@@ -16,7 +16,8 @@ import pytest
 from scale_fpt import cli
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = sorted([ROOT / "README.md", ROOT / "cluster" / "README.md", *(ROOT / "docs").glob("*.md")])
+READMES = ("README.md", "cluster/README.md", "benchmarks/README.md")
+DOCS = sorted([*(ROOT / r for r in READMES), *(ROOT / "docs").glob("*.md")])
 BLOCK = re.compile(r"^```[a-z]*\n\$ (scale-fpt [^\n]+)\n(.*?)^```", re.M | re.S)
 PLAN_FIGURES = re.compile(
     r"arms x \d|trial\(s\) on |GPUs needed: \d|GPU-hours[^|\n]*\d|\| GPU-hours|per GPU: weights"
