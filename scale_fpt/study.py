@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from scale_fpt import planner
-from scale_fpt.config import FIELD_TYPES, TASKS, ConfigError, coerce, parse_trial
+from scale_fpt.config import FIELD_TYPES, TASKS, ConfigError, TrialConfig, coerce, parse_trial
 from scale_fpt.flags import add_field_flags, load_mapping
 from scale_fpt.gpus import DEFAULT_GPU, GPUS
 from scale_fpt.preflight import preflight_problems
@@ -391,9 +391,13 @@ def arm_summary(trials):
     Student-t 95% interval of ``report.stats`` (``-`` for a single seed) and n."""
     from scale_fpt.report.stats import t_half_width  # scipy: start-up time
 
+    # A trial that never built has a row of the fields its sweep set; it ran (or would have)
+    # on the defaults of the others.
+    defaults = TrialConfig().to_flat()
+    trials = trials.fillna({k: v for k, v in defaults.items() if k in trials and v is not None})
     label = list(ARM_LABEL_FIELDS)
     others = [f for f in FIELD_TYPES if f in trials and f not in (*label, "seed")]
-    spread = trials.groupby(label, dropna=False)[others].nunique(dropna=False).max()
+    spread = trials.groupby(label, dropna=False)[others].nunique().max()
     keys = [*label, *(f for f in others if spread[f] > 1)]
     cells = trials.groupby(keys, dropna=False)["test_accuracy"].agg(["mean", "std", "count"])
     half = t_half_width(cells["std"].to_numpy(), cells["count"].to_numpy())

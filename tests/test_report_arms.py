@@ -61,6 +61,10 @@ def test_the_study_summary_is_per_learning_rate_and_its_finding_is_paired(tmp_pa
         write(writer, f"r{seed}", rnd, seed=seed, init="random", hit=0, max_steps=2000)
         write(writer, f"q{seed}", 0.6, seed=seed, init="random", lr=1e-4, max_steps=2000)
         write(writer, f"s{seed}", 0.5, seed=seed, task="bit-memory", lr=1e-2, max_steps=400)
+    # A seed that never built: its row holds only what the sweep set (finetune is default).
+    never_built = {"task": "bit-xor", "model": "gpt2-tiny", "init": "random", "lr": 1e-3}
+    never_built.update(max_steps=2000, eval_every=100)
+    writer.write_trial({**never_built, "trial_id": "f3", "seed": 3, "status": "failed"})
     text = summary_table(SweepConfig(name="scale-local", results_dir=str(tmp_path)))
     # One row per arm and learning rate: lr tells bit-xor's random arms apart; max_steps only
     # follows the task and the batch size never varies: no column for either.
