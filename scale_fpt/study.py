@@ -391,15 +391,16 @@ def arm_summary(trials):
     Student-t 95% interval of ``report.stats`` (``-`` for a single seed) and n."""
     from scale_fpt.report.stats import t_half_width  # scipy: start-up time
 
-    # A trial that never built has a row of the fields its sweep set; it ran (or would have)
-    # on the defaults of the others.
-    defaults = TrialConfig().to_flat()
-    trials = trials.fillna({k: v for k, v in defaults.items() if k in trials and v is not None})
     label = list(ARM_LABEL_FIELDS)
     others = [f for f in FIELD_TYPES if f in trials and f not in (*label, "seed")]
     spread = trials.groupby(label, dropna=False)[others].nunique().max()
     keys = [*label, *(f for f in others if spread[f] > 1)]
-    cells = trials.groupby(keys, dropna=False)["test_accuracy"].agg(["mean", "std", "count"])
+    # A trial that never built has a row of the fields its sweep set; it ran (or would have)
+    # on the defaults of the others.
+    defaults = TrialConfig().to_flat()
+    design = trials[keys].fillna({k: defaults[k] for k in keys if defaults[k] is not None})
+    by = [design[k] for k in keys]
+    cells = trials.groupby(by, dropna=False)["test_accuracy"].agg(["mean", "std", "count"])
     half = t_half_width(cells["std"].to_numpy(), cells["count"].to_numpy())
     shown = cells.reset_index()[keys]
     for key in keys[len(label) :]:  # as the sweep states them
