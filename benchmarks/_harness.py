@@ -78,7 +78,7 @@ def header() -> None:
     import shlex
     import sys
 
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes")
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes")
     print(f"command: python {shlex.join(sys.argv)}")
     print(f"date: {now}")
     print(f"machine: {machine()}")

@@ -54,7 +54,7 @@ def print_header() -> None:
     """The command, the date (UTC) and the machine with its load: the first lines of every
     scaling benchmark's output."""
     print(f"command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
-    print(f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}")
+    print(f"date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical "

@@ -111,7 +111,7 @@ def plan_for(sweep: SweepConfig) -> AnalysisPlan:
         thresholds=thresholds_for(tasks),
         families=families,
         seeds={"selection": list(sweep.seeds), "confirmation": list(sweep.confirm_seeds)},
-        written=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        written=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     )
 
 

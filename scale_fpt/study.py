@@ -19,11 +19,12 @@ from collections import Counter
 from collections.abc import Callable
 
 from scale_fpt import planner
-from scale_fpt.config import FIELD_TYPES, TASKS, ConfigError, coerce, parse_trial
+from scale_fpt.config import FIELD_TYPES, TASKS, ConfigError, TrialConfig, coerce, parse_trial
 from scale_fpt.flags import add_field_flags, load_mapping
 from scale_fpt.gpus import DEFAULT_GPU, GPUS
 from scale_fpt.preflight import preflight_problems
 from scale_fpt.sweep.config import SweepConfig
+from scale_fpt.vocabulary import ARM_LABEL_FIELDS
 
 LIST_FLAGS = {
     "tasks": "task",
@@ -364,36 +365,54 @@ def confirmation_line(sweep) -> str:
 
 
 def summary_table(sweep) -> str:
-    """Test accuracy at each trial's validation-selected step (``test_accuracy``), mean ±
-    std over seeds, per task (rows) and arm (columns); nothing in it is chosen on test."""
+    """The sweep's closing summary: ``arm_summary`` of its trials, its statuses, and the
+    pretrained-minus-random findings; nothing in it is chosen on test."""
     from scale_fpt.results import load_results  # pyarrow and pandas: start-up time
 
     results = load_results(sweep.results_dir, sweep.name)
     trials = results.trials
     if trials.empty:
         return "(no trials)"
-    # One column per design: a search's or grid's learning rates are never pooled into one mean.
-    lr = trials["lr"].map(lambda v: f" lr {v:.3g}")
-    bs = trials["batch_size"].map(lambda v: f" bs {int(v)}")
-    trials = trials.assign(
-        arm=trials["model"] + " " + trials["init"] + " " + trials["finetune"] + lr + bs
-    )
-    stats = trials.groupby(["task", "arm"])["test_accuracy"].agg(["mean", "std", "count"])
-    cells = stats.apply(
-        lambda r: (
-            f"{r['mean']:.3f} ± {0 if r['count'] < 2 else r['std']:.3f} (n={int(r['count'])})"
-        ),
-        axis=1,
-    )
-    table = cells.unstack("arm").fillna("")
     status = trials["status"].value_counts().to_dict()
     return (
         f"\n{sweep.name}: test accuracy at the step of best validation accuracy within each "
-        f"trial's budget, mean ± std over seeds, one column per (arm, lr, batch size) "
-        f"(results in {sweep.sweep_dir}; statuses {status})\n{table.to_string()}\n"
+        f"trial's budget, over seeds: mean, Student-t 95% interval, n seeds (results in "
+        f"{sweep.sweep_dir}; statuses {status})\n{arm_summary(trials).to_string(index=False)}\n"
         f"{findings(trials, results.curves)}"
         f"tables, figures and attention maps: scale-fpt report {sweep.results_dir}\n"
     )
+
+
+def arm_summary(trials):
+    """One row per arm: ``ARM_LABEL_FIELDS``, then each other config field that tells apart
+    arms sharing those (a grid's or search's learning rates, batch sizes, ...; a value that
+    only follows the task, as the presets' per-task lr, is no column), so configurations are
+    never pooled into one mean; ``test_accuracy`` over the arm's seeds: its mean with the
+    Student-t 95% interval of ``report.stats`` (``-`` for a single seed) and n."""
+    from scale_fpt.report.stats import t_half_width  # scipy: start-up time
+
+    label = list(ARM_LABEL_FIELDS)
+    others = [f for f in FIELD_TYPES if f in trials and f not in (*label, "seed")]
+    spread = trials.groupby(label, dropna=False)[others].nunique().max()
+    keys = [*label, *(f for f in others if spread[f] > 1)]
+    # A trial that never built has a row of the fields its sweep set; it ran (or would have)
+    # on the defaults of the others.
+    defaults = TrialConfig().to_flat()
+    design = trials[keys].fillna({k: defaults[k] for k in keys if defaults[k] is not None})
+    by = [design[k] for k in keys]
+    cells = trials.groupby(by, dropna=False)["test_accuracy"].agg(["mean", "std", "count"])
+    half = t_half_width(cells["std"].to_numpy(), cells["count"].to_numpy())
+    shown = cells.reset_index()[keys]
+    for key in keys[len(label) :]:  # as the sweep states them
+        shown[key] = shown[key].map(lambda v: f"{v:g}" if isinstance(v, float) else str(v))
+    low = (cells["mean"] - half).map("{:.3f}".format)
+    high = (cells["mean"] + half).map("{:.3f}".format)
+    shown["test acc"] = cells["mean"].map("{:.3f}".format).to_numpy()
+    shown["95% interval"] = (
+        ("[" + low + ", " + high + "]").where(cells["count"] > 1, "-").to_numpy()
+    )
+    shown["n"] = cells["count"].to_numpy()
+    return shown
 
 
 def findings(trials, curves=None) -> str:

@@ -105,7 +105,7 @@ def provenance() -> dict:
         "hostname": socket.gethostname(),
         "git_sha": git_sha(),
         "versions": versions(),
-        "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "schema_version": SCHEMA_VERSION,
     }
 

@@ -18,6 +18,11 @@ from enum import StrEnum
 CONFIRM_SUFFIX = "-confirm"
 """The confirmation runs of sweep NAME are the sweep NAME-confirm."""
 
+ARM_LABEL_FIELDS = ("task", "model", "init", "finetune")
+"""The fields an arm goes by where a person reads it: the driver's progress and closing
+summary, the trackers' run names and groups (its whole design, for the report:
+``report.tables.cells.ARM_KEYS``)."""
+
 
 class Status(StrEnum):
     """A trial's ``status`` column."""

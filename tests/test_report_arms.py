@@ -51,18 +51,34 @@ def test_pool_merges_sweeps_and_the_report_says_so(two_sweeps, tmp_path):
 
 
 def test_the_study_summary_is_per_learning_rate_and_its_finding_is_paired(tmp_path):
-    from scale_fpt.study import summary_table
+    from scale_fpt.study import arm_summary, summary_table
     from scale_fpt.sweep import SweepConfig
+    from scale_fpt.vocabulary import ARM_LABEL_FIELDS
 
     writer = ResultsWriter(tmp_path, "scale-local")
     for seed, (pre, rnd) in enumerate([(1.0, 0.8), (1.0, 0.85), (0.98, 0.9)]):
         write(writer, f"p{seed}", pre, seed=seed, init="pretrained", hit=400, max_steps=2000)
         write(writer, f"r{seed}", rnd, seed=seed, init="random", hit=0, max_steps=2000)
         write(writer, f"q{seed}", 0.6, seed=seed, init="random", lr=1e-4, max_steps=2000)
+        write(writer, f"s{seed}", 0.5, seed=seed, task="bit-memory", lr=1e-2, max_steps=400)
+    # A seed that never built: its row holds only what the sweep set (finetune is default).
+    never_built = {"task": "bit-xor", "model": "gpt2-tiny", "init": "random", "lr": 1e-3}
+    never_built.update(max_steps=2000, eval_every=100)
+    writer.write_trial({**never_built, "trial_id": "f3", "seed": 3, "status": "failed"})
     text = summary_table(SweepConfig(name="scale-local", results_dir=str(tmp_path)))
-    header = text.splitlines()[2]
-    assert "gpt2-tiny random fpt lr 0.0001 bs 16" in header  # its own column, not pooled
-    assert "gpt2-tiny random fpt lr 0.001 bs 16" in header
+    # One row per arm and learning rate: lr tells bit-xor's random arms apart; max_steps only
+    # follows the task and the batch size never varies: no column for either.
+    assert text.splitlines()[2:7] == [
+        "      task     model       init finetune     lr test acc   95% interval  n",
+        "bit-memory gpt2-tiny pretrained      fpt   0.01    0.500 [0.500, 0.500]  3",
+        "   bit-xor gpt2-tiny pretrained      fpt  0.001    0.993 [0.965, 1.022]  3",
+        "   bit-xor gpt2-tiny     random      fpt 0.0001    0.600 [0.600, 0.600]  3",
+        "   bit-xor gpt2-tiny     random      fpt  0.001    0.850 [0.726, 0.974]  3",
+    ]
+    trials = load_results(tmp_path).trials
+    per_task = arm_summary(trials[~trials["trial_id"].str.startswith("q")])
+    assert list(per_task.columns) == [*ARM_LABEL_FIELDS, "test acc", "95% interval", "n"]
+    assert per_task["n"].tolist() == [3, 3, 3]
     finding = next(line for line in text.splitlines() if line.startswith("bit-xor ("))
     assert finding.startswith(
         "bit-xor (gpt2-tiny, fpt, lr 0.001, 2,000-step budget, threshold 0.9): pretrained - "

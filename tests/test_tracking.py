@@ -57,7 +57,12 @@ def test_sweep_progress_errors_and_trackers(tmp_path, capsys, monkeypatch):
     (done,) = [line for line in err.splitlines() if line.startswith("[scale-fpt] done ")]
     assert done.startswith(f"[scale-fpt] done {xor} (bit-xor/gpt2-tiny/random/fpt, seed 0")
 
-    events = EventAccumulator(str(tmp_path / "watched" / "tensorboard" / xor))
+    # Runs are named by what varies in the sweep (here the task alone), the id kept beside.
+    assert sorted(p.name for p in (tmp_path / "watched" / "tensorboard").iterdir()) == [
+        "bit-xor",
+        "homology",
+    ]
+    events = EventAccumulator(str(tmp_path / "watched" / "tensorboard" / "bit-xor"))
     events.Reload()
     val = [(e.step, e.value) for e in events.Scalars("val/accuracy")]
     expected = curves[curves["trial_id"] == xor].sort_values("step")
@@ -73,12 +78,17 @@ def test_sweep_progress_errors_and_trackers(tmp_path, capsys, monkeypatch):
     assert hparams["task"].string_value == "bit-xor"
     assert hparams["lr"].number_value == pytest.approx(1e-3)
     assert hparams["max_steps"].number_value == 40
+    assert hparams["trial_id"].string_value == xor
+    assert hparams["arm"].string_value == "bit-xor/gpt2-tiny/random/fpt"
 
     best = trials.loc["bit-xor", "best_val_accuracy"]
+    wandb_flushed()
     runs = {run["id"]: run for run in wandb_runs(tmp_path / "watched" / "wandb")}
     assert sorted(runs) == sorted([xor, homology])
     assert runs[homology]["summary"]["status"] == "failed" and runs[homology]["exit_code"] == 1
     run = runs[xor]
+    assert (run["name"], run["group"]) == ("bit-xor", "watched")
+    assert run["config"]["trial_id"] == xor
     assert run["config"]["task"] == "bit-xor"
     assert run["config"]["lr"] == pytest.approx(1e-3)
     history = [h for h in run["history"] if "val/accuracy" in h]
@@ -95,6 +105,7 @@ def test_sweep_progress_errors_and_trackers(tmp_path, capsys, monkeypatch):
     assert sorted(ml_runs) == sorted([xor, homology])
     assert ml_runs[homology].info.status == "FAILED"
     ml_run = ml_runs[xor]
+    assert ml_run.info.run_name == "bit-xor"
     assert ml_run.info.status == "FINISHED"
     assert ml_run.data.params["task"] == "bit-xor" and ml_run.data.params["max_steps"] == "40"
     val = sorted(
@@ -104,6 +115,15 @@ def test_sweep_progress_errors_and_trackers(tmp_path, capsys, monkeypatch):
     assert [value for _, value in val] == pytest.approx(expected["val_accuracy"].tolist())
     assert ml_run.data.metrics["best_val_accuracy"] == pytest.approx(best)
     assert ml_run.data.tags["status"] == "completed"
+
+
+def wandb_flushed() -> None:
+    """Stop this process's W&B service, so that every offline run file is complete before
+    it is read (once, under load, a run file read right after ``finish`` lacked its run
+    record); the driver's own exit does the same."""
+    import wandb
+
+    wandb.teardown()
 
 
 def wandb_records(path: Path):
@@ -129,7 +149,8 @@ def wandb_records(path: Path):
 
 
 def wandb_runs(root: Path) -> list[dict]:
-    """Each offline run under ``root``: id, config, history rows, final summary, exit code."""
+    """Each offline run under ``root``: id, name, group, config, history rows, final summary,
+    exit code."""
     runs = []
     for path in sorted(root.glob("offline-run-*/run-*.wandb")):
         run = {"config": {}, "history": [], "summary": {}, "exit_code": None}
@@ -137,6 +158,8 @@ def wandb_runs(root: Path) -> list[dict]:
             kind = record.WhichOneof("record_type")
             if kind == "run":
                 run["id"] = record.run.run_id
+                run["name"], run["group"] = record.run.display_name, record.run.run_group
+                run["project"] = record.run.project
                 run["config"] = {u.key: json.loads(u.value_json) for u in record.run.config.update}
             elif kind == "history":
                 row = {
@@ -162,7 +185,9 @@ def test_a_failing_logger_is_dropped_with_one_warning_and_the_others_go_on(tmp_p
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuchstore://tracking")
     warnings = []
-    trackers = Trackers(tmp_path, ("mlflow", "tensorboard"), "cohort", warn=warnings.append)
+    trackers = Trackers(
+        tmp_path, ("mlflow", "tensorboard"), "cohort", ("lr",), warn=warnings.append
+    )
     rows = [{"trial_id": t, "task": "bit-xor", "lr": lr} for t, lr in (("a", 1e-3), ("b", 1e-2))]
     curves = [
         {"trial_id": r["trial_id"], "step": 10, "val_accuracy": v}
@@ -181,10 +206,85 @@ def test_a_failing_logger_is_dropped_with_one_warning_and_the_others_go_on(tmp_p
         "[scale-fpt] warning: the mlflow logger failed and is off for the rest of cohort ("
     )
     assert list(trackers.loggers) == ["tensorboard"]
-    for trial_id, value in (("a", 0.5), ("b", 0.75)):
-        events = EventAccumulator(str(tmp_path / "tensorboard" / trial_id))
+    for name, value in (("lr=0.001", 0.5), ("lr=0.01", 0.75)):
+        events = EventAccumulator(str(tmp_path / "tensorboard" / name))
         events.Reload()
         assert [(e.step, e.value) for e in events.Scalars("val/accuracy")] == [(10, value)]
+
+
+def test_runs_are_named_by_what_varies_and_grouped_by_sweep(tmp_path, monkeypatch):
+    """Two sweeps' member trials fed to the three trackers as the driver feeds them, read back
+    with each tool's reader: a run is named by the fields that vary in its sweep
+    (``SweepConfig.varying_fields``; the arm's when none does), keeps its trial id, and sits
+    in its sweep's group (a W&B group in one project, an MLflow experiment in one store, a
+    TensorBoard folder in the sweep's); a name already taken gets the trial id."""
+    from mlflow import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+    from scale_fpt.config import parse_trial
+    from scale_fpt.sweep.tracking import Trackers
+    from scale_fpt.trial import trial_id_for
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_PROJECT", "studies")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    grid = SweepConfig(
+        name="grid",
+        base=TINY,
+        grid={"task": ["bit-xor"], "init": ["pretrained", "random"], "lr": [1e-3, 1e-2]},
+        seeds=(0, 1),
+    )
+    single = SweepConfig(name="single", base=TINY)
+    assert grid.varying_fields() == ("init", "lr", "seed") and single.varying_fields() == ()
+
+    def feed(sweep, flats, trial_ids=None) -> dict[str, str]:
+        rows = [parse_trial(flat).to_flat() for flat in flats]
+        ids = trial_ids or [trial_id_for(sweep.name, row) for row in rows]
+        rows = [{**row, "trial_id": i} for row, i in zip(rows, ids, strict=True)]
+        trackers = Trackers(
+            tmp_path / sweep.name, ("tensorboard", "wandb", "mlflow"), sweep.name,
+            sweep.varying_fields(), warn=pytest.fail,
+        )  # fmt: skip
+        trackers.write(
+            [{"trial_id": i, "step": 10, "val_accuracy": 0.5} for i in ids],
+            [{**row, "status": "completed", "steps_done": 10} for row in rows],
+        )
+        trackers.close()
+        return dict(zip(ids, [row["seed"] for row in rows], strict=True))
+
+    trials = grid.trials()
+    grid_ids = feed(grid, [trials[0], trials[-1]])
+    single_ids = feed(single, single.trials() * 2, ["a" * 12, "b" * 12])
+    wandb_flushed()
+    names = {
+        "grid": ["pretrained lr=0.001 seed=0", "random lr=0.01 seed=1"],
+        "single": ["bit-xor gpt2-tiny random fpt", f"bit-xor gpt2-tiny random fpt {'b' * 12}"],
+    }
+
+    for sweep, ids in (("grid", grid_ids), ("single", single_ids)):
+        folders = sorted((tmp_path / sweep / "tensorboard").iterdir())
+        assert [f.name for f in folders] == names[sweep]
+        runs = wandb_runs(tmp_path / sweep / "wandb")
+        assert sorted(r["name"] for r in runs) == names[sweep]
+        assert {(r["group"], r["project"]) for r in runs} == {(sweep, "studies")}
+        by_id = {r["id"]: r["name"] for r in runs}
+        assert sorted(by_id) == sorted(ids)
+        assert all(r["config"]["trial_id"] == r["id"] for r in runs)
+        for folder in folders:
+            events = EventAccumulator(str(folder))
+            events.Reload()
+            start = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+            hparams = HParamsPluginData.FromString(start).session_start_info.hparams
+            assert by_id[hparams["trial_id"].string_value] == folder.name
+            assert events.Scalars("val/accuracy")[0].value == 0.5
+
+    client = MlflowClient((tmp_path / "mlruns").as_uri())
+    for sweep, ids in (("grid", grid_ids), ("single", single_ids)):
+        runs = client.search_runs([client.get_experiment_by_name(sweep).experiment_id])
+        assert sorted(r.info.run_name for r in runs) == names[sweep]
+        assert sorted(r.data.tags["trial_id"] for r in runs) == sorted(ids)
 
 
 def test_logger_names_and_missing_packages_stop_the_command_before_ray(

@@ -98,7 +98,7 @@ def build_report(
     shas = sorted(set(trials["git_sha"].dropna())) if len(trials) else []
     doc.para(
         f"Results: {escape_md(Path(results_dir).absolute())} · generated "
-        f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} · "
+        f"{datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')} · "
         f"code: {escape_md(', '.join(shas)) or 'unknown'}. Published numbers: Lu et al. 2021, "
         "'Pretrained Transformers as Universal Computation Engines'."
     )

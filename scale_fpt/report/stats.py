@@ -53,6 +53,14 @@ def t_quantile(p: float, df: float) -> float:
     return float(stats.t.ppf(p, df))
 
 
+def t_half_width(std, n):
+    """Half the Student-t 95% interval of a mean of ``n`` values whose sample std is ``std``
+    (numbers or arrays alike, e.g. every arm of a sweep at once); NaN below two values."""
+    n = np.asarray(n, dtype=float)
+    df = np.where(n > 1, n - 1, np.nan)
+    return stats.t.ppf(0.5 + CONFIDENCE / 2, df) * std / np.sqrt(np.where(n > 1, n, np.nan))
+
+
 def summarize(values) -> dict:
     """{n, mean, std, ci95, ci_low, ci_high} of the finite ``values`` (std with n-1; the
     spread and interval are NaN for a single seed, everything is NaN for none)."""
@@ -60,7 +68,7 @@ def summarize(values) -> dict:
     n = len(x)
     mean = float(x.mean()) if n else math.nan
     std = float(x.std(ddof=1)) if n > 1 else math.nan
-    half = t_quantile(0.5 + CONFIDENCE / 2, n - 1) * std / math.sqrt(n) if n > 1 else math.nan
+    half = float(t_half_width(std, n))
     return {
         "n": n,
         "mean": mean,

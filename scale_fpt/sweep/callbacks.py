@@ -154,7 +154,10 @@ def sweep_callbacks(sweep: SweepConfig, experiment: str = "", planned_steps: int
     ]
     if set(sweep.loggers) - {"none"}:
         name = experiment or sweep.name
-        callbacks.append(tracking_callback_class()(str(sweep.sweep_dir), sweep.loggers, name))
+        tracking = tracking_callback_class()
+        callbacks.append(
+            tracking(str(sweep.sweep_dir), sweep.loggers, name, sweep.varying_fields())
+        )
     return callbacks
 
 

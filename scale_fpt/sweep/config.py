@@ -179,6 +179,14 @@ class SweepConfig:
         out += logger_problems(self.loggers)
         return out
 
+    def varying_fields(self) -> tuple[str, ...]:
+        """The trial fields that tell this sweep's trials apart: grid axes of more than one
+        value, searched fields, and ``seed`` when there are several seeds (what a tracker's
+        run name shows; per-task overrides follow the task and tell nothing more)."""
+        axes = [k for k, values in self.grid.items() if len(values) > 1]
+        seed = ["seed"] if len(self.seeds) > 1 else []
+        return tuple(dict.fromkeys([*axes, *self.search, *seed]))
+
     def choice_fields(self) -> tuple[str, ...]:
         """What the sweep chooses within an arm: searched fields and tuned grid axes."""
         return tuple(sorted({*self.search, *(k for k in self.grid if k in TUNED_FIELDS)}))

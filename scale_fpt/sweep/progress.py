@@ -18,10 +18,7 @@ from pathlib import Path
 
 from scale_fpt.sweep.trainable import tune_members
 from scale_fpt.trial import config_trial_id, without_search_configs
-from scale_fpt.vocabulary import ENDED, Status
-
-ARM_KEYS = ("task", "model", "init", "finetune")
-"""What an arm is in the progress display: the seeds of one arm share a line."""
+from scale_fpt.vocabulary import ARM_LABEL_FIELDS, ENDED, Status
 
 PLAIN_EVERY_S = 30.0
 """Seconds between plain status lines when the output is not a terminal."""
@@ -51,7 +48,8 @@ def one_line(error: str) -> str:
 
 
 def arm_of(row: dict) -> str:
-    return "/".join(str(row[k]) for k in ARM_KEYS if row.get(k) is not None)
+    """The arm of a row as ``task/model/init/finetune``: the seeds of one arm share a line."""
+    return "/".join(str(row[k]) for k in ARM_LABEL_FIELDS if row.get(k) is not None)
 
 
 class SweepProgress:

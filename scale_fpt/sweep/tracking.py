@@ -3,19 +3,22 @@ per member trial.
 
 The driver already receives every evaluation (``ResultsCallback``); ``Trackers`` hands the
 same rows to each logger of ``SweepConfig.loggers`` through one interface (``TrialLogger``):
-a member trial starts with its flat config as ``results.recorded_config`` allows it
-(TensorBoard hparams, W&B config, MLflow params; nothing of the environment),
-gets the curve scalars at each evaluated step (``CURVE_SCALARS`` as ``<split>/<metric>``,
-and ``val/best_accuracy``), and finishes with its status and final metrics (the trials
-table's columns, ``FINAL_COLUMNS``). Where they land:
+a member trial starts with its run name (``run_name``: its values of the fields that vary in
+the sweep, ``bit-xor pretrained lr=0.001 seed=0``), its trial id and arm, and its flat config
+as ``results.recorded_config`` allows it (TensorBoard hparams, W&B config, MLflow params;
+nothing of the environment), gets the curve scalars at each evaluated step
+(``CURVE_SCALARS`` as ``<split>/<metric>``, and ``val/best_accuracy``), and finishes with
+its status and final metrics (the trials table's columns, ``FINAL_COLUMNS``). Where they
+land, grouped by sweep:
 
-- tensorboard: ``RESULTS/<sweep>/tensorboard/<trial_id>/`` event files;
+- tensorboard: ``RESULTS/<sweep>/tensorboard/<run name>/`` event files (hparams: the config,
+  ``trial_id`` and ``arm``);
 - wandb: ``RESULTS/<sweep>/wandb/`` (W&B's run directories; ``WANDB_MODE=offline`` writes
   them with no network, ``wandb sync`` uploads them later); project ``$WANDB_PROJECT`` or
-  the sweep's name, one group per arm;
+  the sweep's name, group the sweep, run id the trial id (config ``trial_id``, ``arm``);
 - mlflow: ``$MLFLOW_TRACKING_URI``, else a file store ``RESULTS/<sweep>/mlruns``; one
-  experiment per sweep, one run per member trial (tag ``trial_id``; a resumed trial goes on
-  in its run).
+  experiment per sweep, one run per member trial (tags ``trial_id``, ``arm``; a resumed
+  trial goes on in its run).
 
 Written on the driver, so it works the same on a cluster (the results directory is shared
 storage there). Ray Tune's own ``WandbLoggerCallback`` and ``MLflowLoggerCallback`` log one
@@ -35,7 +38,7 @@ from pathlib import Path
 
 from scale_fpt.results import recorded_config
 from scale_fpt.sweep.progress import arm_of
-from scale_fpt.vocabulary import ENDED, Status
+from scale_fpt.vocabulary import ARM_LABEL_FIELDS, ENDED, Status
 
 CURVE_SCALARS = (
     "train_loss",
@@ -82,11 +85,36 @@ def final_values(row: dict) -> dict:
     return {k: row[k] for k in FINAL_COLUMNS if number(row.get(k))}
 
 
+def value_text(value) -> str:
+    """A config value in a run name: a float as ``%g``, a hub id or a local directory by its
+    last part (``EleutherAI/pythia-70m``: ``pythia-70m``; a run name is a directory name)."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value).rstrip("/").rsplit("/", 1)[-1]
+
+
+def run_name(row: dict, fields: tuple[str, ...]) -> str:
+    """A member trial's name in every tracker: its values of ``fields`` (the fields that vary
+    in its sweep, ``SweepConfig.varying_fields``; the arm's fields when none does), the arm's
+    bare and first, the others as ``field=value``, the seed last:
+    ``bit-xor gpt2-tiny pretrained fpt lr=0.001 seed=0``."""
+    arm = [f for f in ARM_LABEL_FIELDS if f in fields or not fields]
+    others = [f for f in fields if f not in (*ARM_LABEL_FIELDS, "seed")]
+    shown = [*arm, *others, *(["seed"] if "seed" in fields else [])]
+    parts = [
+        value_text(row[f]) if f in ARM_LABEL_FIELDS else f"{f}={value_text(row[f])}"
+        for f in shown
+        if row.get(f) is not None
+    ]
+    return " ".join(p for p in parts if p)
+
+
 class TrialLogger:
     """One tracker's runs, one per member trial (``Trackers`` calls it)."""
 
-    def start(self, trial_id: str, config: dict, group: str) -> None:
-        """Open the run of ``trial_id`` with its flat ``config`` (``group``: its arm)."""
+    def start(self, trial_id: str, name: str, config: dict, arm: str) -> None:
+        """Open the run of ``trial_id``, named ``name``, with its flat ``config`` and its
+        ``arm`` (``task/model/init/finetune``)."""
 
     def log(self, trial_id: str, scalars: dict[str, float], step: int) -> None:
         """Scalars of an open run at a training step."""
@@ -99,7 +127,7 @@ class TrialLogger:
 
 
 class TensorBoardLogger(TrialLogger):
-    """One ``SummaryWriter`` per member trial under ``sweep_dir/tensorboard``."""
+    """One ``SummaryWriter`` per member trial in ``sweep_dir/tensorboard/<run name>``."""
 
     def __init__(self, sweep_dir: Path, experiment: str):
         from torch.utils.tensorboard import SummaryWriter
@@ -107,15 +135,15 @@ class TensorBoardLogger(TrialLogger):
         self.root, self.new_writer = sweep_dir / "tensorboard", SummaryWriter
         self.writers: dict = {}
 
-    def start(self, trial_id, config, group):
+    def start(self, trial_id, name, config, arm):
         from torch.utils.tensorboard.summary import hparams
 
-        writer = self.writers[trial_id] = self.new_writer(log_dir=str(self.root / trial_id))
-        if config:
-            # The hparams' session records the config; the metric itself is the scalar
-            # HPARAM_METRIC, written with every report.
-            for summary in hparams(config, {HPARAM_METRIC: 0.0}):
-                writer.file_writer.add_summary(summary)
+        writer = self.writers[trial_id] = self.new_writer(log_dir=str(self.root / name))
+        # The hparams' session records the config; the metric itself is the scalar
+        # HPARAM_METRIC, written with every report.
+        labels = {**config, "trial_id": trial_id, "arm": arm}
+        for summary in hparams(labels, {HPARAM_METRIC: 0.0}):
+            writer.file_writer.add_summary(summary)
 
     def log(self, trial_id, scalars, step):
         for tag, value in scalars.items():
@@ -130,23 +158,24 @@ LOGIN_TIMEOUT_S = 60.0
 
 
 class WandbLogger(TrialLogger):
-    """One W&B run per member trial (id = trial id), its files under ``sweep_dir/wandb``."""
+    """One W&B run per member trial (id = trial id, group = the sweep), its files under
+    ``sweep_dir/wandb``."""
 
     def __init__(self, sweep_dir: Path, experiment: str):
         import wandb
 
-        self.wandb, self.dir = wandb, sweep_dir
+        self.wandb, self.dir, self.group = wandb, sweep_dir, experiment
         self.project = os.environ.get("WANDB_PROJECT") or experiment
         self.runs: dict = {}
 
-    def start(self, trial_id, config, group):
+    def start(self, trial_id, name, config, arm):
         self.runs[trial_id] = self.wandb.init(
             dir=str(self.dir),
             project=self.project,
             id=trial_id,
-            name=trial_id,
-            group=group or None,
-            config=config,
+            name=name,
+            group=self.group,
+            config={**config, "trial_id": trial_id, "arm": arm},
             resume="allow",
             reinit="create_new",  # the driver holds one run per running member trial
             # The driver's output is the sweep's, and one machine's statistics are not a
@@ -195,7 +224,7 @@ class MlflowLogger(TrialLogger):
         )
         self.runs: dict[str, str] = {}
 
-    def start(self, trial_id, config, group):
+    def start(self, trial_id, name, config, arm):
         from mlflow.entities import Param
 
         (earlier,) = self.client.search_runs(
@@ -206,7 +235,7 @@ class MlflowLogger(TrialLogger):
             self.client.update_run(earlier.info.run_id, status="RUNNING")
             return
         run = self.client.create_run(
-            self.experiment_id, run_name=trial_id, tags={"trial_id": trial_id, "arm": group}
+            self.experiment_id, run_name=name, tags={"trial_id": trial_id, "arm": arm}
         )
         self.runs[trial_id] = run.info.run_id
         params = [Param(k, str(v)) for k, v in config.items()]
@@ -240,12 +269,14 @@ class Trackers:
     """The loggers of one experiment, fed with the rows the driver receives. A logger that
     raises is dropped with one warning line (``warn``); the sweep never fails for it."""
 
-    def __init__(self, sweep_dir: Path, names, experiment: str, warn=None):
-        self.sweep_dir, self.experiment = sweep_dir, experiment
+    def __init__(self, sweep_dir: Path, names, experiment: str, fields=(), warn=None):
+        self.sweep_dir, self.experiment, self.fields = sweep_dir, experiment, tuple(fields)
         self.loggers: dict[str, TrialLogger | None] = {n: None for n in names if n != "none"}
         self.warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
         self.open: set[str] = set()
         """Member trials whose runs are open."""
+        self.named: dict[str, str] = {}
+        """Run name -> the member trial that has it."""
 
     def each(self, method: str, *args) -> None:
         for name in list(self.loggers):
@@ -265,10 +296,20 @@ class Trackers:
                     f"{self.experiment} ({type(e).__name__}: {str(e).strip()[:300]})"
                 )
 
+    def name(self, trial_id: str, row: dict) -> str:
+        """``run_name`` of the member trial, with its trial id where that name is taken (two
+        searched values equal to six digits) or says nothing (no config)."""
+        name = run_name(row, self.fields)
+        if not name.strip(". ") or self.named.setdefault(name, trial_id) != trial_id:
+            name = f"{name} {trial_id}".strip()
+        return name
+
     def start(self, trial_id: str, row: dict | None) -> None:
         if trial_id not in self.open:
             self.open.add(trial_id)
-            self.each("start", trial_id, recorded_config(row or {}), arm_of(row or {}))
+            row = row or {}
+            name = self.name(trial_id, row)
+            self.each("start", trial_id, name, recorded_config(row), arm_of(row))
 
     def write(self, curve_rows: list[dict], trial_rows: list[dict]) -> None:
         configs = {row["trial_id"]: row for row in trial_rows}
@@ -302,9 +343,9 @@ def tracking_callback_class():
     class TrackingCallback(tune.Callback):
         """Feeds each reported evaluation's rows to the sweep's loggers (``Trackers``)."""
 
-        def __init__(self, sweep_dir: str, loggers: tuple[str, ...], experiment: str):
-            self.args = (sweep_dir, tuple(loggers), experiment)
-            self.trackers = Trackers(Path(sweep_dir), loggers, experiment)
+        def __init__(self, sweep_dir: str, loggers: tuple[str, ...], experiment: str, fields=()):
+            self.args = (sweep_dir, tuple(loggers), experiment, tuple(fields))
+            self.trackers = Trackers(Path(sweep_dir), loggers, experiment, fields)
             self.members: dict[str, set[str]] = {}
             """Tune trial id -> the member trials its rows named."""
 
