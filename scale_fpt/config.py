@@ -16,7 +16,8 @@ import functools
 import math
 from dataclasses import dataclass, field, fields
 
-TASKS = ("bit-memory", "bit-xor", "listops", "mnist", "cifar10", "cifar10-lra", "homology")
+from scale_fpt.tasks.registry import TASKS
+
 ABLATIONS = ("no-body", "one-attn")
 """Arms that replace the body: ``no-body`` (input layer -> output layer), ``one-attn`` (one
 trained attention layer); ``models.ablations``."""

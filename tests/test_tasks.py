@@ -27,6 +27,7 @@ from scale_fpt.tasks import Batch, build_task, epoch_indices, task_spec
 from scale_fpt.tasks.base import EVAL_SPLITS, DataUnavailable
 from scale_fpt.tasks.homology import AMINO_ACIDS, UNK
 from scale_fpt.tasks.listops import VOCAB, evaluate, tokenize
+from scale_fpt.tasks.registry import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,7 +153,7 @@ def configs(mnist_data, cifar_data, lra_dir, tape_dir):
     }
 
 
-ALL_TASKS = ("bit-xor", "bit-memory", "listops", "mnist", "cifar10", "cifar10-lra", "homology")
+ALL_TASKS = tuple(TASKS)
 GENERATED = ("bit-xor", "bit-memory", "listops")  # listops as configured here: no data_dir
 
 # ---------------------------------------------------------------- every task

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from scale_fpt.config import ConfigError, ModelConfig
+from scale_fpt.hub import hub_reachable
 from scale_fpt.models import ops
 from scale_fpt.models.families import family_of, model_width
 from scale_fpt.scaling import (
@@ -295,29 +295,6 @@ def quiet_transformers():
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
-
-
-def hub_reachable() -> bool:
-    """Whether the Hugging Face hub may be asked for files: not in offline mode, and its host
-    answers (or a proxy is set, which we cannot probe). Without network, ``from_pretrained``
-    retries for over a minute before failing; this answers in seconds."""
-    from urllib.parse import urlsplit
-
-    from huggingface_hub import constants
-
-    flags = (os.environ.get(k, "").lower() for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-    if constants.HF_HUB_OFFLINE or any(f in ("1", "true", "yes", "on") for f in flags):
-        return False
-    proxies = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
-    if any(os.environ.get(k) for k in proxies):
-        return True
-    url = urlsplit(constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((url.hostname, port), timeout=5).close()
-    except OSError:
-        return False
-    return True
 
 
 def from_disk_or_hub(load, source: str):
