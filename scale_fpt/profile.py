@@ -43,14 +43,11 @@ from scale_fpt.config import (
 from scale_fpt.gpus import DEFAULT_GPU, GPU, GPUS
 from scale_fpt.models import BuiltModel, LSTMBackbone, build_model
 from scale_fpt.models.backbones import load_architecture
-from scale_fpt.models.families import block_shape, family_of
+from scale_fpt.models.families import PACKED_FAMILIES, block_shape, family_of
 from scale_fpt.tasks import task_spec
 from scale_fpt.tasks.base import TaskSpec
 from scale_fpt.vocabulary import StepKind
 
-PACKED_FAMILIES = ("gpt2", "gpt-neox", "llama")
-"""Families with a packed model (``models.packed``, ``models.packed_families``); OPT's dropout
-is not keyed, so its trials run alone."""
 PACKABLE_GROUPS = ("input", "output", "ln", "pos")
 """Groups a packed member may train; ``ff`` and ``attn`` belong to the shared frozen body."""
 PACKED_PRECISIONS = ("fp32", "bf16")
@@ -121,9 +118,9 @@ def config_pack_problem(config: TrialConfig) -> str | None:
     except ConfigError as e:
         return "; ".join(e.problems)
     family = family_of(arch)
-    if family is None or family.name not in PACKED_FAMILIES:
+    if family is None or not family.packed:
         return (
-            f"--model {config.model.model}: packing supports the gpt2, gpt-neox and llama "
+            f"--model {config.model.model}: packing supports the {', '.join(PACKED_FAMILIES)} "
             f"families (this is {family.name if family else arch.model_type})"
         )
     return None
