@@ -291,13 +291,15 @@ def check_data_and_weights(sweep) -> None:
 
 
 def placement_table(sweep) -> str:
-    """What runs where: each distinct plan with its trials, and the study's GPU-hours per
-    model (``placement.study_gpu_hours``) on the GPU the sweep plans for. Needs no Ray: the
-    GPU is the declared one (``--gpu``), else ``gpus.DEFAULT_GPU``."""
+    """What runs where: the sweep's plan (``sweep.plan.SweepPlan``, the value the driver
+    looks each Tune trial's resources up in), each distinct cohort with its count, and the
+    study's GPU-hours per model (``placement.study_gpu_hours``) on the GPU the sweep plans
+    for. Needs no Ray: the GPU is the declared one (``--gpu``), else ``gpus.DEFAULT_GPU``;
+    the slots one node of it (``plan.assumed_devices``)."""
     # The profile loads torch and placement Ray: imported for --plan (start-up time).
     from scale_fpt.cluster import GPUOffer
-    from scale_fpt.profile import plan_trial
-    from scale_fpt.sweep.placement import study_gpu_hours, sweep_gpus
+    from scale_fpt.sweep.placement import planned_arms, study_gpu_hours, sweep_gpus
+    from scale_fpt.sweep.plan import assumed_devices, plan_sweep, search_cohorts
 
     if sweep.gpu or sweep.gpu_memory_gb or sweep.gpus_per_trial == "0":
         offer = sweep_gpus(sweep)
@@ -305,10 +307,11 @@ def placement_table(sweep) -> str:
         offer = GPUOffer(GPUS[DEFAULT_GPU], 0, "default")
     max_gpus = offer.max_gpus_per_node or 8
     arms = sweep.trials()
+    devices = assumed_devices(sweep, offer)
+    plan = plan_sweep(sweep, planned_arms(arms, sweep, offer), offer, devices)
     counts: Counter = Counter()
-    for arm in arms:
-        config = parse_trial(arm)
-        plan = plan_trial(config, sweep.gpus_per_trial, offer.gpu, max_gpus)
+    for cohort in search_cohorts(plan) if sweep.search else plan.cohorts:
+        config = parse_trial(cohort.members[0])
         budget = f"{config.train.max_steps:,} steps" + (
             f" (patience {config.train.patience:,})" if config.train.patience else ""
         )
@@ -320,13 +323,18 @@ def placement_table(sweep) -> str:
                 config.task.task,
                 budget,
                 batch,
-                plan.describe(),
+                cohort.describe(),
             )
         ] += 1
     per_arm = sweep.search_trials if sweep.search else 1  # an Optuna search runs each arm N times
     where = offer.gpu.name if offer.gpu else "CPUs"
+    slots = f"{devices.slots} {'GPU' if devices.gpus else 'CPU'} slot(s)"
     lines = [f"{sweep.name}: {len(arms)} arms x {per_arm} trial(s) on {where}"]
     lines.append(f"  seeds {', '.join(map(str, sweep.seeds))}" + confirmation_line(sweep))
+    lines.append(
+        f"  Ray trials ({'per searched arm' if sweep.search else 'of the grid'}; --pack "
+        f"{sweep.pack} for {slots}):"
+    )
     lines += [
         f"  {n:>3} x {model} {finetune} {task}, {budget}, {batch}: {where}"
         for (model, finetune, task, budget, batch, where), n in sorted(counts.items())

@@ -27,14 +27,12 @@ from scale_fpt.sweep.lock import driver_lock
 from scale_fpt.sweep.placement import (
     Devices,
     cluster_devices,
-    cohort_resources,
-    grid_cohorts,
     planned_arms,
     search_pack,
     sweep_gpus,
-    trial_resources,
     with_node_width,
 )
+from scale_fpt.sweep.plan import SweepPlan, plan_sweep
 from scale_fpt.sweep.resume import (
     repoint_trial_generator,
     saved_unfinished,
@@ -138,7 +136,7 @@ def run_locked(sweep: SweepConfig, resume: bool) -> SweepOutcome:
     devices = cluster_devices(sweep, ray.cluster_resources(), offer)
     # One Tune experiment: a grid's trials, or every searched arm side by side (one Optuna
     # study per arm, each configuration trained for every seed).
-    grid = run_experiment(sweep, sweep.name, arms, offer, devices, resume)
+    grid = run_experiment(plan_sweep(sweep, arms, offer, devices), resume)
     trials, unfinished, experiments = len(grid), 0, [sweep.name]
     if saved_unfinished(os.path.join(sweep.ray_storage, sweep.name)):
         unfinished = unfinished_trials(sweep, [sweep.name])
@@ -171,7 +169,7 @@ def run_confirmation(
     if not arms:
         return 0, 0
     arms = planned_arms(arms, confirm, offer)
-    grid = run_experiment(confirm, confirm.name, arms, offer, devices, resume)
+    grid = run_experiment(plan_sweep(confirm, arms, offer, devices), resume)
     if not saved_unfinished(os.path.join(confirm.ray_storage, confirm.name)):
         return len(grid), 0
     return len(grid), unfinished_arms(confirm, arms)
@@ -181,25 +179,26 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
 
-def run_experiment(
-    sweep: SweepConfig,
-    experiment: str,
-    arms: list[dict],
-    offer: GPUOffer,
-    devices: Devices,
-    resume: bool,
-):
+def trial_resources(plan: SweepPlan):
+    """Ray Tune's resources callback of an experiment: each Tune trial's request, looked up
+    in its plan."""
+
+    def resources(config: dict):
+        _, members = tune_members(without_search_configs(config))
+        return plan.cohort(members).resources()
+
+    return resources
+
+
+def run_experiment(plan: SweepPlan, resume: bool):
     from ray import tune
 
+    sweep, arms = plan.sweep, list(plan.arms)
+    experiment = sweep.name
     path = os.path.join(sweep.ray_storage, experiment)
-
-    def resources(config: dict) -> tune.PlacementGroupFactory:
-        _, members = tune_members(without_search_configs(config))
-        if len(members) > 1:
-            return cohort_resources(members, sweep, offer)
-        return trial_resources(members[0], sweep, offer)
-
-    trainable = tune.with_resources(tune_search_members if sweep.search else tune_trial, resources)
+    trainable = tune.with_resources(
+        tune_search_members if sweep.search else tune_trial, trial_resources(plan)
+    )
     callbacks = sweep_callbacks(sweep, experiment, planned_steps(sweep, arms))
     if resume and tune.Tuner.can_restore(path):
         repoint_trial_generator(path)  # a copied sweep generates its new trials here too
@@ -210,13 +209,13 @@ def run_experiment(
 
     if sweep.search:
         param_space = {"sweep": sweep.name}
-        search_alg = search_algorithm(sweep, arms, devices)
+        search_alg = search_algorithm(sweep, arms, plan.devices)
         num_samples = -1  # the searcher says when it is done (Searcher.FINISHED)
     else:
         search_alg, num_samples = None, 1
         # One grid axis over whole member lists: exactly arms(), overrides included, in
-        # the cohorts ``pack`` asks for (one arm per Tune trial when they do not pack).
-        groups = grid_cohorts(sweep, arms, devices)
+        # the planned cohorts (one arm per Tune trial when they do not pack).
+        groups = [list(cohort.members) for cohort in plan.cohorts]
         param_space = {"sweep": sweep.name, "members": tune.grid_search(groups)}
     scheduler = None
     if sweep.asha:
