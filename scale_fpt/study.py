@@ -290,25 +290,35 @@ def check_data_and_weights(sweep) -> None:
         raise ConfigError(problems)
 
 
-def placement_table(sweep) -> str:
-    """What runs where: the sweep's plan (``sweep.plan.SweepPlan``, the value the driver
-    looks each Tune trial's resources up in), each distinct cohort with its count, and the
-    study's GPU-hours per model (``placement.study_gpu_hours``) on the GPU the sweep plans
-    for. Needs no Ray: the GPU is the declared one (``--gpu``), else ``gpus.DEFAULT_GPU``;
-    the slots one node of it (``plan.assumed_devices``)."""
+def sweep_plan(sweep):
+    """The plan ``--plan`` prints (``sweep.plan.SweepPlan``: the value the driver looks each
+    Tune trial's resources up in), made without Ray: the GPU is the declared one
+    (``--gpu``), else ``gpus.DEFAULT_GPU``; the slots one node of it
+    (``plan.assumed_devices``)."""
     # The profile loads torch and placement Ray: imported for --plan (start-up time).
     from scale_fpt.cluster import GPUOffer
-    from scale_fpt.sweep.placement import planned_arms, study_gpu_hours, sweep_gpus
-    from scale_fpt.sweep.plan import assumed_devices, plan_sweep, search_cohorts
+    from scale_fpt.sweep.placement import planned_arms, sweep_gpus
+    from scale_fpt.sweep.plan import assumed_devices, plan_sweep
 
     if sweep.gpu or sweep.gpu_memory_gb or sweep.gpus_per_trial == "0":
         offer = sweep_gpus(sweep)
     else:
         offer = GPUOffer(GPUS[DEFAULT_GPU], 0, "default")
+    arms = planned_arms(sweep.trials(), sweep, offer)
+    return plan_sweep(sweep, arms, offer, assumed_devices(sweep, offer))
+
+
+def placement_table(sweep) -> str:
+    """What runs where: the sweep's plan (``sweep_plan``), each distinct Ray trial with its
+    count, and the study's GPU-hours per model (``placement.study_gpu_hours``) on the GPU
+    the sweep plans for."""
+    # Placement loads torch and Ray: imported for --plan (start-up time).
+    from scale_fpt.sweep.placement import study_gpu_hours
+    from scale_fpt.sweep.plan import search_cohorts
+
+    plan = sweep_plan(sweep)
+    offer, devices, arms = plan.offer, plan.devices, sweep.trials()
     max_gpus = offer.max_gpus_per_node or 8
-    arms = sweep.trials()
-    devices = assumed_devices(sweep, offer)
-    plan = plan_sweep(sweep, planned_arms(arms, sweep, offer), offer, devices)
     counts: Counter = Counter()
     for cohort in search_cohorts(plan) if sweep.search else plan.cohorts:
         config = parse_trial(cohort.members[0])
