@@ -321,7 +321,7 @@ def placement_table(sweep) -> str:
     max_gpus = offer.max_gpus_per_node or 8
     counts: Counter = Counter()
     for cohort in search_cohorts(plan) if sweep.search else plan.cohorts:
-        config = parse_trial(cohort.members[0])
+        config = cohort.profile.config  # --plan validated every arm
         budget = f"{config.train.max_steps:,} steps" + (
             f" (patience {config.train.patience:,})" if config.train.patience else ""
         )

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 from scale_fpt import analysis_plan
 from scale_fpt.cluster import GPUOffer
-from scale_fpt.config import parse_trial
 from scale_fpt.loop import evaluation_steps
 from scale_fpt.models.backbones import scale_fpt_home
 from scale_fpt.recovery import restore_missing_rows
@@ -147,13 +146,6 @@ def run_locked(sweep: SweepConfig, resume: bool) -> SweepOutcome:
     return SweepOutcome(experiments, trials, unfinished)
 
 
-def planned_steps(sweep: SweepConfig, arms: list[dict]) -> int:
-    """Member trial-steps an experiment of ``arms`` trains in all: each arm's ``max_steps``,
-    times the configurations a search tries per arm (for the progress ETA)."""
-    steps = sum(parse_trial(arm).train.max_steps for arm in arms)
-    return steps * (sweep.search_trials if sweep.search else 1)
-
-
 def run_confirmation(
     sweep: SweepConfig, offer: GPUOffer, devices: Devices, resume: bool
 ) -> tuple[int, int]:
@@ -193,13 +185,13 @@ def trial_resources(plan: SweepPlan):
 def run_experiment(plan: SweepPlan, resume: bool):
     from ray import tune
 
-    sweep, arms = plan.sweep, list(plan.arms)
+    sweep = plan.sweep
     experiment = sweep.name
     path = os.path.join(sweep.ray_storage, experiment)
     trainable = tune.with_resources(
         tune_search_members if sweep.search else tune_trial, trial_resources(plan)
     )
-    callbacks = sweep_callbacks(sweep, experiment, planned_steps(sweep, arms))
+    callbacks = sweep_callbacks(sweep, experiment, plan.planned_steps)
     if resume and tune.Tuner.can_restore(path):
         repoint_trial_generator(path)  # a copied sweep generates its new trials here too
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True)
@@ -209,7 +201,7 @@ def run_experiment(plan: SweepPlan, resume: bool):
 
     if sweep.search:
         param_space = {"sweep": sweep.name}
-        search_alg = search_algorithm(sweep, arms, plan.devices)
+        search_alg = search_algorithm(sweep, list(plan.arms), plan.devices)
         num_samples = -1  # the searcher says when it is done (Searcher.FINISHED)
     else:
         search_alg, num_samples = None, 1
@@ -219,7 +211,7 @@ def run_experiment(plan: SweepPlan, resume: bool):
         param_space = {"sweep": sweep.name, "members": tune.grid_search(groups)}
     scheduler = None
     if sweep.asha:
-        trains = [parse_trial(a).train for a in arms]
+        trains = [config.train for config in plan.configs]
         max_evals = max(
             len(evaluation_steps(t.max_steps, t.eval_every, t.log_evals)) for t in trains
         )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from scale_fpt import planner
 from scale_fpt.cluster import GPUOffer
-from scale_fpt.config import ConfigError
+from scale_fpt.config import ConfigError, TrialConfig, parse_trial
 from scale_fpt.profile import TrialProfile, profile_of
 from scale_fpt.sweep.config import SweepConfig
 from scale_fpt.sweep.placement import (
@@ -87,6 +87,8 @@ class SweepPlan:
     arms: tuple[dict, ...]
     """The experiment's trials, validated and set to run as planned
     (``placement.planned_arms``)."""
+    configs: tuple[TrialConfig, ...]
+    """``arms`` parsed, once."""
     offer: GPUOffer
     """The GPUs planned for (``placement.sweep_gpus``)."""
     devices: Devices
@@ -96,6 +98,13 @@ class SweepPlan:
     cohorts: tuple[PlannedCohort, ...]
     """A grid's Tune trials; empty for a search, whose members are drawn as it runs."""
     _found: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def planned_steps(self) -> int:
+        """Member trial-steps the experiment trains in all: each arm's ``max_steps``, times
+        the configurations a search tries per arm (for the progress ETA)."""
+        steps = sum(config.train.max_steps for config in self.configs)
+        return steps * (self.sweep.search_trials if self.sweep.search else 1)
 
     def cohort(self, members: list[dict]) -> PlannedCohort:
         """The planned cohort of these members: a lookup for a grid's; a search's (drawn as
@@ -167,7 +176,8 @@ def plan_sweep(
         fused_attention = fuses_attention(devices)
     groups = [] if sweep.search else grid_cohorts(sweep, arms, devices, fused_attention)
     cohorts = tuple(plan_cohort(g, sweep, offer, fused_attention) for g in groups)
-    return SweepPlan(sweep, tuple(arms), offer, devices, fused_attention, cohorts)
+    configs = tuple(parse_trial(arm) for arm in arms)
+    return SweepPlan(sweep, tuple(arms), configs, offer, devices, fused_attention, cohorts)
 
 
 def search_cohorts(plan: SweepPlan) -> list[PlannedCohort]:
