@@ -16,7 +16,7 @@ import functools
 import math
 from dataclasses import dataclass, field, fields
 
-from scale_fpt.tasks.registry import TASKS
+from scale_fpt.task_registry import TASKS
 
 ABLATIONS = ("no-body", "one-attn")
 """Arms that replace the body: ``no-body`` (input layer -> output layer), ``one-attn`` (one

@@ -4,7 +4,7 @@ It takes the sweep's own arguments (``scale-fpt fetch scale --preset paper --dat
 fetches what ``scale-fpt sweep scale --preset paper --data-root DIR`` reads), or a list of
 ``--tasks`` and ``--models``. Data goes to ``DATA_ROOT/<folder>`` in the layout the task
 loaders read, from the published files each task's registry entry names
-(``tasks.registry``); weights go to the Hugging Face cache (``snapshot_download``:
+(``task_registry``); weights go to the Hugging Face cache (``snapshot_download``:
 ``HF_HOME`` / ``HF_HUB_CACHE``), where ``from_pretrained`` and the preflight look. What the
 preflight already finds is skipped, so a second run fetches nothing.
 
@@ -32,7 +32,7 @@ from scale_fpt.config import ConfigError, parse_trial
 from scale_fpt.hub import hub_reachable
 from scale_fpt.preflight import data_problem, weights_needed
 from scale_fpt.study import split
-from scale_fpt.tasks.registry import TASKS, DataFolder, Source, data_folder, data_folders
+from scale_fpt.task_registry import TASKS, DataFolder, Source, data_folder, data_folders
 
 MIRROR_ENV = "SCALE_FPT_MIRROR"
 

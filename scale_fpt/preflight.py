@@ -15,7 +15,7 @@ from pathlib import Path
 from scale_fpt.config import ABLATIONS, TrialConfig, parse_trial
 from scale_fpt.hub import hub_reachable
 from scale_fpt.scaling import GPT2_SIZES
-from scale_fpt.tasks.registry import data_folders
+from scale_fpt.task_registry import data_folders
 
 DATA_DOC = "docs/data.md"
 

@@ -23,11 +23,11 @@ from PIL import Image
 
 from scale_fpt.config import ConfigError, TaskConfig, TrialConfig
 from scale_fpt.keyed_random import Draws
+from scale_fpt.task_registry import TASKS
 from scale_fpt.tasks import Batch, build_task, epoch_indices, task_spec
 from scale_fpt.tasks.base import EVAL_SPLITS, DataUnavailable
 from scale_fpt.tasks.homology import AMINO_ACIDS, UNK
 from scale_fpt.tasks.listops import VOCAB, evaluate, tokenize
-from scale_fpt.tasks.registry import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -847,7 +847,7 @@ TOY_TASK = '''
 import torch
 
 from scale_fpt.tasks.base import Batch, Task, TaskSpec, split_batch, step_draws, synthetic_eval_set
-from scale_fpt.tasks.preprocessing import NO_NORMALISATION, Aspect, input_dropout
+from scale_fpt.tasks.aspects import NO_NORMALISATION, Aspect, input_dropout
 
 
 class BitAnd(Task):
@@ -886,7 +886,7 @@ def test_a_task_added_as_its_module_and_one_registry_line_plans_trains_and_repor
 ):
     from scale_fpt import cli
     from scale_fpt.preflight import preflight_problems
-    from scale_fpt.tasks.registry import Baseline, TaskEntry
+    from scale_fpt.task_registry import Baseline, TaskEntry
 
     (tmp_path / "toy_bit_and.py").write_text(TOY_TASK)
     monkeypatch.syspath_prepend(str(tmp_path))

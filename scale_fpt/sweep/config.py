@@ -15,7 +15,7 @@ from scale_fpt import planner
 from scale_fpt.config import FIELD_TYPES, ConfigError, flag, parse_trial
 from scale_fpt.flags import load_mapping
 from scale_fpt.gpus import GPUS
-from scale_fpt.tasks.registry import data_folder
+from scale_fpt.task_registry import data_folder
 
 SEARCH_KINDS = ("loguniform", "uniform", "int", "choice")
 VALIDATION_METRICS = ("best_val_accuracy", "val_accuracy")
@@ -106,7 +106,7 @@ class SweepConfig:
     plans for). Empty: ``~/ray_bootstrap_config.yaml`` when it exists (``ray up`` leaves it on
     the head, where ``ray submit`` runs the sweep)."""
     data_root: str = ""
-    """A folder of the tasks' data, one subfolder per dataset (``tasks.registry``:
+    """A folder of the tasks' data, one subfolder per dataset (``task_registry``:
     listops, homology, mnist, cifar10): a trial of a task whose folder exists there and whose
     ``data_dir`` is not set reads ``data_root/<folder>``; the others keep their default
     source (the seeded generator for ListOps, the Hugging Face cache or hub for images).

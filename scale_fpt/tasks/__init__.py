@@ -1,4 +1,4 @@
-"""The tasks, built by name (``build_task(config, seed)``); ``registry.TASKS`` lists them.
+"""The tasks, built by name (``build_task(config, seed)``); ``task_registry.TASKS`` lists them.
 
 The public names load their modules on first use, so that the config layer reads the
 registry without torch, and the image tasks pull in ``datasets`` only when they load data.

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from scale_fpt.config import ConfigError, TaskConfig, TrialConfig
 from scale_fpt.keyed_random import Draws, stream_key
 from scale_fpt.seeding import seed_streams
-from scale_fpt.tasks.preprocessing import Aspect
+from scale_fpt.tasks.aspects import Aspect
 
 PERMUTATION_STREAM = 1
 
@@ -175,7 +175,7 @@ class Task(ABC):
     """A task built for one trial seed (``build_task(config, seed)``). Its class declares
     what planning, the preflight and the report read without building it: its shapes
     (``spec_for``), its preprocessing (``preprocessing``) and why its data cannot be reached
-    (``data_problem``); its registry entry (``tasks.registry``) the rest."""
+    (``data_problem``); its registry entry (``task_registry``) the rest."""
 
     name: str
     spec: TaskSpec

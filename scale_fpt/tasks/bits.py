@@ -17,8 +17,8 @@ import torch
 from scale_fpt.config import TaskConfig, TrialConfig
 from scale_fpt.keyed_random import Draws
 from scale_fpt.tasks import split_batch
+from scale_fpt.tasks.aspects import NO_NORMALISATION, Aspect, input_dropout
 from scale_fpt.tasks.base import Batch, Task, TaskSpec, step_draws, synthetic_eval_set
-from scale_fpt.tasks.preprocessing import NO_NORMALISATION, Aspect, input_dropout
 
 # step_draws streams (PERMUTATION_STREAM = 1 in scale_fpt.tasks.base is not used here).
 DATA_STREAM = 0

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from scale_fpt.config import ConfigError, TaskConfig, choice_problem
+from scale_fpt.task_registry import TASKS
 from scale_fpt.tasks.base import Task, TaskSpec
 from scale_fpt.tasks.pool import FixedPool
-from scale_fpt.tasks.registry import TASKS
 
 
 def task_class(name: str) -> type[Task]:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from scale_fpt.config import TaskConfig, TrialConfig
+from scale_fpt.tasks.aspects import NO_NORMALISATION, Aspect, input_dropout
 from scale_fpt.tasks.base import (
     Batch,
     DataUnavailable,
@@ -35,7 +36,6 @@ from scale_fpt.tasks.base import (
     eval_limit,
     host_epoch_indices,
 )
-from scale_fpt.tasks.preprocessing import NO_NORMALISATION, Aspect, input_dropout
 
 DEFAULT_MAX_LENGTH = 1024
 N_FOLDS = 1195

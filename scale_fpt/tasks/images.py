@@ -39,6 +39,7 @@ from scale_fpt.config import TaskConfig, TrialConfig
 from scale_fpt.hub import hub_dataset_cached, hub_reachable
 from scale_fpt.keyed_random import Draws
 from scale_fpt.seeding import seed_streams
+from scale_fpt.tasks.aspects import Aspect, input_dropout
 from scale_fpt.tasks.base import (
     Batch,
     DataUnavailable,
@@ -49,7 +50,6 @@ from scale_fpt.tasks.base import (
     eval_limit,
     step_draws,
 )
-from scale_fpt.tasks.preprocessing import Aspect, input_dropout
 
 HUB_IDS = {"mnist": "ylecun/mnist", "cifar10": "uoft-cs/cifar10", "cifar10-lra": "uoft-cs/cifar10"}
 STORED_SIZE = {"mnist": 28, "cifar10": 32, "cifar10-lra": 32}

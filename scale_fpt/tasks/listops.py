@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from scale_fpt.config import ConfigError, TaskConfig, TrialConfig
+from scale_fpt.tasks.aspects import NO_NORMALISATION, Aspect, input_dropout
 from scale_fpt.tasks.base import (
     Batch,
     DataUnavailable,
@@ -37,7 +38,6 @@ from scale_fpt.tasks.base import (
     split_batch,
     synthetic_eval_set,
 )
-from scale_fpt.tasks.preprocessing import NO_NORMALISATION, Aspect, input_dropout
 
 DEFAULT_MAX_LENGTH = 512
 OPERATORS = ("[MAX", "[MIN", "[MED", "[SM")

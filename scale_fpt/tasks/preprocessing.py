@@ -15,42 +15,8 @@ number comparable only when no aspect differs (``deviations``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from scale_fpt.config import TrialConfig
-
-REFERENCE_DROPOUT = 0.1
-"""The reference FPT's dropout after its linear input layer."""
-
-
-@dataclass(frozen=True)
-class Aspect:
-    """One preprocessing choice of a task."""
-
-    name: str
-    """sequence length, split, truncation, augmentation, normalisation or input dropout."""
-    here: str
-    """What this trial does."""
-    paper: str
-    """What the paper states ('not stated' where it is silent)."""
-    reference: str
-    """What the reference code does."""
-    as_published: bool
-    """True when this trial does what produced the published numbers."""
-
-
-def input_dropout(config: TrialConfig, continuous: bool) -> Aspect:
-    """The input dropout aspect: after a linear input layer (``continuous``) or none."""
-    if not continuous:
-        return Aspect("input dropout", "none (embedding input)", "not stated", "none", True)
-    p = config.model.dropout if config.model.input_dropout else 0.0
-    here = f"{p:g} after the linear input layer" if p else "none after the input layer"
-    reference = f"{REFERENCE_DROPOUT:g} after the linear input layer"
-    return Aspect("input dropout", here, "not stated", reference, p == REFERENCE_DROPOUT)
-
-
-NO_NORMALISATION = Aspect("normalisation", "none", "none", "none", True)
-"""Tokens or bits fed as they are, in every source."""
+from scale_fpt.tasks.aspects import Aspect
 
 
 def preprocessing(config: TrialConfig) -> list[Aspect]:
@@ -72,4 +38,4 @@ def deviations(config: TrialConfig) -> list[str]:
     ]
 
 
-__all__ = ["NO_NORMALISATION", "Aspect", "deviations", "input_dropout", "preprocessing"]
+__all__ = ["deviations", "preprocessing"]

@@ -9,7 +9,7 @@ import pandas as pd
 
 from scale_fpt.published import TASK_COLUMNS
 from scale_fpt.report.tables.cells import INIT_ORDER, trial_config
-from scale_fpt.tasks.registry import TASKS
+from scale_fpt.task_registry import TASKS
 
 
 def cell_text(cell) -> str:
