@@ -180,10 +180,10 @@ class TrialProfile:
             dropout=self.config.model.dropout,
         )
 
-    def cohort_memory_parts(self, fused_attention: bool = False) -> tuple[int, int]:
-        """(bytes of the frozen body, bytes per member) of a cohort of this trial's kind, as
-        allocated: the body once, in the training precision; per member its trained tensors
-        (fp32 weights, gradients and two Adam moments; ``wpe`` only for the task's
+    def cohort_memory(self, members: int, fused_attention: bool = False) -> planner.TrialMemory:
+        """The memory of a cohort of ``members`` trials of this kind, as allocated: the
+        frozen body once, in the training precision (``weights``); per member its trained
+        tensors (fp32 weights, gradients and two Adam moments; ``wpe`` only for the task's
         positions), its activations and, unless the device runs ``fused_attention`` (a GPU
         with the Triton kernel), its materialised attention (``scaling.attention_bytes``;
         each member counts a whole mask draw's temporaries, an upper bound: a cohort draws
@@ -208,16 +208,40 @@ class TrialProfile:
             config.model.dropout,
             fused=fused_attention,
         )
-        return body, trained * 16 + activations + attention
+        return planner.TrialMemory(
+            weights=body + members * trained * 4,
+            gradients=members * trained * 4,
+            optimizer=members * trained * 8,
+            activations=members * activations,
+            attention=members * attention,
+            workspace=0,
+        )
+
+    def cohort_memory_parts(self, fused_attention: bool = False) -> tuple[int, int]:
+        """(Bytes of the frozen body, bytes per member) of a cohort of this kind
+        (``cohort_memory``)."""
+        body = self.cohort_memory(0, fused_attention).allocated
+        return body, self.cohort_memory(1, fused_attention).allocated - body
 
     def cohort_bytes(self, members: int, fused_attention: bool = False) -> int:
         """Allocated bytes of a cohort of ``members`` trials of this kind."""
-        body, per_member = self.cohort_memory_parts(fused_attention)
-        return body + members * per_member
+        return self.cohort_memory(members, fused_attention).allocated
 
-    def plan(self, gpus_per_trial: str, gpu: GPU | None, max_gpus: int = 8) -> planner.TrialPlan:
-        """The plan of this trial under a sweep's ``gpus_per_trial`` on ``gpu`` (None: no
-        GPU anywhere, so ``auto`` plans CPU)."""
+    def plan(
+        self,
+        gpus_per_trial: str,
+        gpu: GPU | None,
+        max_gpus: int = 8,
+        members: int = 1,
+        fused_attention: bool | None = None,
+    ) -> planner.TrialPlan:
+        """The plan of this trial (with ``members`` - 1 others of its kind in one cohort)
+        under a sweep's ``gpus_per_trial`` on ``gpu`` (None: no GPU anywhere, so ``auto``
+        plans CPU), each step by its own memory model: a cohort (one packable trial alone
+        included) on one GPU or a share of it (``cohort_memory``), an engine by
+        ``planner.plan_memory``. A packable trial that fits no GPU alone is planned as an
+        engine over several (``placement.planned_arms`` then runs it so).
+        ``fused_attention`` None: as a GPU runs attention here (``gpu_fuses_attention``)."""
         kind, value = planner.parse_gpus_per_trial(gpus_per_trial)
         if kind == "cpu" or (kind == "auto" and gpu is None):
             return planner.CPU_PLAN
@@ -225,6 +249,13 @@ class TrialProfile:
         if kind == "share":
             return planner.gpu_share(value, gpu)
         train = self.config.train
+        if self.kind == StepKind.COHORT and (kind == "auto" or value == 1):
+            if fused_attention is None:
+                fused_attention = planner.gpu_fuses_attention()
+            memory = self.cohort_memory(members, fused_attention)
+            plan = planner.one_gpu_plan(memory, gpu, shared=kind == "auto")
+            if plan.fits or members > 1:
+                return plan
         if kind == "auto" and train.workers > 1:  # the config asks for N workers
             kind, value = "gpus", float(train.workers)
         return planner.plan_memory(

@@ -41,12 +41,17 @@ class PlannedCohort:
     """The step the members take: ``cohort`` (K >= 1 over one shared frozen body) or
     ``engine`` (one DeepSpeed engine, a trial alone)."""
     plan: planner.TrialPlan
-    """GPUs (or a share of one), ZeRO stage, workers: what Ray is asked for."""
-    device_bytes: int
-    """Memory the step needs on its device, allocator slack and CUDA context included (0:
-    on CPUs): the engine's memory model for ``engine``, the cohort's for ``cohort``."""
+    """GPUs (or a share of one), ZeRO stage, workers, and the memory the step needs there:
+    the engine's memory model for ``engine``, the cohort's for ``cohort``."""
     bundles: tuple[dict, ...]
     """Ray placement-group bundles (``placement.plan_bundles``)."""
+
+    @property
+    def device_bytes(self) -> int:
+        """Memory the step needs of each GPU, allocator slack and CUDA context included (0:
+        on CPUs, or a share declared without a plan)."""
+        plan = self.plan
+        return plan.memory.device if plan.gpus and plan.memory else 0
 
     @property
     def strategy(self) -> str:
@@ -120,46 +125,20 @@ class SweepPlan:
 def plan_cohort(
     members: list[dict], sweep: SweepConfig, offer: GPUOffer, fused_attention: bool
 ) -> PlannedCohort:
-    """How ``members`` (one Tune trial) run under ``sweep`` on ``offer``: packable members
-    (a cohort of any size, one alone included) on a share of one GPU sized by the cohort's
-    memory; the others as ``TrialProfile.plan`` sizes an engine."""
+    """How ``members`` (one Tune trial) run under ``sweep`` on ``offer``: their profile's
+    plan for their step kind and number (``TrialProfile.plan``) and its Ray bundles. A
+    config that does not validate plans CPU: the trial fails at once, recorded as failed."""
     try:
         profile = profile_of(members[0])
     except ConfigError:
         plan = planner.CPU_PLAN
-        return PlannedCohort(
-            tuple(members),
-            None,
-            StepKind.ENGINE,
-            plan,
-            0,
-            tuple(plan_bundles(plan, sweep.cpus_per_trial)),
-        )
+        bundles = tuple(plan_bundles(plan, sweep.cpus_per_trial))
+        return PlannedCohort(tuple(members), None, StepKind.ENGINE, plan, bundles)
+    max_gpus = offer.max_gpus_per_node or 8
+    plan = profile.plan(sweep.gpus_per_trial, offer.gpu, max_gpus, len(members), fused_attention)
     workers = profile.config.train.workers
-    if profile.kind == StepKind.ENGINE:
-        plan = profile.plan(sweep.gpus_per_trial, offer.gpu, offer.max_gpus_per_node or 8)
-        device = plan.memory.device if plan.memory and plan.gpus else 0
-    else:
-        plan, device = cohort_plan(profile, len(members), sweep, offer, fused_attention)
     bundles = tuple(plan_bundles(plan, sweep.cpus_per_trial, workers))
-    return PlannedCohort(tuple(members), profile, profile.kind, plan, device, bundles)
-
-
-def cohort_plan(
-    profile: TrialProfile, members: int, sweep: SweepConfig, offer: GPUOffer, fused: bool
-) -> tuple[planner.TrialPlan, int]:
-    """(The plan, device bytes) of a cohort of ``members`` trials of ``profile``'s kind: the
-    CPUs of a lone trial (a cohort's products are K times taller, not more numerous), a
-    declared GPU share, or the power-of-two share of one GPU its memory allows."""
-    kind, value = planner.parse_gpus_per_trial(sweep.gpus_per_trial)
-    if offer.gpu is None or kind == "cpu":
-        return planner.CPU_PLAN, 0
-    device = planner.device_bytes(profile.cohort_bytes(members, fused))
-    if kind == "share":
-        return planner.gpu_share(value, offer.gpu), device
-    share = planner.trials_per_gpu(device, offer.gpu.memory_bytes)
-    fits = device <= offer.gpu.memory_bytes
-    return planner.TrialPlan(1, 1 / share, share, 0, 1, None, offer.gpu, fits), device
+    return PlannedCohort(tuple(members), profile, profile.kind, plan, bundles)
 
 
 def plan_sweep(
