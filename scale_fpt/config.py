@@ -4,7 +4,7 @@ Every field name is unique across the three dataclasses, so a trial's configurat
 flat ``{name: value}`` dict. The command-line flags (``--batch-size`` for ``batch_size``), the
 Ray Tune param space and the Parquet columns all use these same names; DeepSpeed's config and
 Ray's resource requests are derived from them (``steps.engine.deepspeed_config``,
-``sweep.trial_resources``), never restated.
+``sweep.plan``), never restated.
 
 Validation collects every problem and raises one :class:`ConfigError` naming each flag.
 """
