@@ -27,7 +27,6 @@ from scale_fpt.sweep.placement import (
     Devices,
     cluster_devices,
     planned_arms,
-    search_pack,
     sweep_gpus,
     with_node_width,
 )
@@ -46,25 +45,27 @@ from scale_fpt.trial import (
 from scale_fpt.vocabulary import CONFIRM_SUFFIX
 
 
-def search_algorithm(sweep: SweepConfig, arms: list[dict], devices: Devices):
+def search_algorithm(plan: SweepPlan):
     """The searcher of a sweep's searched arms: one ``search.SeedMeanSearcher`` per arm (its
     configurations trained for every seed, scored on the seed mean, in the arm's own Optuna
-    study ``<sweep>-<arm>``), all run side by side (``search.ArmSearchers``)."""
-    from scale_fpt.search import ArmSearchers, SeedMeanSearcher, seed_groups  # Ray Tune
+    study ``<sweep>-<arm>``, in cohorts of the plan's size), all run side by side
+    (``search.ArmSearchers``)."""
+    from scale_fpt.search import ArmSearchers, SeedMeanSearcher  # Ray Tune
 
+    sweep = plan.sweep
     searchers = [
         SeedMeanSearcher(
             sweep=sweep.name,
-            seed_arms=group,
+            seed_arms=list(group),
             search=sweep.search,
             study_name=f"{sweep.name}-{slug(arm_label({**group[0], 'seed': 'seeds'}))}",
             storage_url=sweep.optuna_storage or default_optuna_storage(sweep.sweep_dir),
             n_configs=sweep.search_trials,
-            pack=search_pack(sweep, group, devices),
-            parallel=sweep.max_concurrent or devices.slots,
+            pack=pack,
+            parallel=sweep.max_concurrent or plan.devices.slots,
             metric=sweep.metric,
         )
-        for group in seed_groups(arms)
+        for group, pack in plan.searches
     ]
     return searchers[0] if len(searchers) == 1 else ArmSearchers(searchers, sweep.metric)
 
@@ -201,7 +202,7 @@ def run_experiment(plan: SweepPlan, resume: bool):
 
     if sweep.search:
         param_space = {"sweep": sweep.name}
-        search_alg = search_algorithm(sweep, list(plan.arms), plan.devices)
+        search_alg = search_algorithm(plan)
         num_samples = -1  # the searcher says when it is done (Searcher.FINISHED)
     else:
         search_alg, num_samples = None, 1

@@ -102,6 +102,9 @@ class SweepPlan:
     """Whether a GPU step's attention runs fused (no (B, H, T, T) tensors counted)."""
     cohorts: tuple[PlannedCohort, ...]
     """A grid's Tune trials; empty for a search, whose members are drawn as it runs."""
+    searches: tuple[tuple[tuple[dict, ...], int], ...] = ()
+    """A search's: each searched arm's seeds (one search each) with the members per cohort
+    its drawn configurations run in (``placement.search_pack``)."""
     _found: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -149,27 +152,28 @@ def plan_sweep(
     fused_attention: bool | None = None,
 ) -> SweepPlan:
     """The plan of an experiment of ``arms`` (validated: ``placement.planned_arms``):
-    a grid's cohorts (``sweep.pack``) each planned; a search's planned as it draws them.
+    a grid's cohorts (``sweep.pack``) each planned; a search's cohort sizes, its cohorts
+    planned as it draws them.
     ``fused_attention`` None: as a GPU of this machine's software would run it."""
     if fused_attention is None:
         fused_attention = fuses_attention(devices)
-    groups = [] if sweep.search else grid_cohorts(sweep, arms, devices, fused_attention)
-    cohorts = tuple(plan_cohort(g, sweep, offer, fused_attention) for g in groups)
     configs = tuple(parse_trial(arm) for arm in arms)
+    if sweep.search:
+        from scale_fpt.search import seed_groups  # Ray Tune's searcher: only for a search
+
+        searches = tuple(
+            (tuple(group), search_pack(sweep, group, devices)) for group in seed_groups(arms)
+        )
+        return SweepPlan(sweep, tuple(arms), configs, offer, devices, fused_attention, (), searches)
+    groups = grid_cohorts(sweep, arms, devices, fused_attention)
+    cohorts = tuple(plan_cohort(g, sweep, offer, fused_attention) for g in groups)
     return SweepPlan(sweep, tuple(arms), configs, offer, devices, fused_attention, cohorts)
 
 
 def search_cohorts(plan: SweepPlan) -> list[PlannedCohort]:
     """Per searched arm, the cohort its drawn configurations will run in: as many members as
-    ``placement.search_pack`` gives its seeds' search, each of the arm's shape (what a
-    cohort's memory depends on)."""
-    from scale_fpt.search import seed_groups  # Ray Tune's searcher: only for a search
-
-    return [
-        plan.cohort([arm] * search_pack(plan.sweep, group, plan.devices))
-        for group in seed_groups(list(plan.arms))
-        for arm in group
-    ]
+    its search packs, each of the arm's shape (what a cohort's memory depends on)."""
+    return [plan.cohort([arm] * pack) for group, pack in plan.searches for arm in group]
 
 
 def assumed_devices(sweep: SweepConfig, offer: GPUOffer) -> Devices:
