@@ -297,15 +297,14 @@ def sweep_plan(sweep):
     (``plan.assumed_devices``)."""
     # The profile loads torch and placement Ray: imported for --plan (start-up time).
     from scale_fpt.cluster import GPUOffer
-    from scale_fpt.sweep.placement import planned_arms, sweep_gpus
+    from scale_fpt.sweep.placement import sweep_gpus
     from scale_fpt.sweep.plan import assumed_devices, plan_sweep
 
     if sweep.gpu or sweep.gpu_memory_gb or sweep.gpus_per_trial == "0":
         offer = sweep_gpus(sweep)
     else:
         offer = GPUOffer(GPUS[DEFAULT_GPU], 0, "default")
-    arms = planned_arms(sweep.trials(), sweep, offer)
-    return plan_sweep(sweep, arms, offer, assumed_devices(sweep, offer))
+    return plan_sweep(sweep, sweep.trials(), offer, assumed_devices(sweep, offer))
 
 
 def placement_table(sweep) -> str:

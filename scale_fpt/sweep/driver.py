@@ -26,7 +26,6 @@ from scale_fpt.sweep.lock import driver_lock
 from scale_fpt.sweep.placement import (
     Devices,
     cluster_devices,
-    planned_arms,
     sweep_gpus,
     with_node_width,
 )
@@ -130,13 +129,12 @@ def run_locked(sweep: SweepConfig, resume: bool) -> SweepOutcome:
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
     connect_ray(runtime_env={"env_vars": {"SCALE_FPT_HOME": str(scale_fpt_home())}})
     offer = with_node_width(sweep_gpus(sweep))
-    arms = planned_arms(sweep.trials(), sweep, offer)
     import ray
 
     devices = cluster_devices(sweep, ray.cluster_resources(), offer)
     # One Tune experiment: a grid's trials, or every searched arm side by side (one Optuna
     # study per arm, each configuration trained for every seed).
-    grid = run_experiment(plan_sweep(sweep, arms, offer, devices), resume)
+    grid = run_experiment(plan_sweep(sweep, sweep.trials(), offer, devices), resume)
     trials, unfinished, experiments = len(grid), 0, [sweep.name]
     if saved_unfinished(os.path.join(sweep.ray_storage, sweep.name)):
         unfinished = unfinished_trials(sweep, [sweep.name])
@@ -161,11 +159,11 @@ def run_confirmation(
         )
     if not arms:
         return 0, 0
-    arms = planned_arms(arms, confirm, offer)
-    grid = run_experiment(plan_sweep(confirm, arms, offer, devices), resume)
+    plan = plan_sweep(confirm, arms, offer, devices)
+    grid = run_experiment(plan, resume)
     if not saved_unfinished(os.path.join(confirm.ray_storage, confirm.name)):
         return len(grid), 0
-    return len(grid), unfinished_arms(confirm, arms)
+    return len(grid), unfinished_arms(confirm, list(plan.arms))
 
 
 def slug(text: str) -> str:

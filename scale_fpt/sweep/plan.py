@@ -23,6 +23,7 @@ from scale_fpt.sweep.placement import (
     fuses_attention,
     grid_cohorts,
     plan_bundles,
+    planned_arms,
     search_pack,
 )
 from scale_fpt.vocabulary import StepKind
@@ -146,17 +147,19 @@ def plan_cohort(
 
 def plan_sweep(
     sweep: SweepConfig,
-    arms: list[dict],
+    trials: list[dict],
     offer: GPUOffer,
     devices: Devices,
     fused_attention: bool | None = None,
 ) -> SweepPlan:
-    """The plan of an experiment of ``arms`` (validated: ``placement.planned_arms``):
-    a grid's cohorts (``sweep.pack``) each planned; a search's cohort sizes, its cohorts
-    planned as it draws them.
+    """The plan of an experiment of ``trials`` (``SweepConfig.trials``): each checked
+    against the offer and set to run as planned (``placement.planned_arms``: ConfigError
+    naming every trial no GPU holds), then a grid's cohorts (``sweep.pack``) each planned; a
+    search's cohort sizes, its cohorts planned as it draws them.
     ``fused_attention`` None: as a GPU of this machine's software would run it."""
     if fused_attention is None:
         fused_attention = fuses_attention(devices)
+    arms = planned_arms(trials, sweep, offer)
     configs = tuple(parse_trial(arm) for arm in arms)
     if sweep.search:
         from scale_fpt.search import seed_groups  # Ray Tune's searcher: only for a search
