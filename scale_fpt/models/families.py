@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from scale_fpt.config import GROUPS
-from scale_fpt.scaling import BlockShape
+from scale_fpt.scaling import BlockShape, FamilySize
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,9 @@ class Family:
     packed_norms: tuple[str, ...] = ()
     """The packed model's (block norm 1, block norm 2, final norm) attributes, where the
     packed block needs them named (the rotary families)."""
+    preset_config: Callable[[FamilySize, float], object] | None = None
+    """The transformers config of a size of this family from its numbers
+    (``scaling.FamilySize``: Pythia and the CPU presets, built offline) at a dropout."""
 
     def packed_class(self):
         """The packed model class (``packed``)."""
@@ -96,6 +100,47 @@ class Family:
         return {}
 
 
+def neox_config(size: FamilySize, dropout: float):
+    """A GPT-NeoX size with Pythia's settings."""
+    from transformers import GPTNeoXConfig  # TRANSFORMERS
+
+    return GPTNeoXConfig(
+        vocab_size=size.vocab_size,
+        hidden_size=size.d_model,
+        num_hidden_layers=size.n_layer,
+        num_attention_heads=size.n_head,
+        intermediate_size=size.mlp_width,
+        hidden_act="gelu",
+        rotary_pct=0.25,
+        max_position_embeddings=2048,
+        use_parallel_residual=True,
+        tie_word_embeddings=False,
+        hidden_dropout=dropout,
+        attention_dropout=dropout,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+
+
+def llama_config(size: FamilySize, dropout: float):
+    """A Llama-style size (grouped-query attention where ``n_kv_head`` says)."""
+    from transformers import LlamaConfig  # TRANSFORMERS
+
+    return LlamaConfig(
+        vocab_size=size.vocab_size,
+        hidden_size=size.d_model,
+        num_hidden_layers=size.n_layer,
+        num_attention_heads=size.n_head,
+        num_key_value_heads=size.n_kv_head or size.n_head,
+        intermediate_size=size.mlp_width,
+        max_position_embeddings=2048,
+        attention_dropout=dropout,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+
+
+TRANSFORMERS = "transformers takes seconds to import: only when a preset's config is built"
 PACKED_ROTARY = "scale_fpt.models.packed_families:PackedRotaryFPT"
 NEOX_LLAMA_NORMS = r"^layers\.\d+\.(input_layernorm|post_attention_layernorm)\."
 
@@ -127,6 +172,7 @@ FAMILIES = (
         r".*\.attention\.(query_key_value|dense)",
         packed=PACKED_ROTARY,
         packed_norms=("input_layernorm", "post_attention_layernorm", "final_layer_norm"),
+        preset_config=neox_config,
     ),
     Family(
         "llama",
@@ -143,6 +189,7 @@ FAMILIES = (
         rms_norm=True,
         packed=PACKED_ROTARY,
         packed_norms=("input_layernorm", "post_attention_layernorm", "norm"),
+        preset_config=llama_config,
     ),
     Family(
         "opt",
@@ -169,6 +216,11 @@ BY_MODEL_TYPE = {t: family for family in FAMILIES for t in family.model_types}
 FAMILY_NAMES = tuple(f.name for f in FAMILIES)
 PACKED_FAMILIES = tuple(f.name for f in FAMILIES if f.packed)
 """The families whose trials may share one frozen body in a cohort."""
+
+
+def family_named(name: str) -> Family:
+    """The family called ``name`` (``FAMILY_NAMES``)."""
+    return next(family for family in FAMILIES if family.name == name)
 
 
 def family_of(config) -> Family | None:
