@@ -420,15 +420,19 @@ def plan_flag_problems(args: argparse.Namespace) -> list[str]:
 
 
 def gpu_plan(args: argparse.Namespace, config: TrialConfig):
-    """The planner's placement of the trial on ``--gpu`` (flags checked by
-    ``plan_flag_problems``)."""
-    # The profile builds models (torch): imported when a plan is made, not for --help
-    # (start-up time).
-    from scale_fpt.profile import config_profile
+    """The trial alone as a sweep would run it on ``--gpu`` (``sweep.plan.PlannedCohort``:
+    its step and that step's memory; flags checked by ``plan_flag_problems``)."""
+    # The plan builds models (torch) and names Ray's bundles: imported when a plan is made,
+    # not for --help (start-up time).
+    from scale_fpt.cluster import GPUOffer
+    from scale_fpt.sweep import SweepConfig
+    from scale_fpt.sweep.plan import plan_cohort
 
     name = args.gpu or DEFAULT_GPU
     gpu = gpu_with_memory(args.gpu_memory, name) if args.gpu_memory > 0 else GPUS[name]
-    return config_profile(config).plan(args.gpus_per_trial, gpu, args.max_gpus)
+    sweep = SweepConfig(name="plan", gpus_per_trial=args.gpus_per_trial)
+    offer = GPUOffer(gpu, args.max_gpus, "declared")
+    return plan_cohort([config.to_flat()], sweep, offer, planner.gpu_fuses_attention())
 
 
 def plan(config: TrialConfig, placement) -> int:
@@ -469,9 +473,10 @@ def plan(config: TrialConfig, placement) -> int:
         f"activations ~{activations / 2**20:,.1f} MiB, attention with dropout "
         f"~{attention / 2**20:,.1f} MiB"
     )
-    print(f"on {placement.gpu.name} ({placement.gpu.memory_mib:,} MiB): {placement.describe()}")
-    if placement.memory:
-        m = placement.memory
+    step = placement.plan
+    print(f"on {step.gpu.name} ({step.gpu.memory_mib:,} MiB): {placement.describe()}")
+    if step.memory:
+        m = step.memory
         print(
             f"  per GPU: weights {m.weights / 2**20:,.1f} MiB, gradients {m.gradients / 2**20:,.1f}"
             f" MiB, optimizer {m.optimizer / 2**20:,.1f} MiB, activations "
@@ -480,8 +485,8 @@ def plan(config: TrialConfig, placement) -> int:
             f"{m.device / 2**20:,.1f} MiB"
         )
     print(
-        f"GPUs needed: {placement.gpus}; ZeRO stage: {placement.zero_stage}; "
-        f"trials per GPU: {placement.trials_per_gpu}"
+        f"GPUs needed: {step.gpus}; ZeRO stage: {step.zero_stage}; "
+        f"trials per GPU: {step.trials_per_gpu}"
     )
     aspects = preprocessing(config)
     print(f"preprocessing of {config.task.task} (* = differs from what the paper's numbers used):")
@@ -500,13 +505,14 @@ def plan(config: TrialConfig, placement) -> int:
         "activation_bytes": activations,
         "attention_bytes": attention,
         "preprocessing": [dataclasses.asdict(a) for a in aspects],
-        "gpu": placement.gpu.name,
-        "gpus": placement.gpus,
-        "zero_stage": placement.zero_stage,
-        "trials_per_gpu": placement.trials_per_gpu,
-        "workers": placement.workers,
-        "gpu_bytes": placement.memory.device if placement.memory else None,
-        "fits": placement.fits,
+        "step": str(placement.kind),
+        "gpu": step.gpu.name,
+        "gpus": step.gpus,
+        "zero_stage": step.zero_stage,
+        "trials_per_gpu": step.trials_per_gpu,
+        "workers": step.workers,
+        "gpu_bytes": placement.device_bytes or None,
+        "fits": step.fits,
     }
     print(json.dumps(summary))
     return 0

@@ -4,7 +4,7 @@ Every field name is unique across the three dataclasses, so a trial's configurat
 flat ``{name: value}`` dict. The command-line flags (``--batch-size`` for ``batch_size``), the
 Ray Tune param space and the Parquet columns all use these same names; DeepSpeed's config and
 Ray's resource requests are derived from them (``steps.engine.deepspeed_config``,
-``sweep.trial_resources``), never restated.
+``sweep.plan``), never restated.
 
 Validation collects every problem and raises one :class:`ConfigError` naming each flag.
 """
@@ -16,7 +16,8 @@ import functools
 import math
 from dataclasses import dataclass, field, fields
 
-TASKS = ("bit-memory", "bit-xor", "listops", "mnist", "cifar10", "cifar10-lra", "homology")
+from scale_fpt.task_registry import TASKS
+
 ABLATIONS = ("no-body", "one-attn")
 """Arms that replace the body: ``no-body`` (input layer -> output layer), ``one-attn`` (one
 trained attention layer); ``models.ablations``."""

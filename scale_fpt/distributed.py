@@ -1,7 +1,7 @@
 """Trials over several processes: launching the ranks of one Ray Tune trial.
 
 A trial with ``TrainConfig.workers = N > 1`` asks Tune for a placement group of N equal
-bundles on one node (``sweep.trial_resources``: one per GPU the planner gives it, or N CPU
+bundles on one node (its ``sweep.plan.PlannedCohort``: one per GPU the planner gives it, or N CPU
 bundles, STRICT_PACK). The Tune function (``sweep.tune_trial``) itself is rank 0, in bundle 0:
 it is the process that reports to Tune, writes the trial's rows and names its checkpoints,
 exactly as a one-process trial. Ranks 1..N-1 are ``RankWorker`` actors in bundles 1..N-1,

@@ -2,92 +2,43 @@
 
 It takes the sweep's own arguments (``scale-fpt fetch scale --preset paper --data-root DIR``
 fetches what ``scale-fpt sweep scale --preset paper --data-root DIR`` reads), or a list of
-``--tasks`` and ``--models``. Data goes to ``DATA_ROOT/<folder>`` (``preflight.DATA_FOLDERS``)
-in the layout the task loaders read, from the publishers' files (``SOURCES``); weights go to
-the Hugging Face cache (``snapshot_download``: ``HF_HOME`` / ``HF_HUB_CACHE``), where
-``from_pretrained`` and the preflight look. What the preflight already finds is skipped, so
-a second run fetches nothing.
+``--tasks`` and ``--models``. Data goes to ``DATA_ROOT/<folder>`` in the layout the task
+loaders read, from the published files each task's registry entry names
+(``task_registry``); weights go to the Hugging Face cache (``snapshot_download``:
+``HF_HOME`` / ``HF_HUB_CACHE``), where ``from_pretrained`` and the preflight look. What the
+preflight already finds is skipped, so a second run fetches nothing.
 
-``--mirror URL`` (or ``SCALE_FPT_MIRROR``) reads each data file from ``URL/<folder>/<file
-name>`` instead of its publisher (a local directory works too): for machines behind a mirror
-or with the archives copied onto a disk. Weights follow ``HF_ENDPOINT`` (the hub's own mirror
-setting).
+Files of the Hugging Face hub (datasets and weights) come through ``huggingface_hub``, so
+they follow ``HF_ENDPOINT`` (the hub's own mirror setting); a dataset file is checked against
+the SHA-256 the hub states for it. ``--mirror URL`` (or ``SCALE_FPT_MIRROR``) reads each
+other publisher's file (LRA, TAPE) from ``URL/<folder>/<file name>`` instead (a local
+directory works too): for machines behind a mirror or with the archives copied onto a disk.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import re
+import os
 import shutil
 import sys
 import tarfile
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
+from huggingface_hub import constants
+
 from scale_fpt.config import ConfigError, parse_trial
-from scale_fpt.preflight import DATA_FOLDERS, data_problem, weights_needed
+from scale_fpt.hub import hub_reachable
+from scale_fpt.preflight import data_problem, weights_needed
 from scale_fpt.study import split
+from scale_fpt.task_registry import TASKS, DataFolder, Source, data_folder, data_folders
 
 MIRROR_ENV = "SCALE_FPT_MIRROR"
-
-HF_DATASETS = "https://huggingface.co/datasets"
-
-
-@dataclass(frozen=True)
-class Source:
-    """One published file of a dataset."""
-
-    url: str
-    """Where the publisher serves it."""
-    keep: tuple[str, ...] = ()
-    """For an archive (a tar file, compressed or not): the member paths kept, by their
-    trailing components (``listops-1000/basic_train.tsv``), each written to the data folder
-    under its file name; the rest is never written. Empty: the file is kept as it is."""
-    size: str = ""
-    """Its size as the publisher states it, for the message before a long download."""
-
-    @property
-    def name(self) -> str:
-        return self.url.rsplit("/", 1)[-1]
-
-
-SOURCES: dict[str, tuple[Source, ...]] = {
-    "listops": (
-        Source(
-            "https://storage.googleapis.com/long-range-arena/lra_release.gz",
-            keep=tuple(f"listops-1000/basic_{s}.tsv" for s in ("train", "val", "test")),
-            size="7.7 GB, of which ListOps is read",
-        ),
-    ),
-    "homology": (
-        Source(
-            "http://s3.amazonaws.com/songlabdata/proteindata/data_raw_pytorch/remote_homology.tar.gz",
-            keep=tuple(
-                f"remote_homology_{s}.json" for s in ("train", "valid", "test_fold_holdout")
-            ),
-        ),
-    ),
-    "mnist": tuple(
-        Source(f"{HF_DATASETS}/ylecun/mnist/resolve/main/mnist/{s}-00000-of-00001.parquet")
-        for s in ("train", "test")
-    ),
-    "cifar10": tuple(
-        Source(f"{HF_DATASETS}/uoft-cs/cifar10/resolve/main/plain_text/{s}-00000-of-00001.parquet")
-        for s in ("train", "test")
-    ),
-}
-"""The published files of each data folder (``preflight.DATA_FOLDERS``): LRA's release
-(ListOps), TAPE's JSON release (remote homology), and the Parquet files of the Hugging Face
-datasets the image loaders read (``tasks.images.HUB_IDS``). LRA and TAPE publish no
-checksums; the hub's files are checked against the SHA-256 the hub states for them."""
 
 WEIGHT_FILES = ("*.json", "*.safetensors")
 """What ``from_pretrained`` reads of a hub model (config and safetensors weights); the other
 formats a repository holds (TensorFlow, Flax, ONNX) are not downloaded."""
-
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,8 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--mirror",
         default="",
         metavar="URL|DIR",
-        help=f"read each data file from URL/<folder>/<file name> (or a local directory so laid "
-        f"out) instead of its publisher (default: ${MIRROR_ENV})",
+        help=f"read each data file not on the Hugging Face hub from URL/<folder>/<file name> "
+        f"(or a local directory so laid out) instead of its publisher (default: ${MIRROR_ENV}; "
+        "the hub's files follow HF_ENDPOINT)",
     )
     for action in parser._actions:  # accepted (a sweep's command line works), not shown
         if action.dest in NOT_READ:
@@ -123,7 +75,7 @@ def needs(
     if sweep is not None:
         arms = sweep.trials()
     else:
-        arms = [{"task": task} for task in split(args.tasks) if task in DATA_FOLDERS] + [
+        arms = [{"task": task} for task in split(args.tasks) if data_folder(task)] + [
             {"model": model, "init": init}
             for model in split(args.models)
             for init in split(args.inits) or ["pretrained"]
@@ -134,7 +86,7 @@ def needs(
     root = Path(data_root).absolute()
     for arm in arms:
         config = parse_trial(arm)
-        folder, own = DATA_FOLDERS.get(config.task.task), config.task.data_dir
+        folder, own = data_folder(config.task.task), config.task.data_dir
         if folder and (not own or Path(own) == root / folder):  # not a data_dir of its own
             folders.add(folder)
         source, config_only = weights_needed(config)
@@ -146,7 +98,9 @@ def needs(
     return sorted(folders), sorted(weights)
 
 
-def mirror_url(mirror: str, folder: str, source: Source) -> str:
+def source_url(mirror: str, folder: str, source: Source) -> str:
+    if source.hub[0]:
+        return hub_url(*source.hub)
     if not mirror:
         return source.url
     base = mirror if "://" in mirror else Path(mirror).absolute().as_uri()
@@ -154,63 +108,65 @@ def mirror_url(mirror: str, folder: str, source: Source) -> str:
 
 
 def data_problem_in(folder: str, path: Path) -> str:
-    """Why the task of ``folder`` cannot read its data in ``path`` ('' when it can: the
+    """Why the tasks of ``folder`` cannot read their data in ``path`` ('' when they can: the
     preflight's check)."""
-
-    task = next(t for t, f in DATA_FOLDERS.items() if f == folder)
+    task = next(name for name in TASKS if data_folder(name) == folder)
     return data_problem(parse_trial({"task": task, "data_dir": str(path)}))
 
 
-class HubChecksum(urllib.request.HTTPRedirectHandler):
-    """Keeps the SHA-256 the Hugging Face hub states for a file (``X-Linked-Etag``), which it
-    sends with the redirect to its storage and not with the file itself."""
-
-    def __init__(self):
-        self.sha256 = ""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        self.sha256 = stated_sha256(headers) or self.sha256
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
-
-
-def stated_sha256(headers) -> str:
-    for key in ("X-Linked-Etag", "ETag"):
-        value = (headers.get(key) or "").strip('"').removeprefix("W/").strip('"')
-        if SHA256.match(value):
-            return value
-    return ""
-
-
-def open_url(url: str):
-    """(The response, a callable giving the SHA-256 its publisher stated, or '')."""
-    checksum = HubChecksum()
-    response = urllib.request.build_opener(checksum).open(url, timeout=60)
-    return response, lambda: stated_sha256(response.headers) or checksum.sha256
-
-
 def fetch_file(url: str, target: Path) -> None:
-    """``url`` to ``target`` through ``target.part``, checked against a stated SHA-256."""
-    response, sha256 = open_url(url)
+    """``url`` to ``target`` through ``target.part``: a complete file or none."""
     part = target.with_name(target.name + ".part")
-    digest = hashlib.sha256()
-    with response, open(part, "wb") as out:
-        while chunk := response.read(1 << 20):
-            digest.update(chunk)
-            out.write(chunk)
-    if sha256() and digest.hexdigest() != sha256():
-        part.unlink()
-        raise OSError(
-            f"{url}: SHA-256 {digest.hexdigest()} differs from the stated {sha256()} (a "
-            "corrupt or truncated download); run fetch again"
-        )
+    with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as out:
+        shutil.copyfileobj(response, out, 1 << 20)
     part.replace(target)
+
+
+def fetch_hub_file(repo: str, path: str, folder: Path) -> None:
+    """One file of a hub dataset into ``folder`` under its file name, through the hub's
+    client, checked against the SHA-256 the hub states for it (a large file's ETag)."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download  # HUB_CLIENT
+
+    url = hub_url(repo, path)
+    staging = folder / ".fetching"
+    try:
+        stated = get_hf_file_metadata(url).etag or ""
+        got = Path(hf_hub_download(repo, path, repo_type="dataset", local_dir=staging))
+    except Exception as e:  # the hub client's errors (HTTP, offline, network): one line
+        raise OSError(f"{url}: {type(e).__name__}: {one_line(e)}") from e
+    try:
+        with open(got, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        if len(stated) == 64 and digest != stated:
+            raise OSError(
+                f"{url}: SHA-256 {digest} differs from the stated {stated} (a corrupt or "
+                "truncated download); run fetch again"
+            )
+        got.replace(folder / got.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+HUB_CLIENT = "the hub's download client (httpx) takes a quarter second to import: not for --help"
+
+
+def hub_url(repo: str, path: str) -> str:
+    """The URL of a hub dataset's file, at ``HF_ENDPOINT``."""
+    from huggingface_hub import hf_hub_url  # HUB_CLIENT
+
+    return hf_hub_url(repo, path, repo_type="dataset")
+
+
+def one_line(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def fetch_archive(url: str, keep: tuple[str, ...], folder: Path) -> None:
     """The members of the tar archive at ``url`` that ``keep`` names, into ``folder``; read as
     a stream, so the archive itself is never stored (LRA's is 7.7 GB)."""
     wanted = {path: path.rsplit("/", 1)[-1] for path in keep}
-    response, _ = open_url(url)
+    response = urllib.request.urlopen(url, timeout=60)
     staging = folder / ".fetching"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
@@ -237,19 +193,22 @@ def fetch_archive(url: str, keep: tuple[str, ...], folder: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def fetch_data(folder: str, data_root: Path, mirror: str, say) -> str:
+def fetch_data(data: DataFolder, data_root: Path, mirror: str, say) -> str:
     """Fetch one data folder; '' or the problem."""
+    folder = data.name
     path = data_root / folder
     if path.is_dir() and not data_problem_in(folder, path):
         say(f"{folder}: already in {path}")
         return ""
     path.mkdir(parents=True, exist_ok=True)
     try:
-        for source in SOURCES[folder]:
-            url = mirror_url(mirror, folder, source)
+        for source in data.sources:
+            url = source_url(mirror, folder, source)
             size = f" ({source.size})" if source.size else ""
             say(f"{folder}: downloading {url}{size}")
-            if source.keep:
+            if source.hub[0]:
+                fetch_hub_file(*source.hub, path)
+            elif source.keep:
                 fetch_archive(url, source.keep, path)
             else:
                 fetch_file(url, path / source.name)
@@ -266,9 +225,7 @@ def fetch_data(folder: str, data_root: Path, mirror: str, say) -> str:
 
 def fetch_weights(source: str, revision: str, config_only: bool, say) -> str:
     """Fetch one hub model into the Hugging Face cache; '' or the problem."""
-    from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
-
-    from scale_fpt.models.backbones import hub_reachable  # torch: not for --help
+    from huggingface_hub import snapshot_download, try_to_load_from_cache  # HUB_CLIENT
 
     patterns = ["config.json"] if config_only else list(WEIGHT_FILES)
     what = f"{source}{'@' + revision if revision else ''}{' (config)' if config_only else ''}"
@@ -291,15 +248,13 @@ def fetch_weights(source: str, revision: str, config_only: bool, say) -> str:
                 source, revision=revision or None, allow_patterns=["pytorch_model*.bin"]
             )
     except Exception as e:  # hub errors (missing repo, gated, network): one line each
-        return f"{what}: {type(e).__name__}: {str(e).strip().splitlines()[0]}"
+        return f"{what}: {type(e).__name__}: {one_line(e)}"
     return ""
 
 
 def main(args: argparse.Namespace, sweep, data_root: str) -> int:
     """Fetch everything ``needs`` names into ``data_root`` (``--data-root``) and the Hugging
     Face cache; 0 when all is in place, 1 when something could not be fetched."""
-    import os
-
     folders, weights = needs(args, sweep, data_root)
     if folders and not data_root:
         raise ConfigError(
@@ -313,7 +268,8 @@ def main(args: argparse.Namespace, sweep, data_root: str) -> int:
         print(f"[scale-fpt] fetch {line}", flush=True)
 
     mirror = args.mirror or os.environ.get(MIRROR_ENV, "")
-    problems = [fetch_data(f, Path(data_root).absolute(), mirror, say) for f in folders]
+    known = data_folders()
+    problems = [fetch_data(known[f], Path(data_root).absolute(), mirror, say) for f in folders]
     problems += [fetch_weights(*w, say) for w in weights]
     problems = [p for p in problems if p]
     for problem in problems:

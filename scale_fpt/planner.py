@@ -260,10 +260,8 @@ def plan_memory(
     capacity = gpu.memory_bytes
     if gpus <= 1:
         memory = trial_memory(shape, precision, batch_size, zero_stage, 1)
-        fits = memory.device <= capacity
-        share = trials_per_gpu(memory.device, capacity) if gpus == 0 else 1
-        single = TrialPlan(1, 1 / share, share, zero_stage, 1, memory, gpu, fits)
-        if fits or gpus == 1 or max_gpus < 2:
+        single = one_gpu_plan(memory, gpu, shared=gpus == 0, zero_stage=zero_stage)
+        if single.fits or gpus == 1 or max_gpus < 2:
             return single
     counts = [gpus] if gpus else [n for n in (2, 4, 8, 16) if n <= max_gpus]
     stages = [zero_stage] if zero_stage else [2, 3]
@@ -274,6 +272,16 @@ def plan_memory(
             if plan.fits:
                 return plan
     return plan
+
+
+def one_gpu_plan(
+    memory: TrialMemory, gpu: GPU, shared: bool = True, zero_stage: int = 0
+) -> TrialPlan:
+    """One process of ``memory`` on one ``gpu``: sharing it with as many as fit (a power of
+    two up to ``MAX_TRIALS_PER_GPU``) when ``shared``, else the whole GPU."""
+    share = trials_per_gpu(memory.device, gpu.memory_bytes) if shared else 1
+    fits = memory.device <= gpu.memory_bytes
+    return TrialPlan(1, 1 / share, share, zero_stage, 1, memory, gpu, fits)
 
 
 def gpu_share(fraction: float, gpu: GPU | None) -> TrialPlan:

@@ -9,81 +9,28 @@ takes well under a second for the paper presets.
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from pathlib import Path
 
 from scale_fpt.config import ABLATIONS, TrialConfig, parse_trial
+from scale_fpt.hub import hub_reachable
 from scale_fpt.scaling import GPT2_SIZES
-
-DATA_FOLDERS = {
-    "listops": "listops",
-    "homology": "homology",
-    "mnist": "mnist",
-    "cifar10": "cifar10",
-    "cifar10-lra": "cifar10",
-}
-"""The folder under ``--data-root DIR`` that each data-reading task reads (``DIR/<folder>``):
-CIFAR-10 LRA reads the same CIFAR-10 files as cifar10. The bit tasks generate their data."""
+from scale_fpt.task_registry import data_folders
 
 DATA_DOC = "docs/data.md"
 
 
 def data_problem(config: TrialConfig) -> str:
-    """Why the trial cannot reach its data ('' when it can)."""
-    from scale_fpt.tasks.base import DataUnavailable  # torch: only when checked
+    """Why the trial cannot reach its data ('' when it can), as its task class says
+    (``Task.data_problem``)."""
+    # The task classes load torch: imported only when data is checked.
+    from scale_fpt.tasks.base import DataUnavailable
+    from scale_fpt.tasks.build import task_class
 
-    task = config.task
     try:
-        if task.task == "homology":
-            from scale_fpt.tasks.homology import TAPE_SPLITS, find_split  # torch: only when checked
-
-            for tape in TAPE_SPLITS.values():
-                find_split(task.data_dir, tape)
-        elif task.task == "listops" and task.data_dir:
-            from scale_fpt.tasks.listops import find_lra_files  # torch: only when checked
-
-            find_lra_files(task.data_dir)
-        elif task.task in ("mnist", "cifar10", "cifar10-lra"):
-            return image_data_problem(task.task, task.data_dir)
+        return task_class(config.task.task).data_problem(config.task)
     except DataUnavailable as e:
         return str(e)
-    return ""
-
-
-def image_data_problem(task: str, data_dir: str) -> str:
-    from scale_fpt.tasks.images import HUB_IDS, _parquet_files  # torch: only when checked
-
-    hub_id = HUB_IDS[task]
-    if data_dir:
-        folder = Path(data_dir)
-        if not folder.is_dir():
-            return f"{task}: --data-dir {data_dir} is not a directory"
-        if (folder / "dataset_dict.json").is_file() or all(_parquet_files(folder).values()):
-            return ""
-        return (
-            f"{task}: no {hub_id} data in {data_dir} (expected a datasets save_to_disk "
-            "directory, or train-*.parquet and test-*.parquet files)"
-        )
-    if hub_dataset_cached(hub_id):
-        return ""
-    from scale_fpt.models.backbones import hub_reachable  # torch: only when checked
-
-    if hub_reachable():
-        return ""
-    return f"{task}: {hub_id} is not in the Hugging Face cache and the hub cannot be reached"
-
-
-def hub_dataset_cached(hub_id: str) -> bool:
-    """Whether ``datasets.load_dataset(hub_id)`` can run offline: its files in the hub cache
-    or its prepared Arrow tables in the datasets cache."""
-    from huggingface_hub import constants
-
-    hub = Path(constants.HF_HUB_CACHE) / f"datasets--{hub_id.replace('/', '--')}" / "snapshots"
-    datasets_cache = Path(
-        os.environ.get("HF_DATASETS_CACHE", Path(constants.HF_HOME) / "datasets")
-    ) / hub_id.replace("/", "___")
-    return (hub.is_dir() and any(hub.iterdir())) or datasets_cache.is_dir()
 
 
 def weights_needed(config: TrialConfig) -> tuple[str, bool]:
@@ -123,13 +70,10 @@ def weights_problem(config: TrialConfig) -> str:
         return f"{model.model}: {source} has no config.json (not a save_pretrained directory)"
     if source.startswith(("/", ".", "~")):
         return f"{model.model}: weights directory {source} does not exist"
+    # The hub's client (httpx) takes a quarter second to import: only when weights are checked.
     from huggingface_hub import try_to_load_from_cache
 
-    if isinstance(try_to_load_from_cache(source, "config.json"), str):
-        return ""
-    from scale_fpt.models.backbones import hub_reachable  # torch: only when checked
-
-    if hub_reachable():
+    if isinstance(try_to_load_from_cache(source, "config.json"), str) or hub_reachable():
         return ""
     return (
         f"{model.model}: {source!r} is not in the Hugging Face cache and the hub cannot be reached"
@@ -163,7 +107,7 @@ def preflight_problems(arms: list[dict]) -> list[str]:
     problems = sweep_problems(arms)
     if not problems:
         return []
-    folders = ", ".join(sorted(set(DATA_FOLDERS.values())))
+    folders = ", ".join(sorted(data_folders()))
     return [
         *problems,
         "nothing was started; `scale-fpt fetch` with this command's arguments downloads what "

@@ -43,14 +43,11 @@ from scale_fpt.config import (
 from scale_fpt.gpus import DEFAULT_GPU, GPU, GPUS
 from scale_fpt.models import BuiltModel, LSTMBackbone, build_model
 from scale_fpt.models.backbones import load_architecture
-from scale_fpt.models.families import block_shape, family_of
+from scale_fpt.models.families import PACKED_FAMILIES, block_shape, family_of
 from scale_fpt.tasks import task_spec
 from scale_fpt.tasks.base import TaskSpec
 from scale_fpt.vocabulary import StepKind
 
-PACKED_FAMILIES = ("gpt2", "gpt-neox", "llama")
-"""Families with a packed model (``models.packed``, ``models.packed_families``); OPT's dropout
-is not keyed, so its trials run alone."""
 PACKABLE_GROUPS = ("input", "output", "ln", "pos")
 """Groups a packed member may train; ``ff`` and ``attn`` belong to the shared frozen body."""
 PACKED_PRECISIONS = ("fp32", "bf16")
@@ -121,9 +118,9 @@ def config_pack_problem(config: TrialConfig) -> str | None:
     except ConfigError as e:
         return "; ".join(e.problems)
     family = family_of(arch)
-    if family is None or family.name not in PACKED_FAMILIES:
+    if family is None or not family.packed:
         return (
-            f"--model {config.model.model}: packing supports the gpt2, gpt-neox and llama "
+            f"--model {config.model.model}: packing supports the {', '.join(PACKED_FAMILIES)} "
             f"families (this is {family.name if family else arch.model_type})"
         )
     return None
@@ -183,10 +180,10 @@ class TrialProfile:
             dropout=self.config.model.dropout,
         )
 
-    def cohort_memory_parts(self, fused_attention: bool = False) -> tuple[int, int]:
-        """(bytes of the frozen body, bytes per member) of a cohort of this trial's kind, as
-        allocated: the body once, in the training precision; per member its trained tensors
-        (fp32 weights, gradients and two Adam moments; ``wpe`` only for the task's
+    def cohort_memory(self, members: int, fused_attention: bool = False) -> planner.TrialMemory:
+        """The memory of a cohort of ``members`` trials of this kind, as allocated: the
+        frozen body once, in the training precision (``weights``); per member its trained
+        tensors (fp32 weights, gradients and two Adam moments; ``wpe`` only for the task's
         positions), its activations and, unless the device runs ``fused_attention`` (a GPU
         with the Triton kernel), its materialised attention (``scaling.attention_bytes``;
         each member counts a whole mask draw's temporaries, an upper bound: a cohort draws
@@ -211,16 +208,40 @@ class TrialProfile:
             config.model.dropout,
             fused=fused_attention,
         )
-        return body, trained * 16 + activations + attention
+        return planner.TrialMemory(
+            weights=body + members * trained * 4,
+            gradients=members * trained * 4,
+            optimizer=members * trained * 8,
+            activations=members * activations,
+            attention=members * attention,
+            workspace=0,
+        )
+
+    def cohort_memory_parts(self, fused_attention: bool = False) -> tuple[int, int]:
+        """(Bytes of the frozen body, bytes per member) of a cohort of this kind
+        (``cohort_memory``)."""
+        body = self.cohort_memory(0, fused_attention).allocated
+        return body, self.cohort_memory(1, fused_attention).allocated - body
 
     def cohort_bytes(self, members: int, fused_attention: bool = False) -> int:
         """Allocated bytes of a cohort of ``members`` trials of this kind."""
-        body, per_member = self.cohort_memory_parts(fused_attention)
-        return body + members * per_member
+        return self.cohort_memory(members, fused_attention).allocated
 
-    def plan(self, gpus_per_trial: str, gpu: GPU | None, max_gpus: int = 8) -> planner.TrialPlan:
-        """The plan of this trial under a sweep's ``gpus_per_trial`` on ``gpu`` (None: no
-        GPU anywhere, so ``auto`` plans CPU)."""
+    def plan(
+        self,
+        gpus_per_trial: str,
+        gpu: GPU | None,
+        max_gpus: int = 8,
+        members: int = 1,
+        fused_attention: bool | None = None,
+    ) -> planner.TrialPlan:
+        """The plan of this trial (with ``members`` - 1 others of its kind in one cohort)
+        under a sweep's ``gpus_per_trial`` on ``gpu`` (None: no GPU anywhere, so ``auto``
+        plans CPU), each step by its own memory model: a cohort (one packable trial alone
+        included) on one GPU or a share of it (``cohort_memory``), an engine by
+        ``planner.plan_memory``. A packable trial that fits no GPU alone is planned as an
+        engine over several (``placement.planned_arms`` then runs it so).
+        ``fused_attention`` None: as a GPU runs attention here (``gpu_fuses_attention``)."""
         kind, value = planner.parse_gpus_per_trial(gpus_per_trial)
         if kind == "cpu" or (kind == "auto" and gpu is None):
             return planner.CPU_PLAN
@@ -228,6 +249,13 @@ class TrialProfile:
         if kind == "share":
             return planner.gpu_share(value, gpu)
         train = self.config.train
+        if self.kind == StepKind.COHORT and (kind == "auto" or value == 1):
+            if fused_attention is None:
+                fused_attention = planner.gpu_fuses_attention()
+            memory = self.cohort_memory(members, fused_attention)
+            plan = planner.one_gpu_plan(memory, gpu, shared=kind == "auto")
+            if plan.fits or members > 1:
+                return plan
         if kind == "auto" and train.workers > 1:  # the config asks for N workers
             kind, value = "gpus", float(train.workers)
         return planner.plan_memory(

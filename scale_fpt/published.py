@@ -167,16 +167,3 @@ def lookup(table: str, row: str, task: str) -> dict | None:
 
 
 RECORDS = accuracy_records()
-
-
-BASELINES = {
-    "bit-xor": (50.0, "chance 50% (each output bit a coin flip)"),
-    "bit-memory": (75.0, "75% copying the unmasked bits (chance 50%)"),
-    "listops": (10.0, "chance 10% (10 classes; the majority class is near 17% in LRA)"),
-    "mnist": (11.4, "majority class 11.4% (chance 10%)"),
-    "cifar10": (10.0, "chance and majority class 10%"),
-    "cifar10-lra": (10.0, "chance and majority class 10%"),
-    "homology": (0.1, "chance 0.1% (1,195 folds)"),
-}
-"""Per task: (accuracy in % a model reaches without learning the task, how): an arm at its
-baseline did not learn."""

@@ -291,25 +291,37 @@ def check_data_and_weights(sweep) -> None:
         raise ConfigError(problems)
 
 
-def placement_table(sweep) -> str:
-    """What runs where: each distinct plan with its trials, and the study's GPU-hours per
-    model (``placement.study_gpu_hours``) on the GPU the sweep plans for. Needs no Ray: the
-    GPU is the declared one (``--gpu``), else ``gpus.DEFAULT_GPU``."""
+def sweep_plan(sweep):
+    """The plan ``--plan`` prints (``sweep.plan.SweepPlan``: the value the driver looks each
+    Tune trial's resources up in), made without Ray: the GPU is the declared one
+    (``--gpu``), else ``gpus.DEFAULT_GPU``; the slots one node of it
+    (``plan.assumed_devices``)."""
     # The profile loads torch and placement Ray: imported for --plan (start-up time).
     from scale_fpt.cluster import GPUOffer
-    from scale_fpt.profile import plan_trial
-    from scale_fpt.sweep.placement import study_gpu_hours, sweep_gpus
+    from scale_fpt.sweep.placement import sweep_gpus
+    from scale_fpt.sweep.plan import assumed_devices, plan_sweep
 
     if sweep.gpu or sweep.gpu_memory_gb or sweep.gpus_per_trial == "0":
         offer = sweep_gpus(sweep)
     else:
         offer = GPUOffer(GPUS[DEFAULT_GPU], 0, "default")
+    return plan_sweep(sweep, sweep.trials(), offer, assumed_devices(sweep, offer))
+
+
+def placement_table(sweep) -> str:
+    """What runs where: the sweep's plan (``sweep_plan``), each distinct Ray trial with its
+    count, and the study's GPU-hours per model (``placement.study_gpu_hours``) on the GPU
+    the sweep plans for."""
+    # Placement loads torch and Ray: imported for --plan (start-up time).
+    from scale_fpt.sweep.placement import study_gpu_hours
+    from scale_fpt.sweep.plan import search_cohorts
+
+    plan = sweep_plan(sweep)
+    offer, devices, arms = plan.offer, plan.devices, sweep.trials()
     max_gpus = offer.max_gpus_per_node or 8
-    arms = sweep.trials()
     counts: Counter = Counter()
-    for arm in arms:
-        config = parse_trial(arm)
-        plan = plan_trial(config, sweep.gpus_per_trial, offer.gpu, max_gpus)
+    for cohort in search_cohorts(plan) if sweep.search else plan.cohorts:
+        config = cohort.profile.config  # --plan validated every arm
         budget = f"{config.train.max_steps:,} steps" + (
             f" (patience {config.train.patience:,})" if config.train.patience else ""
         )
@@ -321,13 +333,18 @@ def placement_table(sweep) -> str:
                 config.task.task,
                 budget,
                 batch,
-                plan.describe(),
+                cohort.describe(),
             )
         ] += 1
     per_arm = sweep.search_trials if sweep.search else 1  # an Optuna search runs each arm N times
     where = offer.gpu.name if offer.gpu else "CPUs"
+    slots = f"{devices.slots} {'GPU' if devices.gpus else 'CPU'} slot(s)"
     lines = [f"{sweep.name}: {len(arms)} arms x {per_arm} trial(s) on {where}"]
     lines.append(f"  seeds {', '.join(map(str, sweep.seeds))}" + confirmation_line(sweep))
+    lines.append(
+        f"  Ray trials ({'per searched arm' if sweep.search else 'of the grid'}; --pack "
+        f"{sweep.pack} for {slots}):"
+    )
     lines += [
         f"  {n:>3} x {model} {finetune} {task}, {budget}, {batch}: {where}"
         for (model, finetune, task, budget, batch, where), n in sorted(counts.items())

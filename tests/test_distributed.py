@@ -27,7 +27,7 @@ from scale_fpt.profile import pack_problem, step_kind
 from scale_fpt.recovery import tune_reports
 from scale_fpt.results import load_results
 from scale_fpt.steps.engine import deepspeed_config
-from scale_fpt.sweep import SweepConfig, plan_bundles, trial_resources
+from scale_fpt.sweep import SweepConfig, plan_bundles, plan_cohort
 from scale_fpt.tasks.base import Batch
 from scale_fpt.trial import TrialRun
 from scale_fpt.world import World, rank_seed, shard_bounds
@@ -71,9 +71,9 @@ def test_placement_one_bundle_per_worker_on_one_node():
     assert plan_bundles(planner.CPU_PLAN, 1) == [{"CPU": 1}]
     sweep = SweepConfig(name="placement", cpus_per_trial=1)
     cpus = GPUOffer(None, 0, "none")
-    two = trial_resources({**TINY, "workers": 2}, sweep, cpus)
+    two = plan_cohort([{**TINY, "workers": 2}], sweep, cpus, False).resources()
     assert two.bundles == [{"CPU": 1}] * 2 and two.strategy == "STRICT_PACK"
-    one = trial_resources(TINY, sweep, cpus)
+    one = plan_cohort([TINY], sweep, cpus, False).resources()
     assert one.bundles == [{"CPU": 1}] and one.strategy == "PACK"
 
 

@@ -472,3 +472,29 @@ def test_pythia_ladder_has_the_published_sizes():
     assert len(scaling.pythia_revisions()) == 154
     assert scaling.pythia_revisions()[:3] == ["step0", "step1", "step2"]
     assert scaling.pythia_revisions()[-1] == "step143000"
+
+
+def test_a_family_entry_alone_decides_whether_and_how_it_packs(monkeypatch):
+    """A family is recognised in one place: its entry says whether it packs (its packed
+    model) and its block shape; packing, the planner and the packed model read nothing else."""
+    from scale_fpt import profile
+    from scale_fpt.models.packed_families import PackedRotaryFPT
+
+    llama = families.BY_MODEL_TYPE["llama"]
+    arch = tiny("llama").config
+    assert llama.packed_class() is PackedRotaryFPT
+    assert block_shape(arch).gated and block_shape(arch).rms_norm
+    arm = {"model": "llama-tiny", "init": "random", "task": "bit-xor"}
+
+    def declared(**fields) -> str | None:
+        monkeypatch.setitem(families.BY_MODEL_TYPE, "llama", dataclasses.replace(llama, **fields))
+        profile.config_profile.cache_clear()
+        return pack_problem(arm)
+
+    try:
+        assert declared(name="toy") is None
+        assert "families (this is toy)" in declared(name="toy", packed="")
+        declared(gated_mlp=False, rms_norm=False)
+        assert not block_shape(arch).gated and not block_shape(arch).rms_norm
+    finally:
+        profile.config_profile.cache_clear()

@@ -1,7 +1,9 @@
 """``scale-fpt fetch`` offline: tiny archives laid out as the publishers' (LRA's release, TAPE's
-JSON release, the hub's Parquet files) served by a local ``http.server`` on loopback as the
-mirror; the fetched folders pass the preflight and the task loaders read them. Weights: a
-model in a Hugging Face cache laid out as the hub's is found offline; one missing is named."""
+JSON release) served by a local ``http.server`` on loopback as the mirror, and the hub's
+Parquet files by the same server answering as the hub does (``HF_ENDPOINT``: the commit and
+the file's SHA-256 in the headers of a HEAD) to ``huggingface_hub``'s own client; the fetched
+folders pass the preflight and the task loaders read them. Weights: a model in a Hugging Face
+cache laid out as the hub's is found offline; one missing is named."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from huggingface_hub import constants
 from PIL import Image
 
 from scale_fpt import cli
@@ -61,12 +64,16 @@ def image_parquet(path: Path, n: int) -> None:
     pq.write_table(pa.table({"image": images, "label": list(range(n))}), path)
 
 
+HUB_FILE = "/datasets/ylecun/mnist/resolve/main/mnist/{}-00000-of-00001.parquet"
+
+
 @pytest.fixture
-def mirror(tmp_path):
-    """The publishers' files under ``<folder>/<file name>``, served on loopback: (base URL,
-    the paths asked for, {path: SHA-256 sent as the hub sends it})."""
+def mirror(tmp_path, monkeypatch):
+    """The publishers' files under ``<folder>/<file name>`` and the hub's under its own paths,
+    served on loopback, the hub's endpoint pointed there: (base URL, the paths asked for,
+    {hub path: SHA-256 the hub states, when not the file's own})."""
     root = tmp_path / "mirror"
-    for folder in ("listops", "homology", "mnist"):
+    for folder in ("listops", "homology"):
         (root / folder).mkdir(parents=True)
     lra = {
         f"lra_release/listops-1000/basic_{s}.tsv": "\n".join(LRA_ROWS) + "\n"
@@ -82,13 +89,17 @@ def mirror(tmp_path):
     }
     (root / "homology" / "remote_homology.tar.gz").write_bytes(tar_gz(tape))
     for split, n in (("train", 6), ("test", 3)):
-        image_parquet(root / "mnist" / f"{split}-00000-of-00001.parquet", n)
+        path = root / HUB_FILE.format(split)[1:]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        image_parquet(path, n)
     asked, stated = [], {}
 
     class Handler(SimpleHTTPRequestHandler):
         def end_headers(self):
-            if self.path in stated:
-                self.send_header("X-Linked-Etag", f'"{stated[self.path]}"')
+            if self.path.startswith("/datasets/"):
+                sha256 = hashlib.sha256((root / self.path[1:]).read_bytes()).hexdigest()
+                self.send_header("X-Repo-Commit", "0" * 40)
+                self.send_header("ETag", f'"{stated.get(self.path, sha256)}"')
             super().end_headers()
 
         def do_GET(self):
@@ -100,7 +111,14 @@ def mirror(tmp_path):
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(root)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}", asked, stated
+    url = f"http://127.0.0.1:{server.server_port}"
+    monkeypatch.setattr(constants, "ENDPOINT", url)  # HF_ENDPOINT, read when the hub loads
+    monkeypatch.setattr(
+        constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}"
+    )
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    yield url, asked, stated
     server.shutdown()
     server.server_close()
 
@@ -108,15 +126,18 @@ def mirror(tmp_path):
 def test_fetch_from_a_mirror_then_the_preflight_passes_and_the_tasks_read_it(
     mirror, tmp_path, capsys
 ):
-    url, asked, stated = mirror
+    url, asked, _ = mirror
     data = tmp_path / "data"
-    parquet = "/mnist/train-00000-of-00001.parquet"
-    stated[parquet] = hashlib.sha256((tmp_path / "mirror" / parquet[1:]).read_bytes()).hexdigest()
     tasks = ["--tasks", "listops,homology,mnist", "--inits", "random"]
     argv = ["fetch", "scale", "--preset", "paper", *tasks, "--models", "gpt2-tiny"]
     assert cli.main([*argv, "--data-root", str(data), "--mirror", url]) == 0
     out = capsys.readouterr().out
     assert f"[scale-fpt] fetch listops: downloading {url}/listops/lra_release.gz" in out
+    assert f"[scale-fpt] fetch mnist: downloading {url}{HUB_FILE.format('train')}" in out
+    assert sorted(p.name for p in (data / "mnist").iterdir()) == [
+        "test-00000-of-00001.parquet",
+        "train-00000-of-00001.parquet",
+    ]  # as the hub names them, nothing of the hub client's own beside them
     assert sorted(p.name for p in (data / "listops").iterdir()) == [
         "basic_test.tsv",
         "basic_train.tsv",
@@ -146,13 +167,11 @@ def test_fetch_from_a_mirror_then_the_preflight_passes_and_the_tasks_read_it(
 
 def test_a_download_that_differs_from_its_stated_checksum_is_refused(mirror, tmp_path, capsys):
     url, _, stated = mirror
-    stated["/mnist/test-00000-of-00001.parquet"] = "0" * 64
+    stated[HUB_FILE.format("test")] = "0" * 64
     data = tmp_path / "data"
-    assert cli.main(["fetch", "--tasks", "mnist", "--data-root", str(data), "--mirror", url]) == 1
+    assert cli.main(["fetch", "--tasks", "mnist", "--data-root", str(data)]) == 1
     err = capsys.readouterr().err
-    assert (
-        f"scale-fpt: fetch failed: mnist: {url}/mnist/test-00000-of-00001.parquet: SHA-256 " in err
-    )
+    assert f"scale-fpt: fetch failed: mnist: {url}{HUB_FILE.format('test')}: SHA-256 " in err
     assert f"differs from the stated {'0' * 64}" in err
     assert sorted(p.name for p in (data / "mnist").iterdir()) == ["train-00000-of-00001.parquet"]
 

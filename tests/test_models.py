@@ -458,7 +458,7 @@ def test_uncached_hub_id_fails_fast_with_one_line(monkeypatch, tmp_path):
 def test_hub_probe_refuses_quickly_without_network(monkeypatch, no_network):
     from huggingface_hub import constants
 
-    from scale_fpt.models.backbones import hub_reachable
+    from scale_fpt.hub import hub_reachable
 
     for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTPS_PROXY", "https_proxy"):
         monkeypatch.delenv(key, raising=False)

@@ -462,17 +462,17 @@ def test_study_plan_lists_placements_and_gpu_hours_without_ray():
     table = placement_table(sweep).splitlines()
     assert table[0] == "s: 2 arms x 1 trial(s) on a10g-24gb"
     assert table[1] == "  seeds 0, 1"
-    assert table[2].startswith(
-        "    2 x gpt2 fpt bit-xor, 1,000 steps, bs 16: a10g-24gb, ZeRO 0, 4 trials per GPU;"
+    assert table[2] == "  Ray trials (of the grid; --pack auto for 8 GPU slot(s)):"
+    # A packable trial alone is a cohort of one, sized by the cohort step's memory model.
+    assert table[3].startswith(
+        "    2 x gpt2 fpt bit-xor, 1,000 steps, bs 16: 1 member, cohort step: a10g-24gb, 4 per GPU;"
     )
     hours = study_gpu_hours(sweep.trials(), "auto", GPUS["a10g-24gb"])
     assert table[-1].endswith(f"gpt2 {hours['gpt2']:,.1f}, total {hours['total']:,.1f}")
     cpu = placement_table(SweepConfig(name="s", base=arms, gpus_per_trial="0")).splitlines()
-    assert cpu == [
-        "s: 1 arms x 1 trial(s) on CPUs",
-        "  seeds 0",
-        "    1 x gpt2 fpt bit-xor, 1,000 steps, bs 16: CPU",
-    ]
+    assert cpu[:2] == ["s: 1 arms x 1 trial(s) on CPUs", "  seeds 0"]
+    assert cpu[2].startswith("  Ray trials (of the grid; --pack auto for ")
+    assert cpu[3:] == ["    1 x gpt2 fpt bit-xor, 1,000 steps, bs 16: 1 member, cohort step: CPU"]
 
 
 def test_sweep_yaml_and_study_flags_declare_gpus(tmp_path):

@@ -79,3 +79,46 @@ def test_local_presets_preflight_and_start_on_a_fresh_machine(tmp_path):
     assert started == {
         name: (None if name == "finetune/local" else ["completed", 2]) for name in started
     }
+
+
+@pytest.mark.parametrize(("study", "preset"), PRESETS, ids=[f"{s}/{p}" for s, p in PRESETS])
+def test_the_printed_plan_is_what_the_driver_asks_ray_for(study, preset):
+    """``--plan`` prints the SweepPlan whose cohorts are the driver's grid and whose lookups
+    are its Ray resources: members per cohort, GPU share and memory agree, each step sized
+    by its own memory model."""
+    from scale_fpt import planner
+    from scale_fpt.study import sweep_plan
+    from scale_fpt.sweep.driver import trial_resources
+    from scale_fpt.sweep.placement import grid_cohorts
+    from scale_fpt.sweep.plan import search_cohorts
+    from scale_fpt.vocabulary import StepKind
+
+    sweep = STUDIES[study].presets[preset]()
+    plan = sweep_plan(sweep)
+    table = placement_table(sweep)
+    resources = trial_resources(plan)
+    if sweep.search:
+        cohorts = search_cohorts(plan)
+        assert plan.cohorts == () and len(cohorts) == len(plan.arms)
+    else:
+        cohorts = plan.cohorts
+        grid = grid_cohorts(sweep, list(plan.arms), plan.devices, plan.fused_attention)
+        assert [list(c.members) for c in cohorts] == grid  # the driver's one grid axis
+        assert sum(len(c.members) for c in cohorts) == len(plan.arms)
+    for cohort in cohorts:
+        asked = resources({"sweep": sweep.name, "members": list(cohort.members)})
+        assert asked.bundles == list(cohort.bundles) and asked.strategy == cohort.strategy
+        assert cohort.describe() in table
+        step = cohort.plan
+        if not step.gpus:
+            continue
+        gpu_share = sum(b.get("GPU", 0) for b in asked.bundles)
+        assert gpu_share == pytest.approx(
+            step.gpus * step.gpu_share if step.gpus > 1 else step.gpu_share
+        )
+        if cohort.kind == StepKind.COHORT:  # K members over one body: the cohort's model
+            allocated = cohort.profile.cohort_bytes(len(cohort.members), plan.fused_attention)
+            assert cohort.device_bytes == planner.device_bytes(allocated)
+        else:  # an engine: the engine's model
+            assert cohort.device_bytes == step.memory.device
+        assert cohort.device_bytes * step.trials_per_gpu <= step.gpu.memory_bytes

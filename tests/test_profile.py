@@ -13,15 +13,9 @@ from scale_fpt import config as config_module
 from scale_fpt import planner, profile
 from scale_fpt.config import TrialConfig, parse_trial
 from scale_fpt.preflight import sweep_problems
-from scale_fpt.sweep import (
-    Devices,
-    SweepConfig,
-    grid_cohorts,
-    planned_arms,
-    search_pack,
-    trial_resources,
-)
-from scale_fpt.sweep.placement import cohort_resources, study_gpu_hours, sweep_gpus
+from scale_fpt.sweep import Devices, SweepConfig, plan_sweep, search_pack
+from scale_fpt.sweep.driver import trial_resources
+from scale_fpt.sweep.placement import study_gpu_hours, sweep_gpus
 from scale_fpt.trial import TrialRun
 
 
@@ -64,14 +58,12 @@ def test_a_packed_grid_is_parsed_once_per_trial_and_built_once_per_shape(counted
     trials = sweep.trials()
     problems = sweep_problems(trials)  # preflight
     offer = sweep_gpus(sweep)
-    arms = planned_arms(trials, sweep, offer)
     devices = Devices(gpus=1, slots=1, slot_bytes=offer.gpu.memory_bytes)
-    cohorts = grid_cohorts(sweep, arms, devices)
-    for cohort in cohorts:  # what the driver asks Ray for
-        if len(cohort) > 1:
-            cohort_resources(cohort, sweep, offer)
-        else:
-            trial_resources(cohort[0], sweep, offer)
+    plan = plan_sweep(sweep, trials, offer, devices)
+    resources = trial_resources(plan)
+    for cohort in plan.cohorts:  # what the driver asks Ray for
+        resources({"sweep": "s", "members": list(cohort.members)})
+    cohorts = [cohort.members for cohort in plan.cohorts]
     search_pack(sweep, trials[:2], devices)
     study_gpu_hours(trials, sweep.gpus_per_trial, offer.gpu)
 

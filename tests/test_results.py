@@ -486,7 +486,7 @@ FINETUNE = st.lists(
 
 # Valid values of every field; a field added later falls back to its default.
 VALID = {
-    "task": st.sampled_from(cfgmod.TASKS),
+    "task": st.sampled_from(tuple(cfgmod.TASKS)),
     "data_dir": TEXT,
     "max_length": st.integers(0, 10**5),
     "listops_max_depth": POSITIVE,

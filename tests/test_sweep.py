@@ -21,7 +21,7 @@ from scale_fpt.config import ConfigError
 from scale_fpt.recipes import load_study
 from scale_fpt.results import CURVE_SCHEMA, TRIAL_SCHEMA, checkpoint_dir, load_results
 from scale_fpt.study import study_main
-from scale_fpt.sweep import SweepConfig, trial_resources
+from scale_fpt.sweep import SweepConfig, plan_cohort
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACT_TRIAL_COLUMNS = {
@@ -125,14 +125,14 @@ def test_trial_resources_are_declared_by_the_plan_not_probed():
     sweep = SweepConfig(name="s", gpu="a10g-24gb")
 
     def bundles(flat, sweep=sweep, offer=a10g):
-        return trial_resources(flat, sweep, offer).bundles
+        return plan_cohort([flat], sweep, offer, False).resources().bundles
 
     assert bundles({"model": "gpt2-large"}, offer=GPUOffer(None, 0, "none")) == [{"CPU": 1}]
     assert bundles({"model": "gpt2", "batch_size": 4}) == [{"CPU": 1, "GPU": 0.25}]
     assert bundles({"model": "gpt2-large", "finetune": "full"}) == [{"CPU": 1, "GPU": 1.0}]
     xl_full = {"model": "gpt2-xl", "finetune": "full", "precision": "bf16", "batch_size": 8}
     assert bundles(xl_full) == [{"CPU": 1, "GPU": 1}] * 2  # two GPUs, ZeRO 2
-    assert trial_resources(xl_full, sweep, a10g).strategy == "STRICT_PACK"
+    assert plan_cohort([xl_full], sweep, a10g, False).resources().strategy == "STRICT_PACK"
     cpu_sweep = SweepConfig(name="s", gpus_per_trial="0")
     assert bundles({"model": "gpt2"}, sweep=cpu_sweep) == [{"CPU": 1}]
     half = SweepConfig(name="s", gpus_per_trial="0.5")

@@ -23,6 +23,7 @@ from PIL import Image
 
 from scale_fpt.config import ConfigError, TaskConfig, TrialConfig
 from scale_fpt.keyed_random import Draws
+from scale_fpt.task_registry import TASKS
 from scale_fpt.tasks import Batch, build_task, epoch_indices, task_spec
 from scale_fpt.tasks.base import EVAL_SPLITS, DataUnavailable
 from scale_fpt.tasks.homology import AMINO_ACIDS, UNK
@@ -152,7 +153,7 @@ def configs(mnist_data, cifar_data, lra_dir, tape_dir):
     }
 
 
-ALL_TASKS = ("bit-xor", "bit-memory", "listops", "mnist", "cifar10", "cifar10-lra", "homology")
+ALL_TASKS = tuple(TASKS)
 GENERATED = ("bit-xor", "bit-memory", "listops")  # listops as configured here: no data_dir
 
 # ---------------------------------------------------------------- every task
@@ -836,3 +837,76 @@ def test_preprocessing_is_declared_beside_paper_and_reference():
     with pytest.raises(ConfigError) as e:
         TrialConfig.from_flat({"mnist_tokens": 50, "homology_long": "cut", "rotation_degrees": -1})
     assert all(f in str(e.value) for f in ("--mnist-tokens", "--homology-long", "--rotation"))
+
+
+# ---------------------------------------------------------------- a task added from outside
+
+TOY_TASK = '''
+"""Bit AND: two random bits, the second token predicts their AND."""
+
+import torch
+
+from scale_fpt.tasks.base import Batch, Task, TaskSpec, split_batch, step_draws, synthetic_eval_set
+from scale_fpt.tasks.aspects import NO_NORMALISATION, Aspect, input_dropout
+
+
+class BitAnd(Task):
+    name = "bit-and"
+
+    @classmethod
+    def spec_for(cls, config):
+        return TaskSpec(2, 1, 0, 1, 1, 2)
+
+    @classmethod
+    def preprocessing(cls, config):
+        same = [Aspect(a, "none", "none", "none", True) for a in ("split", "truncation")]
+        length = Aspect("sequence length", "2 tokens x 1 bit", "none", "none", True)
+        augmentation = Aspect("augmentation", "none", "none", "none", True)
+        return [length, *same, augmentation, NO_NORMALISATION, input_dropout(config, True)]
+
+    def __init__(self, config, seed):
+        super().__init__(config, seed)
+        self.spec = self.spec_for(config)
+
+    def sample(self, n, draws):
+        bits = draws.randint(0, 2, (n, 2))
+        return Batch(bits.float().unsqueeze(-1), (bits[:, :1] & bits[:, 1:]).unsqueeze(-1))
+
+    def train_batch(self, step, batch_size):
+        return self.sample(batch_size, step_draws(self.data_seed, step, 0, self.device))
+
+    def eval_batches(self, split, batch_size):
+        seed, n = synthetic_eval_set(self.config, split)
+        return split_batch(self.sample(8 * n, step_draws(seed, 0, 1, self.device)), batch_size)
+'''
+
+
+def test_a_task_added_as_its_module_and_one_registry_line_plans_trains_and_reports(
+    tmp_path, monkeypatch, capsys, scale_fpt_home
+):
+    from scale_fpt import cli
+    from scale_fpt.preflight import preflight_problems
+    from scale_fpt.task_registry import Baseline, TaskEntry
+
+    (tmp_path / "toy_bit_and.py").write_text(TOY_TASK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(
+        TASKS, "bit-and", TaskEntry("toy_bit_and:BitAnd", Baseline(75.0, "75% answering 0"))
+    )
+    arm = ["--task", "bit-and", "--model", "gpt2-tiny", "--init", "random", "--accelerator", "cpu"]
+
+    assert cli.main(["plan", *arm]) == 0
+    out = capsys.readouterr().out
+    assert "preprocessing of bit-and" in out and "2 tokens x 1 bit" in out
+
+    assert preflight_problems([{"task": "bit-and", "model": "gpt2-tiny", "init": "random"}]) == []
+
+    results = tmp_path / "results"
+    steps = ["--steps", "20", "--eval-every", "10", "--val-batches", "2", "--test-batches", "2"]
+    assert cli.main(["train", *arm, *steps, "--no-progress", "--results", str(results)]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["status"] == "completed" and row["steps_done"] == 20
+
+    assert cli.main(["report", str(results), "--no-attention"]) == 0
+    report = (results / "report" / "report.md").read_text()
+    assert "bit-and" in report and "bit-and 75% answering 0" in report

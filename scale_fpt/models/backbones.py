@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from scale_fpt.config import ConfigError, ModelConfig
+from scale_fpt.hub import hub_reachable
 from scale_fpt.models import ops
-from scale_fpt.models.families import family_of, model_width
+from scale_fpt.models.families import family_named, family_of, model_width
 from scale_fpt.scaling import (
     FAMILY_CPU_PRESETS,
     GPT2_SIZES,
@@ -74,43 +74,6 @@ def family_size(model: str) -> FamilySize | None:
     return FAMILY_CPU_PRESETS.get(model) or PYTHIA_SIZES.get(model.removesuffix("-deduped"))
 
 
-def family_config(size: FamilySize, dropout: float):
-    """The transformers config of a GPT-NeoX (Pythia's settings) or Llama-style size."""
-    if size.family == "gpt-neox":
-        from transformers import GPTNeoXConfig
-
-        return GPTNeoXConfig(
-            vocab_size=size.vocab_size,
-            hidden_size=size.d_model,
-            num_hidden_layers=size.n_layer,
-            num_attention_heads=size.n_head,
-            intermediate_size=size.mlp_width,
-            hidden_act="gelu",
-            rotary_pct=0.25,
-            max_position_embeddings=2048,
-            use_parallel_residual=True,
-            tie_word_embeddings=False,
-            hidden_dropout=dropout,
-            attention_dropout=dropout,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=size.vocab_size,
-        hidden_size=size.d_model,
-        num_hidden_layers=size.n_layer,
-        num_attention_heads=size.n_head,
-        num_key_value_heads=size.n_kv_head or size.n_head,
-        intermediate_size=size.mlp_width,
-        max_position_embeddings=2048,
-        attention_dropout=dropout,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-
-
 LOCAL_CORPORA = ("language", "bit-memory")
 
 
@@ -155,7 +118,8 @@ def load_architecture(config: ModelConfig, attn_implementation: str = "sdpa"):
     if config.model in GPT2_SIZES:
         arch = gpt2_config(GPT2_SIZES[config.model], config.dropout)
     elif family_size(config.model) is not None:
-        arch = family_config(family_size(config.model), config.dropout)
+        size = family_size(config.model)
+        arch = family_named(size.family).preset_config(size, config.dropout)
     else:
         from transformers import AutoConfig
 
@@ -295,29 +259,6 @@ def quiet_transformers():
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
-
-
-def hub_reachable() -> bool:
-    """Whether the Hugging Face hub may be asked for files: not in offline mode, and its host
-    answers (or a proxy is set, which we cannot probe). Without network, ``from_pretrained``
-    retries for over a minute before failing; this answers in seconds."""
-    from urllib.parse import urlsplit
-
-    from huggingface_hub import constants
-
-    flags = (os.environ.get(k, "").lower() for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-    if constants.HF_HUB_OFFLINE or any(f in ("1", "true", "yes", "on") for f in flags):
-        return False
-    proxies = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
-    if any(os.environ.get(k) for k in proxies):
-        return True
-    url = urlsplit(constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((url.hostname, port), timeout=5).close()
-    except OSError:
-        return False
-    return True
 
 
 def from_disk_or_hub(load, source: str):

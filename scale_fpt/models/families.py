@@ -18,15 +18,22 @@ Families (transformers ``model_type`` in brackets):
 - ``opt`` [opt]: learned positions (offset 2), LayerNorm, ReLU MLP. Its residual dropout is
   functional inside transformers' layer and so not keyed (and LayerDrop draws from torch's
   generator): OPT trials run alone on a DeepSpeed engine, never packed.
+
+A family also declares whether and how it packs (``packed``: the model of K members over its
+frozen body, with the norms that model names) and its block shape (``gated_mlp``,
+``rms_norm``); nothing else recognises a family by name. Adding a packable family is its
+entry here and, unless an existing packed model fits its block, its packed model.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from scale_fpt.config import GROUPS
-from scale_fpt.scaling import BlockShape
+from scale_fpt.scaling import BlockShape, FamilySize
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,25 @@ class Family:
     keyed_dropout: bool = True
     """Every dropout of the family's forward pass is a module or the attention interface's,
     so ``fast_ops`` keys them all (a packed or resumed run reproduces its solo run)."""
+    gated_mlp: bool = False
+    """Its MLP is gated (SiLU(x W_gate) * x W_up): the block shape FLOPs and activation
+    memory follow (``block_shape``)."""
+    rms_norm: bool = False
+    """RMSNorm (no bias) rather than LayerNorm."""
+    packed: str = ""
+    """``"module:Class"`` of the model that runs K members over one frozen body of this
+    family (a cohort step's), imported on first use; empty: its trials are never packed."""
+    packed_norms: tuple[str, ...] = ()
+    """The packed model's (block norm 1, block norm 2, final norm) attributes, where the
+    packed block needs them named (the rotary families)."""
+    preset_config: Callable[[FamilySize, float], object] | None = None
+    """The transformers config of a size of this family from its numbers
+    (``scaling.FamilySize``: Pythia and the CPU presets, built offline) at a dropout."""
+
+    def packed_class(self):
+        """The packed model class (``packed``)."""
+        module, name = self.packed.split(":")
+        return getattr(importlib.import_module(module), name)
 
     def group_of(self, name: str) -> str | None:
         """The group of backbone parameter ``name`` (LoRA's ``base_layer.`` wrapper ignored;
@@ -74,6 +100,48 @@ class Family:
         return {}
 
 
+def neox_config(size: FamilySize, dropout: float):
+    """A GPT-NeoX size with Pythia's settings."""
+    from transformers import GPTNeoXConfig  # TRANSFORMERS
+
+    return GPTNeoXConfig(
+        vocab_size=size.vocab_size,
+        hidden_size=size.d_model,
+        num_hidden_layers=size.n_layer,
+        num_attention_heads=size.n_head,
+        intermediate_size=size.mlp_width,
+        hidden_act="gelu",
+        rotary_pct=0.25,
+        max_position_embeddings=2048,
+        use_parallel_residual=True,
+        tie_word_embeddings=False,
+        hidden_dropout=dropout,
+        attention_dropout=dropout,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+
+
+def llama_config(size: FamilySize, dropout: float):
+    """A Llama-style size (grouped-query attention where ``n_kv_head`` says)."""
+    from transformers import LlamaConfig  # TRANSFORMERS
+
+    return LlamaConfig(
+        vocab_size=size.vocab_size,
+        hidden_size=size.d_model,
+        num_hidden_layers=size.n_layer,
+        num_attention_heads=size.n_head,
+        num_key_value_heads=size.n_kv_head or size.n_head,
+        intermediate_size=size.mlp_width,
+        max_position_embeddings=2048,
+        attention_dropout=dropout,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+
+
+TRANSFORMERS = "transformers takes seconds to import: only when a preset's config is built"
+PACKED_ROTARY = "scale_fpt.models.packed_families:PackedRotaryFPT"
 NEOX_LLAMA_NORMS = r"^layers\.\d+\.(input_layernorm|post_attention_layernorm)\."
 
 FAMILIES = (
@@ -89,6 +157,7 @@ FAMILIES = (
         "learned",
         "h",
         r".*\.attn\.(c_attn|c_proj)",
+        packed="scale_fpt.models.packed:PackedFPT",
     ),
     Family(
         "gpt-neox",
@@ -101,6 +170,9 @@ FAMILIES = (
         "rotary",
         "layers",
         r".*\.attention\.(query_key_value|dense)",
+        packed=PACKED_ROTARY,
+        packed_norms=("input_layernorm", "post_attention_layernorm", "final_layer_norm"),
+        preset_config=neox_config,
     ),
     Family(
         "llama",
@@ -113,6 +185,11 @@ FAMILIES = (
         "rotary",
         "layers",
         r".*\.self_attn\.(q_proj|k_proj|v_proj|o_proj)",
+        gated_mlp=True,
+        rms_norm=True,
+        packed=PACKED_ROTARY,
+        packed_norms=("input_layernorm", "post_attention_layernorm", "norm"),
+        preset_config=llama_config,
     ),
     Family(
         "opt",
@@ -137,6 +214,13 @@ FAMILIES = (
 )
 BY_MODEL_TYPE = {t: family for family in FAMILIES for t in family.model_types}
 FAMILY_NAMES = tuple(f.name for f in FAMILIES)
+PACKED_FAMILIES = tuple(f.name for f in FAMILIES if f.packed)
+"""The families whose trials may share one frozen body in a cohort."""
+
+
+def family_named(name: str) -> Family:
+    """The family called ``name`` (``FAMILY_NAMES``)."""
+    return next(family for family in FAMILIES if family.name == name)
 
 
 def family_of(config) -> Family | None:
@@ -178,5 +262,6 @@ def block_shape(arch) -> BlockShape:
         or 4 * d
     )
     family = family_of(arch)
-    llama_style = family is not None and family.name == "llama"
-    return BlockShape(d, int(inner), gated=llama_style, rms_norm=llama_style)
+    if family is None:
+        return BlockShape(d, int(inner))
+    return BlockShape(d, int(inner), gated=family.gated_mlp, rms_norm=family.rms_norm)

@@ -27,14 +27,8 @@ from torch import nn
 from scale_fpt.models import ops
 from scale_fpt.models.families import family_of
 from scale_fpt.models.fpt import FPT
-from scale_fpt.models.packed import PackedFPT, PackedMembers, predicting_positions
+from scale_fpt.models.packed import PackedMembers, predicting_positions
 from scale_fpt.tasks.base import TaskSpec
-
-NORMS = {  # per family: (block norm 1, block norm 2, final norm) attribute names
-    "gpt-neox": ("input_layernorm", "post_attention_layernorm", "final_layer_norm"),
-    "llama": ("input_layernorm", "post_attention_layernorm", "norm"),
-}
-PACKED_FAMILIES = tuple(NORMS)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -73,7 +67,7 @@ class PackedRotaryFPT(PackedMembers):
         self.n_head = config.num_attention_heads
         self.n_kv = getattr(config, "num_key_value_heads", None) or self.n_head
         self.hd = getattr(config, "head_dim", None) or self.d // self.n_head
-        self.neox = self.family == "gpt-neox"
+        self.neox = not family.rms_norm  # GPT-NeoX's block: LayerNorm, fused QKV, GELU MLP
         self.parallel = bool(getattr(config, "use_parallel_residual", False))
         self.eps = config.layer_norm_eps if self.neox else config.rms_norm_eps
         self.input_p = heads[0].input_p
@@ -81,7 +75,7 @@ class PackedRotaryFPT(PackedMembers):
         self.hidden_p = config.hidden_dropout if self.neox else 0.0
         blocks = list(family.blocks(backbone))
         self.act = blocks[0].mlp.act if self.neox else blocks[0].mlp.act_fn
-        norm_1, norm_2, norm_f = NORMS[self.family]
+        norm_1, norm_2, norm_f = family.packed_norms
         self.norm_names = (norm_1, norm_2, norm_f)
         self.parts = ("weight", "bias") if self.neox else ("weight",)
 
@@ -241,8 +235,10 @@ def packed_model(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
 ):
-    """The packed model of ``backbone``'s family: ``PackedFPT`` for GPT-2,
-    ``PackedRotaryFPT`` for GPT-NeoX and Llama-style bodies."""
+    """The packed model of ``backbone``'s family (``Family.packed``): ``PackedFPT`` for
+    GPT-2, ``PackedRotaryFPT`` for GPT-NeoX and Llama-style bodies."""
     family = family_of(backbone.config)
-    kind = PackedRotaryFPT if family is not None and family.name in PACKED_FAMILIES else PackedFPT
-    return kind(backbone, spec, heads, n_tokens, dtype=dtype, device=device)  # fmt: skip
+    if family is None or not family.packed:
+        kind = getattr(backbone.config, "model_type", type(backbone).__name__)
+        raise ValueError(f"{kind}: not a family that packs (models/families.py: packed)")
+    return family.packed_class()(backbone, spec, heads, n_tokens, dtype=dtype, device=device)

@@ -1,8 +1,10 @@
 """Sweeps: a grid (or an Optuna search per arm) over trial configs, run by Ray Tune.
 
     SweepConfig (config.py) --trials()--> flat trial configs
-        --placement.py: planned on the cluster's GPUs, grouped into cohorts (--pack)-->
-        --driver.py: one Tuner per grid (or per searched arm)-->
+        --placement.py: checked against the cluster's GPUs, grouped into cohorts (--pack)-->
+        --plan.py: the SweepPlan, made once: each Tune trial's members, step, GPU share,
+        memory and Ray bundles (what --plan prints)-->
+        --driver.py: one Tuner per grid (or per searched arm), resources looked up in it-->
         trainable.py: tune_trial (one ``TrialRun`` per member list: one trial, or a packed
         cohort); each evaluation: ray.tune.report(rows, checkpoint)
         --> callbacks.py: ResultsCallback on the driver --> Parquet rows
@@ -29,7 +31,10 @@ EXPORTS = {
     "plan_bundles": "placement",
     "planned_arms": "placement",
     "search_pack": "placement",
-    "trial_resources": "placement",
+    "PlannedCohort": "plan",
+    "SweepPlan": "plan",
+    "plan_cohort": "plan",
+    "plan_sweep": "plan",
     "saved_unfinished": "resume",
     "report_metrics": "trainable",
     "tune_members": "trainable",

@@ -15,7 +15,7 @@ from scale_fpt import planner
 from scale_fpt.config import FIELD_TYPES, ConfigError, flag, parse_trial
 from scale_fpt.flags import load_mapping
 from scale_fpt.gpus import GPUS
-from scale_fpt.preflight import DATA_FOLDERS
+from scale_fpt.task_registry import data_folder
 
 SEARCH_KINDS = ("loguniform", "uniform", "int", "choice")
 VALIDATION_METRICS = ("best_val_accuracy", "val_accuracy")
@@ -106,7 +106,7 @@ class SweepConfig:
     plans for). Empty: ``~/ray_bootstrap_config.yaml`` when it exists (``ray up`` leaves it on
     the head, where ``ray submit`` runs the sweep)."""
     data_root: str = ""
-    """A folder of the tasks' data, one subfolder per dataset (``preflight.DATA_FOLDERS``:
+    """A folder of the tasks' data, one subfolder per dataset (``task_registry``:
     listops, homology, mnist, cifar10): a trial of a task whose folder exists there and whose
     ``data_dir`` is not set reads ``data_root/<folder>``; the others keep their default
     source (the seeded generator for ListOps, the Hugging Face cache or hub for images).
@@ -391,7 +391,7 @@ def is_of_type(value, kind: type) -> bool:
 def with_data_root(arm: dict, data_root: str) -> dict:
     """``arm`` reading its task's folder of ``data_root`` when that folder exists and the arm
     names no ``data_dir`` of its own (``SweepConfig.data_root``)."""
-    folder = DATA_FOLDERS.get(arm.get("task", ""))
+    folder = data_folder(arm.get("task", ""))
     if not data_root or not folder or arm.get("data_dir"):
         return arm
     path = Path(data_root).absolute() / folder

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 from scale_fpt import analysis_plan
 from scale_fpt.cluster import GPUOffer
-from scale_fpt.config import parse_trial
 from scale_fpt.loop import evaluation_steps
 from scale_fpt.models.backbones import scale_fpt_home
 from scale_fpt.recovery import restore_missing_rows
@@ -27,14 +26,10 @@ from scale_fpt.sweep.lock import driver_lock
 from scale_fpt.sweep.placement import (
     Devices,
     cluster_devices,
-    cohort_resources,
-    grid_cohorts,
-    planned_arms,
-    search_pack,
     sweep_gpus,
-    trial_resources,
     with_node_width,
 )
+from scale_fpt.sweep.plan import SweepPlan, plan_sweep
 from scale_fpt.sweep.resume import (
     repoint_trial_generator,
     saved_unfinished,
@@ -49,25 +44,27 @@ from scale_fpt.trial import (
 from scale_fpt.vocabulary import CONFIRM_SUFFIX
 
 
-def search_algorithm(sweep: SweepConfig, arms: list[dict], devices: Devices):
+def search_algorithm(plan: SweepPlan):
     """The searcher of a sweep's searched arms: one ``search.SeedMeanSearcher`` per arm (its
     configurations trained for every seed, scored on the seed mean, in the arm's own Optuna
-    study ``<sweep>-<arm>``), all run side by side (``search.ArmSearchers``)."""
-    from scale_fpt.search import ArmSearchers, SeedMeanSearcher, seed_groups  # Ray Tune
+    study ``<sweep>-<arm>``, in cohorts of the plan's size), all run side by side
+    (``search.ArmSearchers``)."""
+    from scale_fpt.search import ArmSearchers, SeedMeanSearcher  # Ray Tune
 
+    sweep = plan.sweep
     searchers = [
         SeedMeanSearcher(
             sweep=sweep.name,
-            seed_arms=group,
+            seed_arms=list(group),
             search=sweep.search,
             study_name=f"{sweep.name}-{slug(arm_label({**group[0], 'seed': 'seeds'}))}",
             storage_url=sweep.optuna_storage or default_optuna_storage(sweep.sweep_dir),
             n_configs=sweep.search_trials,
-            pack=search_pack(sweep, group, devices),
-            parallel=sweep.max_concurrent or devices.slots,
+            pack=pack,
+            parallel=sweep.max_concurrent or plan.devices.slots,
             metric=sweep.metric,
         )
-        for group in seed_groups(arms)
+        for group, pack in plan.searches
     ]
     return searchers[0] if len(searchers) == 1 else ArmSearchers(searchers, sweep.metric)
 
@@ -132,13 +129,12 @@ def run_locked(sweep: SweepConfig, resume: bool) -> SweepOutcome:
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
     connect_ray(runtime_env={"env_vars": {"SCALE_FPT_HOME": str(scale_fpt_home())}})
     offer = with_node_width(sweep_gpus(sweep))
-    arms = planned_arms(sweep.trials(), sweep, offer)
     import ray
 
     devices = cluster_devices(sweep, ray.cluster_resources(), offer)
     # One Tune experiment: a grid's trials, or every searched arm side by side (one Optuna
     # study per arm, each configuration trained for every seed).
-    grid = run_experiment(sweep, sweep.name, arms, offer, devices, resume)
+    grid = run_experiment(plan_sweep(sweep, sweep.trials(), offer, devices), resume)
     trials, unfinished, experiments = len(grid), 0, [sweep.name]
     if saved_unfinished(os.path.join(sweep.ray_storage, sweep.name)):
         unfinished = unfinished_trials(sweep, [sweep.name])
@@ -147,13 +143,6 @@ def run_locked(sweep: SweepConfig, resume: bool) -> SweepOutcome:
         trials += confirmed
         experiments.append(sweep.name + CONFIRM_SUFFIX)
     return SweepOutcome(experiments, trials, unfinished)
-
-
-def planned_steps(sweep: SweepConfig, arms: list[dict]) -> int:
-    """Member trial-steps an experiment of ``arms`` trains in all: each arm's ``max_steps``,
-    times the configurations a search tries per arm (for the progress ETA)."""
-    steps = sum(parse_trial(arm).train.max_steps for arm in arms)
-    return steps * (sweep.search_trials if sweep.search else 1)
 
 
 def run_confirmation(
@@ -170,37 +159,38 @@ def run_confirmation(
         )
     if not arms:
         return 0, 0
-    arms = planned_arms(arms, confirm, offer)
-    grid = run_experiment(confirm, confirm.name, arms, offer, devices, resume)
+    plan = plan_sweep(confirm, arms, offer, devices)
+    grid = run_experiment(plan, resume)
     if not saved_unfinished(os.path.join(confirm.ray_storage, confirm.name)):
         return len(grid), 0
-    return len(grid), unfinished_arms(confirm, arms)
+    return len(grid), unfinished_arms(confirm, list(plan.arms))
 
 
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
 
-def run_experiment(
-    sweep: SweepConfig,
-    experiment: str,
-    arms: list[dict],
-    offer: GPUOffer,
-    devices: Devices,
-    resume: bool,
-):
+def trial_resources(plan: SweepPlan):
+    """Ray Tune's resources callback of an experiment: each Tune trial's request, looked up
+    in its plan."""
+
+    def resources(config: dict):
+        _, members = tune_members(without_search_configs(config))
+        return plan.cohort(members).resources()
+
+    return resources
+
+
+def run_experiment(plan: SweepPlan, resume: bool):
     from ray import tune
 
+    sweep = plan.sweep
+    experiment = sweep.name
     path = os.path.join(sweep.ray_storage, experiment)
-
-    def resources(config: dict) -> tune.PlacementGroupFactory:
-        _, members = tune_members(without_search_configs(config))
-        if len(members) > 1:
-            return cohort_resources(members, sweep, offer)
-        return trial_resources(members[0], sweep, offer)
-
-    trainable = tune.with_resources(tune_search_members if sweep.search else tune_trial, resources)
-    callbacks = sweep_callbacks(sweep, experiment, planned_steps(sweep, arms))
+    trainable = tune.with_resources(
+        tune_search_members if sweep.search else tune_trial, trial_resources(plan)
+    )
+    callbacks = sweep_callbacks(sweep, experiment, plan.planned_steps)
     if resume and tune.Tuner.can_restore(path):
         repoint_trial_generator(path)  # a copied sweep generates its new trials here too
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True)
@@ -210,17 +200,17 @@ def run_experiment(
 
     if sweep.search:
         param_space = {"sweep": sweep.name}
-        search_alg = search_algorithm(sweep, arms, devices)
+        search_alg = search_algorithm(plan)
         num_samples = -1  # the searcher says when it is done (Searcher.FINISHED)
     else:
         search_alg, num_samples = None, 1
         # One grid axis over whole member lists: exactly arms(), overrides included, in
-        # the cohorts ``pack`` asks for (one arm per Tune trial when they do not pack).
-        groups = grid_cohorts(sweep, arms, devices)
+        # the planned cohorts (one arm per Tune trial when they do not pack).
+        groups = [list(cohort.members) for cohort in plan.cohorts]
         param_space = {"sweep": sweep.name, "members": tune.grid_search(groups)}
     scheduler = None
     if sweep.asha:
-        trains = [parse_trial(a).train for a in arms]
+        trains = [config.train for config in plan.configs]
         max_evals = max(
             len(evaluation_steps(t.max_steps, t.eval_every, t.log_evals)) for t in trains
         )

@@ -1,5 +1,6 @@
-"""Where a sweep's trials run: the GPUs it is planned for, each trial's (or packed cohort's)
-Ray resources, and the cohorts ``--pack`` makes of a grid or a search."""
+"""Where a sweep's trials run: the GPUs it is planned for, the slots of a cluster, the
+cohorts ``--pack`` makes of a grid or a search, and the Ray bundles of a plan (what each
+Tune trial asks for is planned once: ``sweep.plan``)."""
 
 from __future__ import annotations
 
@@ -111,25 +112,6 @@ def plan_bundles(plan: planner.TrialPlan, cpus: int, workers: int = 1) -> list[d
     return [{"CPU": cpus, "GPU": 1} for _ in range(plan.gpus)]
 
 
-def trial_resources(flat: dict, sweep: SweepConfig, offer: GPUOffer):
-    """Ray resources of one trial, as the planner sizes it (``trial_plan``)."""
-    from ray import tune
-
-    plan = trial_plan(flat, sweep, offer)
-    bundles = plan_bundles(plan, sweep.cpus_per_trial, trial_workers(flat))
-    strategy = "STRICT_PACK" if len(bundles) > 1 else "PACK"
-    return tune.PlacementGroupFactory(bundles, strategy=strategy)
-
-
-def trial_workers(flat: dict) -> int:
-    """Processes of the trial ``flat`` (its ``workers``; 1 for a config that does not
-    validate, which fails as one process)."""
-    try:
-        return profile_of(flat).config.train.workers
-    except ConfigError:
-        return 1
-
-
 @dataclass(frozen=True)
 class Devices:
     """Where a sweep's cohorts run side by side (read from the Ray cluster)."""
@@ -157,23 +139,33 @@ def cluster_devices(sweep: SweepConfig, resources: dict, offer: GPUOffer) -> Dev
     return Devices(gpus, slots, slot_bytes)
 
 
-def auto_pack(member: dict, n_members: int, devices: Devices) -> int:
+def fuses_attention(devices: Devices) -> bool:
+    """Whether the cohorts of ``devices`` run attention fused (GPUs with the Triton kernel:
+    no (B, H, T, T) tensors in their memory)."""
+    return bool(devices.gpus) and planner.gpu_fuses_attention()
+
+
+def auto_pack(member: dict, n_members: int, devices: Devices, fused_attention: bool) -> int:
     """``--pack auto``'s cohort size for ``n_members`` trials compatible with ``member``:
-    spread over the slots, as many per cohort as fit in a slot's memory (the planner's one
-    memory policy, ``planner.device_bytes``)."""
-    gpu = bool(devices.gpus)
-    parts = profile_of(member).cohort_memory_parts(gpu and planner.gpu_fuses_attention())
-    fits = planner.members_that_fit(*parts, devices.slot_bytes, gpu=gpu)
+    spread over the slots, as many per cohort as fit in a slot's memory (the cohort step's
+    memory model, ``TrialProfile.cohort_memory_parts``, under the planner's one memory
+    policy, ``planner.device_bytes``)."""
+    parts = profile_of(member).cohort_memory_parts(fused_attention)
+    fits = planner.members_that_fit(*parts, devices.slot_bytes, gpu=bool(devices.gpus))
     return scaling.auto_cohort_size(n_members, devices.slots, fits)
 
 
-def grid_cohorts(sweep: SweepConfig, arms: list[dict], devices: Devices) -> list[list[dict]]:
-    """The grid's arms grouped into the cohorts ``sweep.pack`` asks for."""
+def grid_cohorts(
+    sweep: SweepConfig, arms: list[dict], devices: Devices, fused_attention: bool | None = None
+) -> list[list[dict]]:
+    """The grid's arms grouped into the cohorts ``sweep.pack`` asks for (``fused_attention``
+    None: ``fuses_attention(devices)``)."""
     if sweep.pack != "auto":
         return cohorts(arms, sweep.pack)
     if sweep.asha:
         return [[arm] for arm in arms]
-    return cohorts(arms, lambda group: auto_pack(group[0], len(group), devices))
+    fused = fuses_attention(devices) if fused_attention is None else fused_attention
+    return cohorts(arms, lambda group: auto_pack(group[0], len(group), devices, fused))
 
 
 def search_pack(sweep: SweepConfig, seed_arms: list[dict], devices: Devices) -> int:
@@ -183,25 +175,8 @@ def search_pack(sweep: SweepConfig, seed_arms: list[dict], devices: Devices) -> 
         return sweep.pack
     if pack_problem(seed_arms[0]):
         return 1
-    return auto_pack(seed_arms[0], len(seed_arms) * sweep.search_trials, devices)
-
-
-def cohort_resources(members: list[dict], sweep: SweepConfig, offer: GPUOffer):
-    """Ray resources of a packed cohort: the CPUs of a lone trial (a cohort's products are
-    K times taller, not more numerous; one cohort per core is the fastest placement on a
-    CPU, benchmarks/packing.py), or a GPU share sized by its memory (one GPU at most)."""
-    from ray import tune
-
-    kind = planner.parse_gpus_per_trial(sweep.gpus_per_trial)[0]
-    if offer.gpu is None:
-        return tune.PlacementGroupFactory([{"CPU": sweep.cpus_per_trial}])
-    if kind == "share":
-        plan = planner.gpu_share(float(sweep.gpus_per_trial), offer.gpu)
-    else:
-        device = planner.device_bytes(profile_of(members[0]).cohort_bytes(len(members)))
-        share = planner.trials_per_gpu(device, offer.gpu.memory_bytes)
-        plan = planner.TrialPlan(1, 1 / share, share, 0, 1, None, offer.gpu)
-    return tune.PlacementGroupFactory(plan_bundles(plan, sweep.cpus_per_trial))
+    n_members = len(seed_arms) * sweep.search_trials
+    return auto_pack(seed_arms[0], n_members, devices, fuses_attention(devices))
 
 
 def study_gpu_hours(

@@ -28,9 +28,10 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from scale_fpt.config import ConfigError, TaskConfig
+from scale_fpt.config import ConfigError, TaskConfig, TrialConfig
 from scale_fpt.keyed_random import Draws, stream_key
 from scale_fpt.seeding import seed_streams
+from scale_fpt.tasks.aspects import Aspect
 
 PERMUTATION_STREAM = 1
 
@@ -171,10 +172,30 @@ def to_device(value, device: torch.device):
 
 
 class Task(ABC):
-    """A task built for one trial seed (``build_task(config, seed)``)."""
+    """A task built for one trial seed (``build_task(config, seed)``). Its class declares
+    what planning, the preflight and the report read without building it: its shapes
+    (``spec_for``), its preprocessing (``preprocessing``) and why its data cannot be reached
+    (``data_problem``); its registry entry (``task_registry``) the rest."""
 
     name: str
     spec: TaskSpec
+
+    @classmethod
+    def spec_for(cls, config: TaskConfig) -> TaskSpec:
+        """The shapes of a trial of ``config``, without loading any data."""
+        raise NotImplementedError(f"{cls.__name__} declares no spec_for")
+
+    @classmethod
+    def preprocessing(cls, config: TrialConfig) -> list[Aspect]:
+        """Its preprocessing aspects (``tasks.preprocessing``), in their order."""
+        raise NotImplementedError(f"{cls.__name__} declares no preprocessing")
+
+    @classmethod
+    def data_problem(cls, config: TaskConfig) -> str:
+        """Why a trial of ``config`` cannot reach its data ('' when it can; a
+        ``DataUnavailable`` raised says it too): where the task itself will look, opening no
+        dataset. A task that generates its data: ''."""
+        return ""
 
     def __init__(self, config: TaskConfig, seed: int):
         self.config = config

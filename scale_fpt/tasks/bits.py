@@ -14,9 +14,10 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from scale_fpt.config import TaskConfig
+from scale_fpt.config import TaskConfig, TrialConfig
 from scale_fpt.keyed_random import Draws
 from scale_fpt.tasks import split_batch
+from scale_fpt.tasks.aspects import NO_NORMALISATION, Aspect, input_dropout
 from scale_fpt.tasks.base import Batch, Task, TaskSpec, step_draws, synthetic_eval_set
 
 # step_draws streams (PERMUTATION_STREAM = 1 in scale_fpt.tasks.base is not used here).
@@ -32,6 +33,29 @@ class _FreshRandomTask(Task):
     """A task whose examples are i.i.d. draws: ``_sample(n, draws)`` makes n of them on the
     draws' device, for each of the draws' keys at once (``Draws.lead``): a cohort's members'
     batches are one set of operations, however many members there are."""
+
+    @classmethod
+    def preprocessing(cls, config: TrialConfig) -> list[Aspect]:
+        if config.task.task == "bit-memory":
+            bits, patch = config.task.bit_memory_bits, config.task.bit_memory_patch
+            shape = f"{6 * bits // patch} tokens x {patch} bits (5 strings of {bits} bits, a query)"
+            published = "120 tokens x 50 bits (5 strings of 1000 bits, a query)"
+        else:
+            shape = published = "10 tokens x 1 bit"
+        return [
+            Aspect("sequence length", shape, published, published, shape == published),
+            Aspect(
+                "split",
+                "fresh random training batches; fixed validation and test draws (val_seed, test_seed)",
+                "fresh random data for every batch",
+                "fresh random batches, train and evaluation alike",
+                True,
+            ),
+            Aspect("truncation", "none", "none", "none", True),
+            Aspect("augmentation", "none", "none", "none", True),
+            NO_NORMALISATION,
+            input_dropout(config, continuous=True),
+        ]
 
     def __init__(self, config: TaskConfig, seed: int):
         super().__init__(config, seed)

@@ -35,9 +35,11 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from scale_fpt.config import TaskConfig
+from scale_fpt.config import TaskConfig, TrialConfig
+from scale_fpt.hub import hub_dataset_cached, hub_reachable
 from scale_fpt.keyed_random import Draws
 from scale_fpt.seeding import seed_streams
+from scale_fpt.tasks.aspects import Aspect, input_dropout
 from scale_fpt.tasks.base import (
     Batch,
     DataUnavailable,
@@ -68,6 +70,12 @@ NORMALIZATION = {
 }
 """(mean, std) per channel that the reference code (kzl/universal-computation) normalises
 each task's [0, 1] pixels with, after augmentation."""
+NORMALIZATION_TEXT = {
+    "mnist": "none (mean 0, std 1)",
+    "cifar10": "per channel: mean (0.4914, 0.4822, 0.4465), std (0.2023, 0.1994, 0.2010)",
+    "cifar10-lra": "mean 0.5, std 0.5",
+}
+"""``NORMALIZATION`` as the preprocessing table says it."""
 CROP_PADDING = 4
 AUGMENT_STREAM = 3
 """step_draws stream of the augmentation randomness (1 is the epoch permutation)."""
@@ -275,6 +283,92 @@ class ImageClassification(Task):
         if config.task == "mnist" and config.mnist_tokens == 49:
             return STORED_SIZE["mnist"]
         return SIZE
+
+    @classmethod
+    def preprocessing(cls, config: TrialConfig) -> list[Aspect]:
+        task = config.task
+        name = task.task
+        out = []
+        if name == "mnist":
+            here = f"{task.mnist_tokens} tokens x 16 (4x4 patches" + (
+                ", 28x28 as stored)" if task.mnist_tokens == 49 else ", padded to 32x32)"
+            )
+            out.append(
+                Aspect(
+                    "sequence length",
+                    here,
+                    "64 tokens x 16",
+                    "49 tokens x 16 (28x28 in 4x4 patches)",
+                    task.mnist_tokens == 49,
+                )
+            )
+        else:
+            shape = "64 tokens x 48" if name == "cifar10" else "1024 tokens x 1 (greyscale pixels)"
+            out.append(Aspect("sequence length", shape, shape, shape, True))
+        out.append(
+            Aspect(
+                "split",
+                f"train minus a fixed {task.val_fraction:.0%} validation slice; test split",
+                "train and test",
+                "full train split; test split",
+                False,  # the held-out slice is not trained on
+            )
+        )
+        out.append(Aspect("truncation", "none", "none", "none", True))
+        if name == "mnist":
+            out.append(Aspect("augmentation", "none", "none", "none", True))
+        else:
+            here = (
+                f"crop (pad 4), flip, rotation ±{task.rotation_degrees:g}°"
+                if task.augment
+                else "none"
+            )
+            reference = "crop (pad 4), flip, rotation ±20°"
+            if name == "cifar10-lra":
+                reference = "not verified for the greyscale variant; cifar10's: " + reference
+            published = task.augment and task.rotation_degrees == 20.0
+            out.append(
+                Aspect(
+                    "augmentation",
+                    here,
+                    "random crop, flip, small rotations",
+                    reference,
+                    published,
+                )
+            )
+        out.append(cls.normalisation(config))
+        out.append(input_dropout(config, continuous=True))
+        return out
+
+    @classmethod
+    def normalisation(cls, config: TrialConfig) -> Aspect:
+        """Pixels normalised per channel as the reference code (``normalize``)."""
+        task = config.task
+        reference = NORMALIZATION_TEXT[task.task]
+        return Aspect(
+            "normalisation",
+            reference if task.normalize else "none (pixels in [0, 1])",
+            "not stated",
+            reference,
+            task.normalize or task.task == "mnist",
+        )
+
+    @classmethod
+    def data_problem(cls, config: TaskConfig) -> str:
+        hub_id = HUB_IDS[config.task]
+        if config.data_dir:
+            folder = Path(config.data_dir)
+            if not folder.is_dir():
+                return f"{config.task}: --data-dir {config.data_dir} is not a directory"
+            if (folder / "dataset_dict.json").is_file() or all(_parquet_files(folder).values()):
+                return ""
+            return (
+                f"{config.task}: no {hub_id} data in {config.data_dir} (expected a datasets "
+                "save_to_disk directory, or train-*.parquet and test-*.parquet files)"
+            )
+        if hub_dataset_cached(hub_id) or hub_reachable():
+            return ""
+        return f"{config.task}: {hub_id} is not in the Hugging Face cache and the hub cannot be reached"
 
     @classmethod
     def spec_for(cls, config: TaskConfig) -> TaskSpec:

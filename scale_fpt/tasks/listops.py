@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from scale_fpt.config import ConfigError, TaskConfig
+from scale_fpt.config import ConfigError, TaskConfig, TrialConfig
+from scale_fpt.tasks.aspects import NO_NORMALISATION, Aspect, input_dropout
 from scale_fpt.tasks.base import (
     Batch,
     DataUnavailable,
@@ -263,6 +264,44 @@ class ListOps(Task):
     """
 
     name = "listops"
+
+    @classmethod
+    def preprocessing(cls, config: TrialConfig) -> list[Aspect]:
+        task = config.task
+        length = task.max_length or 512
+        files = bool(task.data_dir)
+        split = (
+            "train basic_train; validation basic_val; test basic_test"
+            if files
+            else "generated with LRA's grammar: a training pool and validation/test draws"
+        )
+        truncation = (
+            f"expressions longer than {length} tokens cut"
+            if files
+            else f"generated expressions fit {length} tokens (at least {length // 4})"
+        )
+        return [
+            Aspect(
+                "sequence length", f"{length} tokens", "512 tokens", "512 tokens", length == 512
+            ),
+            Aspect(
+                "split",
+                split,
+                "LRA ListOps",
+                "train basic_train; reports basic_val as 'test'",
+                False,  # the published number is a validation accuracy
+            ),
+            Aspect("truncation", truncation, "padded/cut to 512", "padded/cut to 512", files),
+            Aspect("augmentation", "none", "none", "none", True),
+            NO_NORMALISATION,
+            input_dropout(config, continuous=False),
+        ]
+
+    @classmethod
+    def data_problem(cls, config: TaskConfig) -> str:
+        if config.data_dir:  # without files: the seeded generator
+            find_lra_files(config.data_dir)
+        return ""
 
     @classmethod
     def spec_for(cls, config: TaskConfig) -> TaskSpec:

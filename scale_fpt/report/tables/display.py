@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from scale_fpt.published import BASELINES, TASK_COLUMNS
+from scale_fpt.published import TASK_COLUMNS
 from scale_fpt.report.tables.cells import INIT_ORDER, trial_config
+from scale_fpt.task_registry import TASKS
 
 
 def cell_text(cell) -> str:
@@ -142,9 +143,9 @@ def human(n) -> str:
 
 
 def baseline_text(task: str) -> str:
-    """What a task's accuracy is without learning it (``published.BASELINES``)."""
-    found = BASELINES.get(task)
-    return found[1] if found else ""
+    """What a task's accuracy is without learning it (its registry entry's baseline)."""
+    entry = TASKS.get(task)
+    return entry.baseline.how if entry is not None else ""
 
 
 LISTOPS_TEST_SET = ("data_dir", "max_length", "listops_max_depth", "listops_max_args",
