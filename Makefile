@@ -1,6 +1,6 @@
 # The set-up commands of the README: `make local` (the main job), `make test` (the whole
 # suite, what CI runs) and `make check` (the fast tier for the inner loop, docs/testing.md).
-# Each installs what it needs; torch is pinned and installed first so that pip never pulls
+# `local` and `test` install what they need first; torch is pinned and installed first so that pip never pulls
 # a CUDA build as a dependency of something else. On a CPU, install also JIT-builds
 # DeepSpeed's CPU op and the fused kernels once (~45 s on 2 cores), not inside the first run.
 PYTHON ?= python
