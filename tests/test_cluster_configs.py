@@ -521,6 +521,7 @@ def set_up_by_hand(config_path: Path, laptop: Path, home: Path, shared: Path) ->
     return config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpu.yaml", "local.yaml"])
 def test_synced_nodes_record_the_commit_rows_carry(tmp_path, laptop_checkout, name):
     """After `ray up`, code on a node that has no .git still knows its commit: the setup
