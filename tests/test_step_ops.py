@@ -114,6 +114,7 @@ def test_bad_arguments_exit_2_naming_the_problem():
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(INTERPRETING, reason="the child itself")
 def test_counter_in_tritons_interpreter():
     output = run_pytest_child(__file__, {"TRITON_INTERPRET": "1"})
