@@ -1,10 +1,11 @@
-# The two set-up commands of the README: `make local` (the main job) and `make test`.
-# Each installs what it needs; torch is pinned and installed first so that pip never pulls
+# The set-up commands of the README: `make local` (the main job), `make test` (the whole
+# suite, what CI runs) and `make check` (the fast tier for the inner loop, docs/testing.md).
+# `local` and `test` install what they need first; torch is pinned and installed first so that pip never pulls
 # a CUDA build as a dependency of something else. On a CPU, install also JIT-builds
 # DeepSpeed's CPU op and the fused kernels once (~45 s on 2 cores), not inside the first run.
 PYTHON ?= python
 
-.PHONY: install local test lint
+.PHONY: install local test check lint
 
 install:
 	$(PYTHON) -m pip install -q torch==2.13.0
@@ -16,6 +17,11 @@ local: install
 
 test: install
 	$(PYTHON) -m pytest -q
+
+# No install step: the inner loop runs it on an environment `make install` (or `make test`)
+# has set up. Every test not marked `slow`; the ten slowest are printed to keep it fast.
+check:
+	$(PYTHON) -m pytest -q -m "not slow" --durations=10
 
 lint:
 	ruff check . && ruff format --check .

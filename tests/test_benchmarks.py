@@ -41,6 +41,7 @@ def test_end_to_end_benchmark_times_a_packed_grid_to_its_last_row():
     assert "applies to issue 11's grid" in done.stdout and "no verdict" in done.stdout
 
 
+@pytest.mark.slow
 def test_attention_benchmark_runs_its_arms_in_tritons_interpreter():
     """The plumbing of benchmarks/attention.py on a CPU (``--interpret``: the Triton kernel in
     Triton's interpreter, tiny shapes): three arms timed, the kernel's output equal to the

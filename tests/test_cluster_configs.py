@@ -443,11 +443,12 @@ def test_importing_the_module_does_not_import_ray():
 SHARED = "/mnt/shared"
 
 
-def laptop_checkout(tmp_path: Path) -> tuple[Path, str]:
+@pytest.fixture(scope="module")
+def laptop_checkout(tmp_path_factory) -> tuple[Path, str]:
     """The repository as `ray up` sees it on a laptop: a git clone overlaid with this working
-    tree's files (tracked and untracked-not-ignored) plus one local edit. Returns (its path,
-    the git_sha its rows must carry)."""
-    laptop = tmp_path / "laptop"
+    tree's files (tracked and untracked-not-ignored) plus one local edit, made once for the
+    module (the tests only read it). Returns (its path, the git_sha its rows must carry)."""
+    laptop = tmp_path_factory.mktemp("checkout") / "laptop"
     subprocess.run(["git", "clone", "-q", "--shared", str(REPO), str(laptop)], check=True)
     listed = subprocess.run(
         ["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z"],
@@ -497,8 +498,9 @@ def set_up_by_hand(config_path: Path, laptop: Path, home: Path, shared: Path) ->
     """The files and setup of `ray up` of ``config_path`` onto a node simulated here, in
     seconds: its home ``home``, its /mnt/shared at ``shared``. The file mounts are copied as
     the launcher syncs them (.git left out of the trees) and the head's setup commands run
-    through ``ray_shell``, except the pip and torch ones: the synced tree goes on PYTHONPATH
-    instead. (``test_ray_up_submit_job_submit_down_over_ssh`` runs the real thing.)"""
+    through ``ray_shell``, except the pip and torch ones (the synced tree goes on PYTHONPATH
+    instead) and the kernels' prebuild (seconds of torch and DeepSpeed imports that record
+    nothing). (``test_ray_up_submit_job_submit_down_over_ssh`` runs the real thing.)"""
     config = _prepare(config_path)
     home.mkdir()
     for remote, local in config["file_mounts"].items():
@@ -512,18 +514,19 @@ def set_up_by_hand(config_path: Path, laptop: Path, home: Path, shared: Path) ->
     )
     shared.mkdir()
     for command in config["head_setup_commands"]:
-        if "pip install" in command or "import torch" in command:
+        if any(skip in command for skip in ("pip install", "import torch", "scale_fpt.prebuild")):
             continue
         done = ray_shell(command.replace(SHARED, str(shared)), home)
         assert done.returncode == 0, (command, done.stderr[-2000:])
     return config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpu.yaml", "local.yaml"])
-def test_synced_nodes_record_the_commit_rows_carry(tmp_path, name):
+def test_synced_nodes_record_the_commit_rows_carry(tmp_path, laptop_checkout, name):
     """After `ray up`, code on a node that has no .git still knows its commit: the setup
     records the synced tree's SHA and dirty flag, which scale_fpt.trial.git_sha returns."""
-    laptop, expected = laptop_checkout(tmp_path)
+    laptop, expected = laptop_checkout
     home = tmp_path / "node"
     set_up_by_hand(CLUSTER_DIR / name, laptop, home, tmp_path / "shared")
     assert not (home / SYNCED.removeprefix("~/") / ".git").exists()
@@ -792,7 +795,7 @@ def unauthenticated_probes(token: str, env: dict) -> dict[str, subprocess.Popen]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["local.yaml", "gpu.yaml"])
-def test_ray_up_submit_job_submit_down_over_ssh(tmp_path, ssh_node, name):
+def test_ray_up_submit_job_submit_down_over_ssh(tmp_path, laptop_checkout, ssh_node, name):
     """The README's commands, for real, with this machine as the config's head: the laptop
     makes the cluster's token (`python -m scale_fpt.cluster token`), `ray up` syncs a laptop's
     checkout and the token and runs the config's setup (its real `pip install -e`) and start
@@ -821,7 +824,7 @@ def test_ray_up_submit_job_submit_down_over_ssh(tmp_path, ssh_node, name):
         wait_until(lambda: not busy_ports(ports), "Ray's default ports", timeout=15)
     if busy := busy_ports(ports):
         pytest.skip(f"port(s) {busy} of the config's head are taken on this machine")
-    laptop, expected = laptop_checkout(tmp_path)
+    laptop, expected = laptop_checkout
     launched = launch_config(name, ssh_node)
     config = _write(tmp_path, launched, name)
     validate_cluster_config(config)

@@ -28,6 +28,7 @@ interpreted = pytest.mark.skipif(
 KEYS = torch.tensor([123456789, -987654321987], dtype=torch.int64)  # two member chunks
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(INTERPRETING, reason="the child itself")
 def test_kernel_in_tritons_interpreter():
     output = run_pytest_child(__file__, {"TRITON_INTERPRET": "1"})

@@ -35,6 +35,7 @@ interpreted = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(INTERPRETING, reason="the child itself")
 def test_kernels_in_tritons_interpreter():
     output = run_pytest_child(__file__, {"TRITON_INTERPRET": "1"})

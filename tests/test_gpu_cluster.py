@@ -22,6 +22,7 @@ from scale_fpt.gpus import GPUS
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_concurrent_first_builds_on_a_node_serialise(tmp_path):
     """Three processes enter the node's build lock at once: their build sections (each
     0.5 s) never overlap, and the lock file sits in the torch extensions directory."""

@@ -189,6 +189,7 @@ alone = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(ALONE, reason="the child itself")
 def test_memory_measurements_in_a_fresh_process():
     """Host memory is measured in a process of its own: threads that earlier tests leave

@@ -55,6 +55,7 @@ def test_every_shipped_preset_builds_validates_and_plans(study, preset):
     assert "DOES NOT FIT" not in "\n".join(table)
 
 
+@pytest.mark.slow
 def test_local_presets_preflight_and_start_on_a_fresh_machine(tmp_path):
     env = {
         **os.environ,

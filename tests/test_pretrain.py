@@ -37,6 +37,7 @@ def test_corpus_from_a_text_directory(tmp_path):
         load_corpus(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_language_backbone_is_cached_and_loads_as_pretrained(scale_fpt_home):
     path = Path(ensure_backbone("gpt2-tiny", "language", steps=3, batch_size=2, seq_len=16))
     assert path == scale_fpt_home / "backbones" / "gpt2-tiny-language"
@@ -57,6 +58,7 @@ def test_language_backbone_is_cached_and_loads_as_pretrained(scale_fpt_home):
     assert not torch.equal(pretrained.h[0].attn.c_attn.weight, random.h[0].attn.c_attn.weight)
 
 
+@pytest.mark.slow
 def test_bit_memory_backbone_for_the_modality_ablation(scale_fpt_home):
     from scale_fpt import pretrain
 

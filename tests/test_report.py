@@ -544,6 +544,7 @@ def few_resamples(monkeypatch):
     monkeypatch.setattr(scaling_laws, "REPORT_BOOT", 20)
 
 
+@pytest.mark.slow
 def test_cli_report_writes_every_table_and_figure(results_dir, tmp_path, capsys, few_resamples):
     out = tmp_path / "report"
     assert cli.main(["report", str(results_dir), "--out", str(out)]) == 0
@@ -573,6 +574,7 @@ def test_cli_report_writes_every_table_and_figure(results_dir, tmp_path, capsys,
     assert "data:image/png;base64," in (out / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_cli_report_options_and_errors(results_dir, tmp_path, capsys, few_resamples):
     out = tmp_path / "r"
     args = ["report", str(results_dir), "--out", str(out), "--threshold", "bit-xor=0.99"]

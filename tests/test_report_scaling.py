@@ -73,6 +73,7 @@ def report_dir(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_scaling_section_fits_checks_and_draws(report_dir, monkeypatch):
     monkeypatch.setattr(scaling_laws, "REPORT_BOOT", 30)
     text = build_report(report_dir, attention_maps=False).read_text()

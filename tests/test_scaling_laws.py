@@ -82,6 +82,7 @@ def test_power_floor_intervals_contain_truth_and_predict_orders_columns():
     assert fit.predict(new).equals(one)  # seeded: the same interval twice
 
 
+@pytest.mark.slow
 def test_coverage_of_95_percent_intervals():
     """Over 40 synthetic studies (5 sizes x 4 seeds, log-normal seed noise), the 95% interval
     of the exponent covers the truth in at least 0.85 of them (binomial sd at n=40 is 0.034:
@@ -100,6 +101,7 @@ def test_coverage_of_95_percent_intervals():
     assert np.median(widths) < 0.1  # informative: the exponent is known to about ±0.05
 
 
+@pytest.mark.slow
 def test_power_floor_coverage_of_95_percent_intervals():
     """40 seeded studies of 6 sizes x 4 seeds (E + A x^-alpha, floor a tenth of the smallest
     error, log-normal seed noise 0.05), 40 resamples each: per parameter, the count of 95%
@@ -262,6 +264,7 @@ def test_effective_data_transferred_recovers_a_planted_head_start():
     ).all()  # the head start matters less with more data
 
 
+@pytest.mark.slow
 def test_workers_give_the_same_intervals():
     rows = seeded_rows(np.random.default_rng(8), lambda n: 30.0 * n**-0.25, sigma=0.1)
     one = fit_scaling_law(rows, "error", "N", "power", groups="seed", n_boot=8)

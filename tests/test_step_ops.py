@@ -79,6 +79,7 @@ def counted(*args: str) -> dict[str, dict]:
     return {row["path"]: row for row in rows}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(INTERPRETING, reason="the parent")
 def test_every_path_launches_its_pinned_kernels_and_ours_never_sync():
     rows = counted("--path", "all")
@@ -96,6 +97,7 @@ def test_every_path_launches_its_pinned_kernels_and_ours_never_sync():
     assert compiled["kernel_ops_per_step"] <= 15  # issue 25's target
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(INTERPRETING, reason="the parent")
 def test_full_fine_tuning_on_the_engine_launches_its_pinned_kernels_and_never_syncs():
     row = counted("--path", "engine", "--finetune", "full")["engine"]
@@ -103,6 +105,7 @@ def test_full_fine_tuning_on_the_engine_launches_its_pinned_kernels_and_never_sy
     assert counts == PINNED["engine", "full"], (row["syncs"], row["top_ops"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(INTERPRETING, reason="the parent")
 def test_bad_arguments_exit_2_naming_the_problem():
     done = step_ops("--batch", "0", "--width", "7")
@@ -111,6 +114,7 @@ def test_bad_arguments_exit_2_naming_the_problem():
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(INTERPRETING, reason="the child itself")
 def test_counter_in_tritons_interpreter():
     output = run_pytest_child(__file__, {"TRITON_INTERPRET": "1"})

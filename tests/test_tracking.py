@@ -20,6 +20,7 @@ from scale_fpt.sweep import SweepConfig
 from scale_fpt.sweep.progress import SweepProgress
 
 
+@pytest.mark.slow
 def test_sweep_progress_errors_and_trackers(tmp_path, capsys, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -359,6 +360,7 @@ def test_terminal_block_is_redrawn_in_place_and_lines_stay_above_it():
     )
 
 
+@pytest.mark.slow
 def test_search_on_a_journal_file_is_read_by_optuna_load_study(tmp_path):
     """``--optuna-storage PATH.journal`` (what a shared file system needs): the study is in
     the journal, and optuna.load_study (what optuna-dashboard PATH.journal does) reads it
