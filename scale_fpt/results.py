@@ -27,7 +27,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from scale_fpt.config import CONCERNS, FIELD_TYPES, ConfigError
+from scale_fpt.config import CONCERNS, FIELD_TYPES
+from scale_fpt.confined import ResultsError, make_folders, write_file, write_text
 
 log = logging.getLogger(__name__)
 
@@ -171,42 +172,23 @@ CURVE_SCHEMA = pa.schema(
 )
 
 
-class ResultsError(ConfigError):
-    """The results directory, or a storage of the sweep, cannot be used (unwritable, full,
-    other schema, a bad URL). Its message is
-    the problem itself, without ConfigError's "invalid configuration" framing: a full disk
-    is not a bad flag."""
-
-    def __init__(self, problems: list[str]):
-        ValueError.__init__(self, "\n".join(problems))
-        self.problems = list(problems)
-
-
 def table(rows: list[dict], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pylist([{f.name: r.get(f.name) for f in schema} for r in rows], schema)
 
 
 def write_atomic(table_: pa.Table, path: Path) -> None:
-    """Write ``path`` so that it is either the old file or the complete new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write ``path`` so that it is either the old file or the complete new one, never
+    through a link (``confined.write_file``)."""
     try:
-        with open(tmp, "wb") as f:
-            pq.write_table(table_, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        # Whatever stopped the write (a full disk, an interrupt), leave no temporary behind.
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise ResultsError(
-                [
-                    f"cannot write results file {path}: {e.strerror or e} (the rows written "
-                    "before are intact; free space or fix the directory, then rerun, with "
-                    "--resume for a sweep)"
-                ]
-            ) from None
-        raise
+        write_file(path, lambda f: pq.write_table(table_, f))
+    except OSError as e:
+        raise ResultsError(
+            [
+                f"cannot write results file {path}: {e.strerror or e} (the rows written "
+                "before are intact; free space or fix the directory, then rerun, with "
+                "--resume for a sweep)"
+            ]
+        ) from None
 
 
 class ResultsWriter:
@@ -230,6 +212,7 @@ class ResultsWriter:
         )
         made = [p for p in folders if not p.exists()]
         try:
+            make_folders(self.root, "trials", "curves")  # real folders: no link out
             existing = marker.exists()
             if existing:
                 version = read_schema_version(self.root)
@@ -241,13 +224,11 @@ class ResultsWriter:
                             "directory (or another --sweep name)"
                         ]
                     )
-            for sub in ("trials", "curves"):
-                (self.root / sub).mkdir(parents=True, exist_ok=True)
             # Probe even an existing sweep (a resumed one may now be read-only or full); the
             # name is per process, so writers starting side by side never remove each other's.
-            probe = self.root / f".write-probe.{os.getpid()}"
+            probe = self.root / f"_write-probe.{os.getpid()}"
             try:
-                probe.write_bytes(b"x" * 4096)
+                write_file(probe, lambda f: f.write(b"x" * 4096))
             finally:
                 with contextlib.suppress(OSError):
                     probe.unlink()
@@ -337,12 +318,9 @@ def read_schema_version(sweep_dir: Path):
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_text(path, text)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise ResultsError([f"cannot write {path}: {e.strerror or e}"]) from None
 
 

@@ -23,10 +23,11 @@ from pathlib import Path
 import pandas as pd
 
 from scale_fpt import analysis_plan
+from scale_fpt.confined import make_folders, write_text
 from scale_fpt.report import scaling_section, tables
 from scale_fpt.report.comparisons import Comparisons
 from scale_fpt.report.figure_sections import attention_section, figures_section, save_figure
-from scale_fpt.report.render import Document
+from scale_fpt.report.render import Document, literal
 from scale_fpt.report.sections import (
     contrasts_display,
     conventions,
@@ -90,21 +91,20 @@ def build_report(
     if pool:
         results = dataclasses.replace(results, trials=tables.pool_sweeps(results.trials))
     out = Path(out) if out else Path(results_dir) / "report"
-    for sub in ("figures", "tables"):
-        (out / sub).mkdir(parents=True, exist_ok=True)
+    make_folders(out, "figures", "tables")  # real folders: a link planted there is refused
     trials, curves = results.trials, results.curves
     doc = Document(out)
     doc.heading(1, "Frozen Pretrained Transformers: study report")
     shas = sorted(set(trials["git_sha"].dropna())) if len(trials) else []
     doc.para(
-        f"Results: {Path(results_dir).absolute()} · generated "
+        f"Results: {literal(Path(results_dir).absolute())} · generated "
         f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} · "
-        f"code: {', '.join(shas) or 'unknown'}. Published numbers: Lu et al. 2021, "
+        f"code: {', '.join(map(literal, shas)) or 'unknown'}. Published numbers: Lu et al. 2021, "
         "'Pretrained Transformers as Universal Computation Engines'."
     )
     if pool and len(sweeps) > 1:
         doc.para(
-            f"**Pooled (--pool):** the trials of {len(sweeps)} sweeps ({', '.join(sweeps)}) "
+            f"**Pooled (--pool):** the trials of {len(sweeps)} sweeps ({', '.join(map(literal, sweeps))}) "
             "share cells wherever their settings agree. Seeds may repeat across sweeps (the "
             "same seed shares every random stream), so a pooled cell's n counts trials, not "
             "independent seeds, and its interval is too narrow by an unknown amount."
@@ -208,6 +208,6 @@ def build_report(
     scaling_section.section(doc, out, trials, metric, save_figure, law_form=law_form)
     if attention_maps:
         attention_section(doc, out, by_sweep, results_dir, attention_examples)
-    (out / "report.md").write_text(doc.markdown())
-    (out / "report.html").write_text(doc.html())
+    write_text(out / "report.md", doc.markdown())
+    write_text(out / "report.html", doc.html())
     return out / "report.md"

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from scale_fpt.confined import printable
+
 
 @dataclass
 class Document:
@@ -42,17 +44,18 @@ class Document:
         out = []
         for kind, payload in self.blocks:
             if kind == "heading":
-                out.append("#" * payload[0] + " " + payload[1])
+                out.append("#" * payload[0] + " " + markdown_text(payload[1]))
             elif kind == "para":
-                out.append(payload)
+                out.append(markdown_text(payload))
             elif kind == "bullets":
-                out.append("\n".join(f"- {item}" for item in payload))
+                out.append("\n".join(f"- {markdown_text(item)}" for item in payload))
             elif kind == "table":
                 out.append(markdown_table(payload))
             elif kind == "image":
                 relative, caption = payload
                 csv = Path(relative).with_suffix(".csv")
                 data = f" ([data]({csv}))" if (self.root / csv).exists() else ""
+                caption = literal(caption)
                 out.append(f"![{caption}]({relative})\n\n*{caption}*{data}")
         return "\n\n".join(out) + "\n"
 
@@ -65,7 +68,7 @@ class Document:
         ]
         for kind, payload in self.blocks:
             if kind == "heading":
-                out.append(f"<h{payload[0]}>{html.escape(payload[1])}</h{payload[0]}>")
+                out.append(f"<h{payload[0]}>{html.escape(printable(payload[1]))}</h{payload[0]}>")
             elif kind == "para":
                 out.append(f"<p>{inline_html(payload)}</p>")
             elif kind == "bullets":
@@ -83,7 +86,23 @@ class Document:
         return "\n".join(out) + "</body></html>\n"
 
 
-LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
+LINK = re.compile(r"\[([^\]]+)\]\(([^)\s:]+)\)")
+"""A Markdown link to a file of the report (a relative path: no scheme, so no
+``javascript:`` or remote address becomes a link, whatever text reached a paragraph)."""
+
+
+def markdown_text(text: str) -> str:
+    """Text of a block as Markdown that stays one block: control characters (a newline,
+    an escape sequence) written visibly, ``<`` and ``>`` as entities (no raw HTML). The
+    sections' own markup (links, **bold**, `code`) is kept; row text they interpolate
+    goes through ``literal``."""
+    return printable(text).replace("<", "&lt;").replace(">", "&gt;")
+
+
+def literal(value) -> str:
+    """A value of a results folder (a git SHA, a sweep name, an error) as Markdown text that
+    is shown as written: one line, and no link, image or emphasis of its own."""
+    return re.sub(r"([\\`*_\[\]!])", r"\\\1", markdown_text(str(value)))
 
 
 BOLD = re.compile(r"\*\*(.+?)\*\*")
@@ -94,7 +113,7 @@ CODE = re.compile(r"`([^`]+)`")
 
 def inline_html(text: str) -> str:
     """A paragraph's Markdown links, **bold** and `code` as HTML, everything else escaped."""
-    out = html.escape(text, quote=False)
+    out = html.escape(printable(text), quote=False)
     out = LINK.sub(lambda m: f'<a href="{html.escape(m[2])}">{m[1]}</a>', out)
     out = BOLD.sub(r"<strong>\1</strong>", out)
     return CODE.sub(r"<code>\1</code>", out)
@@ -125,7 +144,11 @@ def markdown_table(frame: pd.DataFrame) -> str:
     header, body = rows_of(frame)
 
     def line(cells):
-        return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+        return (
+            "| "
+            + " | ".join(markdown_text(c).replace("|", "\\|").replace("](", "]\\(") for c in cells)
+            + " |"
+        )
 
     return "\n".join([line(header), line(["---"] * len(header)), *map(line, body)])
 
@@ -134,8 +157,9 @@ def html_table(frame: pd.DataFrame) -> str:
     if frame.empty:
         return "<p><em>(empty)</em></p>"
     header, body = rows_of(frame)
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    head = "".join(f"<th>{html.escape(printable(h))}</th>" for h in header)
     rows = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body
+        "<tr>" + "".join(f"<td>{html.escape(printable(c))}</td>" for c in row) + "</tr>"
+        for row in body
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
