@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from scale_fpt.checkpoints import load_checkpoint_file, weights_file
+from scale_fpt.checkpoints import load_weights, weights_file
 from scale_fpt.config import FIELD_TYPES, TaskConfig, TrialConfig
 from scale_fpt.report.tables import SELECTION
 from scale_fpt.results import checkpoint_dir
@@ -116,7 +116,7 @@ def load_trial_model(row, results_dir: str | Path | None = None):
     config = trial_config(row)
     task = build_task(config.task, config.train.seed)
     built = build_model(config, task.spec, attn_implementation="eager")
-    state = load_checkpoint_file(path)["module"]  # refuses anything but tensors
+    state = load_weights(path)  # refuses anything but tensors
     wpe = "backbone.wpe.weight"
     if wpe in state:  # a packed trial keeps the task's T rows; the rows past T never train
         rows = state.pop(wpe)
