@@ -35,12 +35,7 @@ from scale_fpt.sweep.placement import (
     trial_resources,
     with_node_width,
 )
-from scale_fpt.sweep.resume import (
-    repoint_trial_generator,
-    saved_unfinished,
-    unfinished_arms,
-    unfinished_trials,
-)
+from scale_fpt.sweep.resume import repoint_trial_generator, unfinished_arms, unfinished_trials
 from scale_fpt.sweep.trainable import tune_members, tune_search_members, tune_trial
 from scale_fpt.trial import (
     git_sha,
@@ -138,10 +133,9 @@ def run_locked(sweep: SweepConfig, resume: bool) -> SweepOutcome:
     devices = cluster_devices(sweep, ray.cluster_resources(), offer)
     # One Tune experiment: a grid's trials, or every searched arm side by side (one Optuna
     # study per arm, each configuration trained for every seed).
-    grid = run_experiment(sweep, sweep.name, arms, offer, devices, resume)
-    trials, unfinished, experiments = len(grid), 0, [sweep.name]
-    if saved_unfinished(os.path.join(sweep.ray_storage, sweep.name)):
-        unfinished = unfinished_trials(sweep, [sweep.name])
+    grid, searcher = run_experiment(sweep, sweep.name, arms, offer, devices, resume)
+    trials, experiments = len(grid), [sweep.name]
+    unfinished = unfinished_trials(sweep, searcher)
     if sweep.confirm_seeds and not unfinished:
         confirmed, unfinished = run_confirmation(sweep, offer, devices, resume)
         trials += confirmed
@@ -171,9 +165,7 @@ def run_confirmation(
     if not arms:
         return 0, 0
     arms = planned_arms(arms, confirm, offer)
-    grid = run_experiment(confirm, confirm.name, arms, offer, devices, resume)
-    if not saved_unfinished(os.path.join(confirm.ray_storage, confirm.name)):
-        return len(grid), 0
+    grid, _ = run_experiment(confirm, confirm.name, arms, offer, devices, resume)
     return len(grid), unfinished_arms(confirm, arms)
 
 
@@ -189,6 +181,9 @@ def run_experiment(
     devices: Devices,
     resume: bool,
 ):
+    """Run (or, ``resume``, restore and continue) one Tune experiment: (its ResultGrid, the
+    searcher of a fresh searched experiment, None otherwise). Only ``resume`` reads the
+    Tune state in the folder (cloudpickle: ``docs/security.md``)."""
     from ray import tune
 
     path = os.path.join(sweep.ray_storage, experiment)
@@ -206,7 +201,7 @@ def run_experiment(
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True)
         write_where_told(tuner, sweep, callbacks)
         restore_missing_rows(callbacks[0], path)
-        return fit_reporting_write_failures(tuner)
+        return fit_reporting_write_failures(tuner), None
 
     if sweep.search:
         param_space = {"sweep": sweep.name}
@@ -250,4 +245,4 @@ def run_experiment(
             verbose=0,
         ),
     )
-    return fit_reporting_write_failures(tuner)
+    return fit_reporting_write_failures(tuner), search_alg
