@@ -21,14 +21,23 @@ import contextlib
 import json
 import logging
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from scale_fpt.config import CONCERNS, FIELD_TYPES
-from scale_fpt.confined import ResultsError, make_folders, write_file, write_text
+from scale_fpt.confined import (
+    ResultsError,
+    inside,
+    linked,
+    make_folders,
+    printable,
+    write_file,
+    write_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -298,9 +307,19 @@ def recorded_checkpoint(path: str | os.PathLike | None, results_dir: Path) -> st
 
 
 def checkpoint_dir(recorded: str, results_dir: str | os.PathLike) -> Path:
-    """Where a trials row's ``checkpoint`` is: a relative one under ``results_dir`` (the
-    directory the rows were read from), an absolute one where it says."""
-    return Path(recorded) if os.path.isabs(recorded) else Path(results_dir) / recorded
+    """Where a trials row's ``checkpoint`` is: a relative one under the results directory
+    the rows were read from (``results_root``: a sweep folder given itself reads its
+    parent's ``_ray``), resolved with its links; ResultsError (one line) when it resolves
+    outside that directory: a results folder's rows never make a reader open files
+    elsewhere (``confined.inside``)."""
+    return inside(results_root(results_dir), recorded)
+
+
+def results_root(results_dir: str | os.PathLike) -> Path:
+    """The results directory of ``results_dir``: itself, or the parent of a sweep folder
+    (one holding ``_schema.json``), which its rows' relative checkpoints are under."""
+    root = Path(results_dir)
+    return root.parent if (root / "_schema.json").exists() else root
 
 
 def read_schema_version(sweep_dir: Path):
@@ -331,6 +350,9 @@ class Results:
 
     trials: object  # pandas.DataFrame
     curves: object  # pandas.DataFrame
+    notes: list[str] = field(default_factory=list)
+    """What the loader did not use, one line each naming the file or the copies: damaged
+    files, rows claiming another sweep than their folder, the same trial twice."""
 
 
 def sweep_dirs(results_dir: str | os.PathLike) -> list[Path]:
@@ -348,26 +370,104 @@ def load_results(results_dir: str | os.PathLike, sweep: str | None = None) -> Re
         dirs = [d for d in dirs if d.name == sweep]
     if not dirs:
         raise ResultsError([f"no scale_fpt results under {results_dir} (no */_schema.json)"])
-    trials, curves = [], []
+    trials, curves, notes = [], [], []
     for d in dirs:
         version = read_schema_version(d)
         if version != SCHEMA_VERSION:
             raise ResultsError(
                 [f"{d}: schema version {version}, this scale_fpt reads {SCHEMA_VERSION}"]
             )
-        trials.append(read_table_dir(d / "trials", TRIAL_SCHEMA))
-        curves.append(read_table_dir(d / "curves", CURVE_SCHEMA))
+        trials.append(own_rows(read_table_dir(d / "trials", TRIAL_SCHEMA, notes), d, notes))
+        curves.append(own_rows(read_table_dir(d / "curves", CURVE_SCHEMA, notes), d, notes))
     trial_df = pa.concat_tables(trials).to_pandas()
     curve_df = pa.concat_tables(curves).to_pandas()
+    trial_df = trial_df.sort_values(["sweep", "trial_id"], ignore_index=True)
+    trial_df, curve_df = once_each(trial_df, curve_df, notes)
     curve_df = curve_df.sort_values(["sweep", "trial_id", "step"], ignore_index=True)
-    return Results(
-        trials=trial_df.sort_values(["sweep", "trial_id"], ignore_index=True), curves=curve_df
-    )
+    return Results(trials=trial_df, curves=curve_df, notes=notes)
 
 
-def read_table_dir(path: Path, schema: pa.Schema) -> pa.Table:
-    """Every readable file of a table directory; a damaged one is skipped with a warning."""
-    tables = [read_parquet(f, schema) for f in sorted(path.glob("[!._]*.parquet"))]
+SAFE_TRIAL_ID = r"^[A-Za-z0-9_][A-Za-z0-9_.=+-]*$"
+"""A trial id as scale_fpt makes them (a content hash, a member's tag): one plain file name."""
+
+
+def own_rows(table_: pa.Table, sweep_dir: Path, notes: list[str]) -> pa.Table:
+    """The rows of a sweep folder's table that are its own: rows naming another sweep than
+    the folder (a copied or renamed folder, a planted row), or a trial id that is no plain
+    name, are left out, with one line in ``notes`` (and a warning) naming the folder."""
+    sweep_ok = pc.equal(table_.column("sweep"), sweep_dir.name)
+    id_ok = pc.match_substring_regex(table_.column("trial_id"), SAFE_TRIAL_ID)
+    ok = pc.fill_null(pc.and_(sweep_ok, id_ok), False)
+    dropped = len(table_) - pc.sum(ok).as_py() if len(table_) else 0
+    if dropped:
+        claimed = sorted(
+            {printable(str(s)) for s in table_.filter(pc.invert(ok))["sweep"].to_pylist()}
+        )
+        note(
+            notes,
+            f"{printable(str(sweep_dir))}: {dropped} row(s) claiming sweep(s) "
+            f"{', '.join(claimed)} or a trial id that is no plain name, not this folder's "
+            f"sweep {printable(sweep_dir.name)!r}: not used (a copied or renamed sweep folder?)",
+        )
+    return table_.filter(ok)
+
+
+CONFIG_COLUMNS = [f.name for f in config_columns()]
+
+
+def once_each(trials, curves, notes: list[str]):
+    """Each trial counted once: the same trial id, or the same config and seed, under
+    two sweeps (a copied folder, the same arm run twice) keeps its first copy (sweeps in
+    name order); each dropped copy is a line in ``notes`` naming both. Curves of dropped
+    copies go with them."""
+    twice = trials.duplicated("trial_id") | trials.duplicated(CONFIG_COLUMNS)
+    if not twice.any():
+        return trials, curves
+    firsts = trials[~twice]
+    by_id = firsts.set_index("trial_id")["sweep"]
+    by_config = firsts.set_index(CONFIG_COLUMNS)["sweep"]
+    for row in trials[twice].to_dict("records"):
+        first = by_id.get(row["trial_id"])
+        if first is None:
+            first = by_config.loc[tuple(row[c] for c in CONFIG_COLUMNS)]
+            first = first.iloc[0] if hasattr(first, "iloc") else first
+        note(
+            notes,
+            f"trial {printable(row['trial_id'])} of sweep {printable(row['sweep'])!r} is the "
+            f"same trial (id, or config and seed) as one of sweep {printable(first)!r}: "
+            "counted once (the first)",
+        )
+    dropped = trials[twice][["sweep", "trial_id"]].apply(tuple, axis=1)
+    keys = curves[["sweep", "trial_id"]].apply(tuple, axis=1) if len(curves) else dropped[:0]
+    return trials[~twice].reset_index(drop=True), curves[~keys.isin(set(dropped))]
+
+
+def note(notes: list[str] | None, line: str) -> None:
+    """A problem of a results folder: kept for the report (``notes``) and warned once."""
+    if notes is not None:
+        notes.append(line)
+    log.warning(f"scale-fpt: warning: {line}")
+
+
+def read_table_dir(path: Path, schema: pa.Schema, notes: list[str] | None = None) -> pa.Table:
+    """Every readable file of a table directory; a damaged one is skipped with a warning
+    (and a line in ``notes``)."""
+    if path.is_symlink():
+        note(notes, f"{linked(path)}: not read")
+        return schema.empty_table()
+    files = []
+    for f in sorted(path.glob("[!._]*.parquet")):
+        if f.is_symlink():
+            note(notes, f"{linked(f)}: not read (a results file is a file of its folder)")
+        else:
+            files.append(f)
+    tables = [read_parquet(f, schema) for f in files]
+    if notes is not None:
+        notes += [
+            f"skipped damaged results file {printable(str(f))}"
+            for f, t in zip(files, tables, strict=True)
+            if t is None
+        ]
     tables = [t for t in tables if t is not None]
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
@@ -381,7 +481,8 @@ def read_parquet(path: Path, schema: pa.Schema) -> pa.Table | None:
         detail = str(e).split(f"'{path}': ")[-1]  # pyarrow repeats the path first
         cause = " ".join(f"{type(e).__name__}: {detail}".split())[:160]
         log.warning(
-            f"scale-fpt: warning: skipping damaged results file {path} ({cause}); "
+            f"scale-fpt: warning: skipping damaged results file {printable(str(path))} "
+            f"({printable(cause)}); "
             "--resume of its sweep re-derives its rows from Ray Tune's log"
         )
         return None

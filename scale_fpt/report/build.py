@@ -40,7 +40,7 @@ from scale_fpt.report.sections import (
     table_section,
     trials_section,
 )
-from scale_fpt.results import ResultsError, load_results
+from scale_fpt.results import ResultsError, load_results, results_root
 
 
 def all_tables(results, metric: str = tables.DEFAULT_METRIC, thresholds=None) -> dict:
@@ -109,7 +109,14 @@ def build_report(
             "same seed shares every random stream), so a pooled cell's n counts trials, not "
             "independent seeds, and its interval is too narrow by an unknown amount."
         )
-    plans = analysis_plan.plans(results_dir, sweeps)
+    if results.notes:
+        doc.heading(2, "Files and rows not used")
+        doc.para(
+            "The results folder holds these; the report leaves them out (a results folder "
+            "is read as untrusted input: docs/security.md)."
+        )
+        doc.bullets([literal(line) for line in results.notes])
+    plans = analysis_plan.plans(results_root(results_dir), sweeps)
     comparisons = Comparisons.compute(trials, curves, metric, thresholds, plans)
     baselines = tables.baselines(trials)
     findings_section(doc, out, comparisons, baselines)

@@ -97,7 +97,7 @@ def attention_section(doc, out, trials, results_dir, examples: int) -> None:
         except ConfigError as e:  # e.g. pretrained weights not available here
             doc.para(f"Not analysed: {'; '.join(e.problems)}")
             continue
-        except (OSError, ValueError, KeyError, RuntimeError) as e:
+        except Exception as e:  # a damaged or foreign file: named, the report goes on
             doc.para(f"Not analysed: {first_line(str(e), 300)}")
             continue
         shares = result["shares"]
