@@ -416,30 +416,33 @@ CONFIG_COLUMNS = [f.name for f in config_columns()]
 
 
 def once_each(trials, curves, notes: list[str]):
-    """Each trial counted once: the same trial id, or the same config and seed, under
-    two sweeps (a copied folder, the same arm run twice) keeps its first copy (sweeps in
-    name order); each dropped copy is a line in ``notes`` naming both. Curves of dropped
-    copies go with them."""
-    twice = trials.duplicated("trial_id") | trials.duplicated(CONFIG_COLUMNS)
+    """Each trial counted once: the same trial id, or the same config and seed, under two
+    sweeps (a copied folder, the same arm run twice) keeps its first copy (sweeps in name
+    order); one line in ``notes`` per pair of sweeps names both and how many. Curves of the
+    dropped copies go with them. (Within a sweep the id is the config's hash.)"""
+    id_first = trials.groupby("trial_id", sort=False)["sweep"].transform("first")
+    config_first = trials.groupby(CONFIG_COLUMNS, dropna=False, sort=False)["sweep"].transform(
+        "first"
+    )
+    by_id = trials.duplicated("trial_id") & (id_first != trials["sweep"])
+    by_config = trials.duplicated(CONFIG_COLUMNS) & (config_first != trials["sweep"])
+    twice = by_id | by_config
     if not twice.any():
         return trials, curves
-    firsts = trials[~twice]
-    by_id = firsts.set_index("trial_id")["sweep"]
-    by_config = firsts.set_index(CONFIG_COLUMNS)["sweep"]
-    for row in trials[twice].to_dict("records"):
-        first = by_id.get(row["trial_id"])
-        if first is None:
-            first = by_config.loc[tuple(row[c] for c in CONFIG_COLUMNS)]
-            first = first.iloc[0] if hasattr(first, "iloc") else first
+    copies = trials.loc[twice, ["sweep", "trial_id"]].assign(
+        first=id_first.where(by_id, config_first)[twice]
+    )
+    for (sweep, first), group in copies.groupby(["sweep", "first"]):  # per pair of sweeps
         note(
             notes,
-            f"trial {printable(row['trial_id'])} of sweep {printable(row['sweep'])!r} is the "
-            f"same trial (id, or config and seed) as one of sweep {printable(first)!r}: "
-            "counted once (the first)",
+            f"{len(group)} trial(s) of sweep {printable(sweep)!r} (e.g. "
+            f"{printable(group['trial_id'].iloc[0])}) are the same trials (id, or config and "
+            f"seed) as trials of sweep {printable(first)!r}: counted once, in "
+            f"{printable(first)!r}",
         )
-    dropped = trials[twice][["sweep", "trial_id"]].apply(tuple, axis=1)
-    keys = curves[["sweep", "trial_id"]].apply(tuple, axis=1) if len(curves) else dropped[:0]
-    return trials[~twice].reset_index(drop=True), curves[~keys.isin(set(dropped))]
+    key = ["sweep", "trial_id"]
+    dropped = curves.set_index(key).index.isin(copies.set_index(key).index)
+    return trials[~twice].reset_index(drop=True), curves[~dropped]
 
 
 def note(notes: list[str] | None, line: str) -> None:
