@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,14 +45,18 @@ def load_checkpoint_file(path: str | Path, allowed: Sequence[type] = ()) -> Any:
     ``DamagedCheckpointError`` naming it."""
     shown = printable(str(path))
     try:
-        with torch.serialization.safe_globals(list(allowed)):
+        with torch.serialization.safe_globals(list(allowed)), warnings.catch_warnings():
+            # A foreign pickle's protocol is the file's choice, not a problem of the reader.
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        if "Weights only load failed" not in str(e):  # the plain unpickler's own parse error
+        found = REFUSED_GLOBAL.search(str(e))
+        if not found and not (
+            "Weights only load failed" in str(e) and is_pickle(path)
+        ):  # bytes no unpickler would parse: damaged, not refused
             raise DamagedCheckpointError(
                 [f"cannot read {shown}: not a torch checkpoint (damaged or truncated)"]
             ) from None
-        found = REFUSED_GLOBAL.search(str(e))
         what = (
             f"a pickled {printable(found.group(1) or found.group(2))}"
             if found
@@ -72,6 +77,12 @@ def load_checkpoint_file(path: str | Path, allowed: Sequence[type] = ()) -> Any:
                 f"{type(e).__name__}: {printable(str(e).splitlines()[0] if str(e) else '')[:120]})"
             ]
         ) from None
+
+
+def is_pickle(path: str | Path) -> bool:
+    """Whether a file starts as a pickle of protocol 2 or later does (its PROTO opcode)."""
+    with open(path, "rb") as f:
+        return f.read(1) == pickle.PROTO
 
 
 def load_weights(path: str | Path) -> dict:
