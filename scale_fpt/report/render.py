@@ -111,9 +111,14 @@ BOLD = re.compile(r"\*\*(.+?)\*\*")
 CODE = re.compile(r"`([^`]+)`")
 
 
+MARKDOWN_ESCAPE = re.compile(r"\\([\\`*_\[\]!])")
+
+
 def inline_html(text: str) -> str:
-    """A paragraph's Markdown links, **bold** and `code` as HTML, everything else escaped."""
-    out = html.escape(printable(text), quote=False)
+    """A paragraph's Markdown links, **bold** and `code` as HTML, everything else escaped
+    (``literal``'s Markdown escapes undone first: HTML escapes its own way)."""
+    plain = html.unescape(MARKDOWN_ESCAPE.sub(r"\1", text))
+    out = html.escape(printable(plain), quote=False)
     out = LINK.sub(lambda m: f'<a href="{html.escape(m[2])}">{m[1]}</a>', out)
     out = BOLD.sub(r"<strong>\1</strong>", out)
     return CODE.sub(r"<code>\1</code>", out)

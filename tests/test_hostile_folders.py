@@ -1,0 +1,335 @@
+"""Hostile results folders (docs/security.md, "A results folder is untrusted input"): one test
+per attack. Each builds the folder in tmp_path from hand-made rows (the project's writer),
+opens it the way a user would (the report, train, a fresh sweep), and asserts that no marker
+file appears, that nothing outside the folder changes (a decoy home, checksummed) and that
+the message is the documented one."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import ray.cloudpickle as cloudpickle
+import torch
+from test_report import write
+from test_safe_results import ROOT, trained_results
+
+from scale_fpt import cli
+from scale_fpt.checkpoints import DamagedCheckpointError, UnsafeCheckpointError, weights_file
+from scale_fpt.config import ConfigError
+from scale_fpt.loop import PROGRESS_FILE
+from scale_fpt.results import ResultsWriter, load_results
+from scale_fpt.sweep.lock import driver_lock
+
+COMMAND = "touch /tmp/scale-fpt-pwned"
+
+
+class Payload:
+    """Unpickled, this runs ``os.system``: the obvious payload (torch blocks its module)."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every path under ``root`` with its content's hash (or its link target); the caches
+    the tools make in a home (``~/.cache``, ``~/.config``: hidden folders) left out."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        key = str(path.relative_to(root))
+        if key.split(os.sep)[0].startswith(".") and key.split(os.sep)[0] != ".bashrc":
+            continue
+        if path.is_symlink():
+            out[key] = "-> " + os.readlink(path)
+        elif path.is_file():
+            out[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            out[key] = "dir"
+    return out
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A decoy home (HOME points at it) holding a .bashrc and a project; the test asserts,
+    after the attack, that it is byte for byte as before."""
+    decoy = tmp_path / "home"
+    (decoy / "project").mkdir(parents=True)
+    (decoy / ".bashrc").write_text("alias ll='ls -l'\n")
+    (decoy / "project" / "notes.txt").write_text("keep me\n")
+    monkeypatch.setenv("HOME", str(decoy))
+    before = snapshot(decoy)
+    yield decoy
+    assert snapshot(decoy) == before, "the attack changed a file outside the results folder"
+
+
+def one_row_results(results: Path, sweep: str = "s", **row) -> Path:
+    write(ResultsWriter(results, sweep), "t0", 0.9, task="bit-xor", model="gpt2-tiny", **row)
+    return results
+
+
+def report(results: Path, capsys, *flags: str) -> tuple[int, str]:
+    code = cli.main(["report", str(results), "--no-attention", *flags])
+    return code, capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ 1. writes through links
+
+
+def test_a_report_file_linked_to_bashrc_is_replaced_not_written_through(tmp_path, home, capsys):
+    """report.md a link to ~/.bashrc, a row's git_sha a newline and a command: the report
+    replaces the link with its file (the .bashrc is untouched) and the command never starts
+    a line of report.md or report.html."""
+    results = one_row_results(tmp_path / "results", git_sha=f"abc\n{COMMAND}\n<script>x</script>")
+    (results / "report").mkdir()
+    (results / "report" / "report.md").symlink_to(home / ".bashrc")
+    code, _ = report(results, capsys)
+    assert code == 0
+    text = (results / "report" / "report.md").read_text()
+    assert not (results / "report" / "report.md").is_symlink()
+    assert "Frozen Pretrained Transformers" in text
+    assert not any(line.startswith(COMMAND) for line in text.splitlines())
+    assert f"abc\\\\x0a{COMMAND}" in text  # shown, escaped, on the header's line
+    page = (results / "report" / "report.html").read_text()
+    assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+@pytest.mark.parametrize("linked", ["report", "report/figures", "report/tables"])
+def test_a_linked_output_folder_is_refused_in_one_line(tmp_path, home, capsys, linked):
+    results = one_row_results(tmp_path / "results")
+    (results / linked).parent.mkdir(parents=True, exist_ok=True)
+    (results / linked).symlink_to(home / "project")
+    code, err = report(results, capsys)
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert line == (
+        f"scale-fpt: error: {results / linked} is a symbolic link (to {home / 'project'}): "
+        "refused, scale_fpt never writes through a link in a results folder; remove the link "
+        "(or choose another output folder)"
+    )
+
+
+def test_a_planted_driver_lock_link_is_refused_and_its_target_kept(tmp_path, home):
+    sweep_dir = tmp_path / "results" / "s"
+    sweep_dir.mkdir(parents=True)
+    (sweep_dir / "driver.lock").symlink_to(home / ".bashrc")
+    with pytest.raises(ConfigError) as e, driver_lock(sweep_dir):
+        pass
+    assert str(e.value).startswith(f"{sweep_dir / 'driver.lock'} is a symbolic link")
+
+
+@pytest.mark.parametrize("linked", ["s", "s/trials", "s/curves", "s/trials/t0.parquet"])
+def test_parquet_writes_never_leave_the_results_folder(tmp_path, home, linked):
+    """A linked sweep, trials or curves folder is refused at start-up; a linked results file
+    is replaced by the file, its target untouched."""
+    results = tmp_path / "results"
+    (results / linked).parent.mkdir(parents=True, exist_ok=True)
+    target = home / ("project" if not linked.endswith(".parquet") else ".bashrc")
+    (results / linked).symlink_to(target)
+    if linked.endswith(".parquet"):
+        (results / "s" / "curves").mkdir()
+        one_row_results(results)
+        assert not (results / linked).is_symlink()
+        assert load_results(results).trials["trial_id"].tolist() == ["t0"]
+        return
+    with pytest.raises(ConfigError, match=f"{results / linked} is a symbolic link"):
+        ResultsWriter(results, "s")
+
+
+# ------------------------------------------------------------------ 2. Tune state
+
+
+def test_a_fresh_sweep_never_reads_planted_tune_state(tmp_path, home):
+    """A planted experiment state (greatest name, a cloudpickle blob that creates a marker)
+    in the folder of a fresh sweep: the sweep runs and finishes, and nothing of it runs
+    (only --resume reads Tune's state). One tiny real sweep."""
+    results = tmp_path / "results"
+    marker = tmp_path / "pwned"
+    blob = cloudpickle.dumps(Payload(marker)).hex()
+    trial = json.dumps(
+        {"trainable_name": "x", "c": {"_type": "CLOUDPICKLE_FALLBACK", "value": blob}}
+    )
+    experiment = results / "_ray" / "fresh"
+    experiment.mkdir(parents=True)
+    state = {"trial_data": [[trial, "{}"]], "runner_data": {}}
+    (experiment / "experiment_state-9999-12-31_23-59-59.json").write_text(json.dumps(state))
+    flags = ["--results", str(results), "--name", "fresh", "--tasks", "bit-xor"]
+    flags += ["--inits", "random", "--seeds", "0", "--steps", "4", "--set", "eval_every=2"]
+    flags += ["--set", "test_batches=2", "--set", "val_batches=2", "--set", "log_evals=false"]
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "sweeps" / "scale.py"), *flags],
+        env={**os.environ, "HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert not marker.exists()
+    (row,) = load_results(results, "fresh").trials.to_dict("records")
+    assert row["status"] == "completed"
+
+
+# ------------------------------------------------------------------ 3. pointers
+
+
+def trained_checkpoint(tmp_path, capsys) -> tuple[list[str], Path]:
+    """A finished command-line trial with --checkpoint-dir: (its train args, trial dir)."""
+    args = ["train", "--task", "bit-xor", "--model", "gpt2-tiny", "--init", "random"]
+    args += ["--test-batches", "2", "--val-batches", "2", "--steps", "4", "--eval-every", "2"]
+    args += ["--checkpoint-dir", str(tmp_path / "ck"), "--results", str(tmp_path / "r")]
+    assert cli.main(args) == 0
+    capsys.readouterr()
+    (trial_dir,) = (tmp_path / "ck").iterdir()
+    return args, trial_dir
+
+
+def test_a_latest_pointer_outside_the_checkpoint_dir_is_refused(tmp_path, home, capsys):
+    """``latest`` naming a folder outside (a relative escape, an absolute path, a link to
+    one): train exits 2 in one line, and the folder it named is neither read nor deleted."""
+    args, trial_dir = trained_checkpoint(tmp_path, capsys)
+    for pointer in ("../../../home/project", str(home / "project")):
+        (trial_dir / "latest").write_text(pointer)
+        assert cli.main(args) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line == (
+            f"scale-fpt: error: {trial_dir / 'latest'} names {pointer!r}, not a step-N folder "
+            f"of {trial_dir}: refused (remove the pointer to start afresh)"
+        )
+    shutil.rmtree(trial_dir / "step-4")
+    (trial_dir / "step-4").symlink_to(home / "project")
+    (trial_dir / "latest").write_text("step-4")
+    assert cli.main(args) == 2
+    assert "not a step-N folder" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ 4. bad files
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("payload", "refused to load {path}: it holds a pickled posix.system, not only tensors"),
+        ("empty", "cannot read {path}: not a torch checkpoint (damaged or truncated"),
+        ("truncated", "cannot read {path}: not a torch checkpoint (damaged or truncated"),
+        ("text", "cannot read {path}: not a torch checkpoint (damaged or truncated"),
+    ],
+)
+@pytest.mark.parametrize("name", [PROGRESS_FILE, "weights"])
+def test_train_resume_from_a_bad_file_exits_2_in_one_line(
+    tmp_path, home, capsys, content, message, name
+):
+    args, trial_dir = trained_checkpoint(tmp_path, capsys)
+    step = trial_dir / "step-4"
+    path = step / (name if name == PROGRESS_FILE else next(step.glob("weights-*.pt")).name)
+    marker = tmp_path / "pwned"
+    spoil(path, content, marker)
+    assert cli.main(args) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("scale-fpt: error: " + message.format(path=path))
+    assert not marker.exists()
+
+
+def spoil(path: Path, content: str, marker: Path) -> None:
+    if content == "payload":
+        torch.save({"module": Payload(marker)}, path)
+    elif content == "empty":
+        path.write_bytes(b"")
+    elif content == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:
+        path.write_text("hello, not a checkpoint\n")
+
+
+def test_blocked_and_damaged_files_are_resultserrors_a_sweep_does_not_retry(tmp_path):
+    """The sweep's trainable fails a trial without retry on a ConfigError
+    (``sweep/trainable.py``): both kinds of bad checkpoint are one."""
+    assert issubclass(UnsafeCheckpointError, ConfigError)
+    assert issubclass(DamagedCheckpointError, ConfigError)
+
+
+@pytest.mark.parametrize("content", ["payload", "empty", "truncated", "text", "passwd"])
+def test_report_skips_a_bad_weights_file_naming_it_and_reports_the_rest(
+    tmp_path, home, capsys, content
+):
+    results = tmp_path / "results"
+    checkpoint = trained_results(results)
+    path = checkpoint / weights_file("t")
+    marker = tmp_path / "pwned"
+    if content == "passwd":
+        path.unlink()
+        path.symlink_to(home / ".bashrc")
+    else:
+        spoil(path, content, marker)
+    assert cli.main(["report", str(results)]) == 0
+    text = (results / "report" / "report.md").read_text()
+    section = text[text.index("## Attention maps") :]
+    assert "(trial t)" in section and "Not analysed: " in section
+    expected = {
+        "payload": f"refused to load {path}: it holds a pickled posix.system",
+        "passwd": f"resolves to {home / '.bashrc'}, outside {results}: refused",
+    }.get(content, f"cannot read {path}: not a torch checkpoint")
+    assert expected in section
+    assert "## Trials" in text and not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "plan, problem",
+    [
+        ("{not json", "not an analysis plan (not JSON: "),
+        ("", "not an analysis plan (not JSON: "),
+        ("[1, 2]", "not an analysis plan (holds a JSON list, not an object)"),
+        (
+            '{"thresholds": "high", "seeds": {"selection": ["a"]}}',
+            "not an analysis plan (field 'thresholds' must be an object {task: accuracy}; field 'seeds' must map",
+        ),
+    ],
+)
+def test_a_malformed_analysis_plan_is_one_line_and_exit_2(tmp_path, home, capsys, plan, problem):
+    results = one_row_results(tmp_path / "results")
+    (results / "s" / "analysis_plan.json").write_text(plan)
+    code, err = report(results, capsys)
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"scale-fpt: error: {results / 's' / 'analysis_plan.json'}: {problem}")
+
+
+# ------------------------------------------------------------------ 5. duplicates
+
+
+def test_a_copied_sweep_counts_each_trial_once_and_says_so(tmp_path, home, capsys):
+    """``cp -a RESULTS/s RESULTS/other``: its rows claim sweep s, not their folder: not
+    used, named; a second sweep that ran the same config and seed: counted once, named."""
+    results = tmp_path / "results"
+    for seed in (0, 1):
+        write(ResultsWriter(results, "s"), f"t{seed}", 0.9, task="bit-xor", seed=seed)
+    shutil.copytree(results / "s", results / "other", symlinks=True)
+    write(ResultsWriter(results, "twin"), "u0", 0.9, task="bit-xor", seed=0)
+    loaded = load_results(results)
+    assert sorted(loaded.trials["trial_id"]) == ["t0", "t1"]
+    assert any("2 row(s) claiming sweep(s) s" in n for n in loaded.notes)
+    assert any("1 trial(s) of sweep 'twin' (e.g. u0)" in n and "'s'" in n for n in loaded.notes)
+    code, _ = report(results, capsys)
+    text = (results / "report" / "report.md").read_text()
+    assert code == 0 and "## Files and rows not used" in text
+    assert "claiming sweep(s) s" in text and "of sweep 'twin'" in text
+
+
+# ------------------------------------------------------------------ 6. a sweep folder itself
+
+
+def test_a_sweep_folder_reports_the_checkpoints_its_results_folder_does(tmp_path, home, capsys):
+    results = tmp_path / "results"
+    trained_results(results)
+    out = tmp_path / "out"
+    assert cli.main(["report", str(results / "s"), "--out", str(out)]) == 0
+    text = (out / "report.md").read_text()
+    section = text[text.index("## Attention maps") :]
+    assert "Mean share on the relevant inputs" in section
