@@ -68,8 +68,8 @@ def load_checkpoint_file(path: str | Path, allowed: Sequence[type] = ()) -> Any:
                 "(unpickling it could run code)"
             ]
         ) from None
-    except OSError:
-        raise  # missing or unreadable: not the file's bytes (the caller names what is missing)
+    except FileNotFoundError:
+        raise  # missing, not damaged: the caller names what is missing
     except Exception as e:  # every parse failure of foreign bytes is "damaged"
         raise DamagedCheckpointError(
             [

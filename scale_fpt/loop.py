@@ -353,7 +353,7 @@ class CheckpointDir:
         pointer = self.root / "latest"
         if not os.path.lexists(pointer):
             return None
-        name = read_text(pointer, limit=64).strip()
+        name = read_text(pointer, limit=4096).strip()
         target = self.root / name
         if not self.POINTER.fullmatch(name) or os.path.islink(target) or not target.is_dir():
             raise ResultsError(

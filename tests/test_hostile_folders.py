@@ -180,21 +180,34 @@ def test_a_fresh_sweep_never_reads_planted_tune_state(tmp_path, home):
 # ------------------------------------------------------------------ 3. pointers
 
 
-def trained_checkpoint(tmp_path, capsys) -> tuple[list[str], Path]:
-    """A finished command-line trial with --checkpoint-dir: (its train args, trial dir)."""
-    args = ["train", "--task", "bit-xor", "--model", "gpt2-tiny", "--init", "random"]
-    args += ["--test-batches", "2", "--val-batches", "2", "--steps", "4", "--eval-every", "2"]
-    args += ["--checkpoint-dir", str(tmp_path / "ck"), "--results", str(tmp_path / "r")]
+TRAIN = ["train", "--task", "bit-xor", "--model", "gpt2-tiny", "--init", "random"]
+TRAIN += ["--test-batches", "2", "--val-batches", "2", "--steps", "4", "--eval-every", "2"]
+
+
+@pytest.fixture(scope="module")
+def finished_trial(tmp_path_factory) -> Path:
+    """One finished command-line trial with --checkpoint-dir (trained once per module)."""
+    root = tmp_path_factory.mktemp("trained")
+    args = [*TRAIN, "--checkpoint-dir", str(root / "ck"), "--results", str(root / "r")]
     assert cli.main(args) == 0
-    capsys.readouterr()
+    return root
+
+
+def trained_checkpoint(tmp_path, finished_trial) -> tuple[list[str], Path]:
+    """A copy of ``finished_trial`` under ``tmp_path``: (train args resuming it, trial dir)."""
+    shutil.copytree(finished_trial / "ck", tmp_path / "ck", symlinks=True)
+    args = [*TRAIN, "--checkpoint-dir", str(tmp_path / "ck"), "--results", str(tmp_path / "r")]
     (trial_dir,) = (tmp_path / "ck").iterdir()
     return args, trial_dir
 
 
-def test_a_latest_pointer_outside_the_checkpoint_dir_is_refused(tmp_path, home, capsys):
+def test_a_latest_pointer_outside_the_checkpoint_dir_is_refused(
+    tmp_path, home, capsys, finished_trial
+):
     """``latest`` naming a folder outside (a relative escape, an absolute path, a link to
     one): train exits 2 in one line, and the folder it named is neither read nor deleted."""
-    args, trial_dir = trained_checkpoint(tmp_path, capsys)
+    args, trial_dir = trained_checkpoint(tmp_path, finished_trial)
+    capsys.readouterr()
     for pointer in ("../../../home/project", str(home / "project")):
         (trial_dir / "latest").write_text(pointer)
         assert cli.main(args) == 2
@@ -224,9 +237,10 @@ def test_a_latest_pointer_outside_the_checkpoint_dir_is_refused(tmp_path, home, 
 )
 @pytest.mark.parametrize("name", [PROGRESS_FILE, "weights"])
 def test_train_resume_from_a_bad_file_exits_2_in_one_line(
-    tmp_path, home, capsys, content, message, name
+    tmp_path, home, capsys, finished_trial, content, message, name
 ):
-    args, trial_dir = trained_checkpoint(tmp_path, capsys)
+    args, trial_dir = trained_checkpoint(tmp_path, finished_trial)
+    capsys.readouterr()
     step = trial_dir / "step-4"
     path = step / (name if name == PROGRESS_FILE else next(step.glob("weights-*.pt")).name)
     marker = tmp_path / "pwned"
