@@ -7,15 +7,17 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from scale_fpt import analysis_plan
 from scale_fpt.cluster import GPUOffer
 from scale_fpt.config import parse_trial
+from scale_fpt.confined import refuse_links
 from scale_fpt.loop import evaluation_steps
 from scale_fpt.models.backbones import scale_fpt_home
 from scale_fpt.recovery import restore_missing_rows
 from scale_fpt.results import ResultsWriter, load_results
-from scale_fpt.storage import check_sweep_storage, default_optuna_storage
+from scale_fpt.storage import JOURNAL_SUFFIX, check_sweep_storage, default_optuna_storage
 from scale_fpt.sweep.callbacks import (
     fit_reporting_write_failures,
     sweep_callbacks,
@@ -117,8 +119,20 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
     sweep.validate()
     check_sweep_storage(sweep)
     ResultsWriter(sweep.results_dir, sweep.name)  # fail now if results cannot be written
+    refuse_links(*written_folders(sweep))
     with driver_lock(sweep.sweep_dir):
         return run_locked(sweep, resume)
+
+
+def written_folders(sweep: SweepConfig) -> list[Path]:
+    """What else a sweep writes in its results folder (Tune's experiments, Optuna's default
+    storage, TensorBoard): a link planted at any of them is refused, never written through."""
+    storage = Path(sweep.ray_storage)
+    tune = [storage / sweep.name, storage / (sweep.name + CONFIRM_SUFFIX)]
+    own = [
+        sweep.sweep_dir / name for name in ("optuna.db", f"optuna{JOURNAL_SUFFIX}", "tensorboard")
+    ]
+    return [*([] if sweep.storage_path else [storage]), *tune, *own]
 
 
 def run_locked(sweep: SweepConfig, resume: bool) -> SweepOutcome:
