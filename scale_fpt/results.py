@@ -415,34 +415,49 @@ def own_rows(table_: pa.Table, sweep_dir: Path, notes: list[str]) -> pa.Table:
 CONFIG_COLUMNS = [f.name for f in config_columns()]
 
 
+def repeated(trials, key: list[str]):
+    """(Rows whose ``key`` an earlier row of another sweep holds, that sweep per row): within
+    a sweep the trial id is the config's hash, so only copies across sweeps count."""
+    first = trials.groupby(key, dropna=False, sort=False)["sweep"].transform("first")
+    return trials.duplicated(key) & (first != trials["sweep"]), first
+
+
+def repeated_configs(trials):
+    """Rows whose config and seed a row of an earlier sweep (by name) holds: the same trial
+    run twice, which pooled sweeps (``--pool``) count once."""
+    return repeated(trials, CONFIG_COLUMNS)[0]
+
+
 def once_each(trials, curves, notes: list[str]):
-    """Each trial counted once: the same trial id, or the same config and seed, under two
-    sweeps (a copied folder, the same arm run twice) keeps its first copy (sweeps in name
-    order); one line in ``notes`` per pair of sweeps names both and how many. Curves of the
-    dropped copies go with them. (Within a sweep the id is the config's hash.)"""
-    id_first = trials.groupby("trial_id", sort=False)["sweep"].transform("first")
-    config_first = trials.groupby(CONFIG_COLUMNS, dropna=False, sort=False)["sweep"].transform(
-        "first"
-    )
-    by_id = trials.duplicated("trial_id") & (id_first != trials["sweep"])
-    by_config = trials.duplicated(CONFIG_COLUMNS) & (config_first != trials["sweep"])
+    """Each trial counted once. The same trial id under two sweeps (rows copied and edited)
+    keeps its first copy (sweeps in name order), its curves too; the same config and seed
+    under two sweeps (the same trial run twice) stays in each sweep's own cells, once each,
+    and is counted once where sweeps are pooled (``repeated_configs``). One line in
+    ``notes`` per pair of sweeps names both and how many."""
+    by_id, id_first = repeated(trials, ["trial_id"])
+    by_config, config_first = repeated(trials, CONFIG_COLUMNS)
     twice = by_id | by_config
     if not twice.any():
         return trials, curves
     copies = trials.loc[twice, ["sweep", "trial_id"]].assign(
-        first=id_first.where(by_id, config_first)[twice]
+        first=id_first.where(by_id, config_first)[twice], same_id=by_id[twice]
     )
-    for (sweep, first), group in copies.groupby(["sweep", "first"]):  # per pair of sweeps
+    for (sweep, first, same_id), group in copies.groupby(["sweep", "first", "same_id"]):
+        how = (
+            "the same trial ids: counted once, in the first"
+            if same_id
+            else "the same configs and seeds: the same trials run twice; each sweep's cells "
+            "hold them once, pooled sweeps (--pool) count them once"
+        )
         note(
             notes,
             f"{len(group)} trial(s) of sweep {printable(sweep)!r} (e.g. "
-            f"{printable(group['trial_id'].iloc[0])}) are the same trials (id, or config and "
-            f"seed) as trials of sweep {printable(first)!r}: counted once, in "
-            f"{printable(first)!r}",
+            f"{printable(group['trial_id'].iloc[0])}) and of sweep {printable(first)!r} have "
+            f"{how}",
         )
     key = ["sweep", "trial_id"]
-    dropped = curves.set_index(key).index.isin(copies.set_index(key).index)
-    return trials[~twice].reset_index(drop=True), curves[~dropped]
+    dropped = curves.set_index(key).index.isin(copies[copies["same_id"]].set_index(key).index)
+    return trials[~by_id].reset_index(drop=True), curves[~dropped]
 
 
 def note(notes: list[str] | None, line: str) -> None:

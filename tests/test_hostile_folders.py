@@ -14,18 +14,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import ray.cloudpickle as cloudpickle
 import torch
+from helpers import TINY_TRIAL
 from test_report import write
 from test_safe_results import ROOT, trained_results
 
 from scale_fpt import cli
 from scale_fpt.checkpoints import DamagedCheckpointError, UnsafeCheckpointError, weights_file
-from scale_fpt.config import ConfigError
+from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.loop import PROGRESS_FILE
+from scale_fpt.models import build_model
 from scale_fpt.results import ResultsWriter, load_results
 from scale_fpt.sweep.lock import driver_lock
+from scale_fpt.tasks import build_task
 
 COMMAND = "touch /tmp/scale-fpt-pwned"
 
@@ -269,29 +273,47 @@ def test_blocked_and_damaged_files_are_resultserrors_a_sweep_does_not_retry(tmp_
     assert issubclass(DamagedCheckpointError, ConfigError)
 
 
-@pytest.mark.parametrize("content", ["payload", "empty", "truncated", "text", "passwd"])
-def test_report_skips_a_bad_weights_file_naming_it_and_reports_the_rest(
-    tmp_path, home, capsys, content
-):
+def test_report_skips_bad_weights_files_naming_each_and_reports_the_rest(tmp_path, home, capsys):
+    """One arm per kind of bad weights file (a blocked pickle, empty, truncated, text, a link
+    to a file outside) beside a good one: one report, each bad trial named with its file
+    under its attention map, the good one analysed, the rest of the report produced."""
     results = tmp_path / "results"
-    checkpoint = trained_results(results)
-    path = checkpoint / weights_file("t")
-    marker = tmp_path / "pwned"
-    if content == "passwd":
-        path.unlink()
-        path.symlink_to(home / ".bashrc")
-    else:
-        spoil(path, content, marker)
+    flat = {**TrialConfig().to_flat(), **TINY_TRIAL, "max_steps": 4, "eval_every": 4}
+    config = TrialConfig.from_flat(flat)
+    built = build_model(config, build_task(config.task, config.train.seed).spec)
+    trained = {n: p.detach() for n, p in built.module.named_parameters() if p.requires_grad}
+    writer, paths, marker = ResultsWriter(results, "s"), {}, tmp_path / "pwned"
+    kinds = ["good", "payload", "empty", "truncated", "text", "outside"]
+    for i, kind in enumerate(kinds):
+        checkpoint = results / "_ray" / "s" / f"trial_{i}" / "checkpoint_000000"
+        checkpoint.mkdir(parents=True)
+        paths[kind] = checkpoint / weights_file(kind)
+        torch.save({"module": trained}, paths[kind])
+        if kind == "outside":
+            paths[kind].unlink()
+            paths[kind].symlink_to(home / ".bashrc")
+        elif kind != "good":
+            spoil(paths[kind], kind, marker)
+        lr = 10.0 ** -(i + 1)  # one arm each: the report analyses one trial per arm
+        write(writer, kind, 0.5, **{**flat, "lr": lr}, checkpoint=str(checkpoint))
     assert cli.main(["report", str(results)]) == 0
     text = (results / "report" / "report.md").read_text()
-    section = text[text.index("## Attention maps") :]
-    assert "(trial t)" in section and "Not analysed: " in section
-    expected = {
-        "payload": f"refused to load {path}: it holds a pickled posix.system",
-        "passwd": f"resolves to {home / '.bashrc'}, outside {results}: refused",
-    }.get(content, f"cannot read {path}: not a torch checkpoint")
-    assert expected in section
     assert "## Trials" in text and not marker.exists()
+    sections = {
+        kind: next(part for part in text.split("### ") if f"(trial {kind})" in part)
+        for kind in kinds
+    }
+    assert "Mean share on the relevant inputs" in sections["good"]
+    damaged = "cannot read {}: not a torch checkpoint (damaged or truncated"
+    expected = {
+        "payload": f"refused to load {paths['payload']}: it holds a pickled posix.system",
+        "empty": damaged.format(paths["empty"]),
+        "truncated": damaged.format(paths["truncated"]),
+        "text": damaged.format(paths["text"]),
+        "outside": f"resolves to {home / '.bashrc'}, outside {results}: refused",
+    }
+    for kind, message in expected.items():
+        assert "Not analysed: " in sections[kind] and message in sections[kind], kind
 
 
 @pytest.mark.parametrize(
@@ -327,13 +349,35 @@ def test_a_copied_sweep_counts_each_trial_once_and_says_so(tmp_path, home, capsy
     shutil.copytree(results / "s", results / "other", symlinks=True)
     write(ResultsWriter(results, "twin"), "u0", 0.9, task="bit-xor", seed=0)
     loaded = load_results(results)
-    assert sorted(loaded.trials["trial_id"]) == ["t0", "t1"]
+    assert sorted(loaded.trials["trial_id"]) == ["t0", "t1", "u0"]
     assert any("2 row(s) claiming sweep(s) s" in n for n in loaded.notes)
-    assert any("1 trial(s) of sweep 'twin' (e.g. u0)" in n and "'s'" in n for n in loaded.notes)
-    code, _ = report(results, capsys)
+    assert any(
+        n.startswith("1 trial(s) of sweep 'twin' (e.g. u0) and of sweep 's' have the same "
+                     "configs and seeds") for n in loaded.notes
+    )  # fmt: skip
+    code, _ = report(results, capsys, "--pool")
     text = (results / "report" / "report.md").read_text()
     assert code == 0 and "## Files and rows not used" in text
     assert "claiming sweep(s) s" in text and "of sweep 'twin'" in text
+    # Pooled, seed 0 counts once: the cell holds seeds 0 and 1, n = 2.
+    pooled = pd.read_csv(results / "report" / "tables" / "T2.csv")
+    assert pooled["n"].tolist() == [2] and pooled["n_trials"].tolist() == [2]
+
+
+def test_the_same_trial_id_under_two_sweeps_is_counted_once(tmp_path, home):
+    """Rows copied and edited to claim their new folder keep their trial id (a hash of the
+    original sweep and config): the second copy is left out, named."""
+    results = tmp_path / "results"
+    write(ResultsWriter(results, "a"), "t0", 0.9, task="bit-xor", seed=0, hit=200)
+    write(ResultsWriter(results, "b"), "t0", 0.7, task="bit-xor", seed=3, hit=200)
+    loaded = load_results(results)
+    assert loaded.trials[["sweep", "trial_id"]].values.tolist() == [["a", "t0"]]
+    assert set(loaded.curves["sweep"]) == {"a"}
+    (line,) = loaded.notes
+    assert line == (
+        "1 trial(s) of sweep 'b' (e.g. t0) and of sweep 'a' have the same trial ids: counted "
+        "once, in the first"
+    )
 
 
 # ------------------------------------------------------------------ 6. a sweep folder itself

@@ -40,7 +40,7 @@ from scale_fpt.report.sections import (
     table_section,
     trials_section,
 )
-from scale_fpt.results import ResultsError, load_results, results_root
+from scale_fpt.results import ResultsError, load_results, repeated_configs, results_root
 
 
 def all_tables(results, metric: str = tables.DEFAULT_METRIC, thresholds=None) -> dict:
@@ -88,8 +88,9 @@ def build_report(
         raise ResultsError([f"no readable trial rows under {results_dir}: nothing to report"])
     sweeps = sorted(set(results.trials["sweep"].dropna()))
     by_sweep = results.trials  # what each sweep ran, and where its checkpoints are
-    if pool:
-        results = dataclasses.replace(results, trials=tables.pool_sweeps(results.trials))
+    if pool:  # the same trial run by two sweeps counts once in a pooled cell
+        once = results.trials[~repeated_configs(results.trials)]
+        results = dataclasses.replace(results, trials=tables.pool_sweeps(once))
     out = Path(out) if out else Path(results_dir) / "report"
     make_folders(out, "figures", "tables")  # real folders: a link planted there is refused
     trials, curves = results.trials, results.curves
