@@ -93,10 +93,10 @@ LINK = re.compile(r"\[([^\]]+)\]\(([^)\s:]+)\)")
 
 def markdown_text(text: str) -> str:
     """Text of a block as Markdown that stays one block: control characters (a newline,
-    an escape sequence) written visibly, ``<`` and ``>`` as entities (no raw HTML). The
+    an escape sequence) written visibly, ``<`` as an entity (no raw HTML tag). The
     sections' own markup (links, **bold**, `code`) is kept; row text they interpolate
     goes through ``literal``."""
-    return printable(text).replace("<", "&lt;").replace(">", "&gt;")
+    return printable(text).replace("<", "&lt;")
 
 
 def literal(value) -> str:
