@@ -151,6 +151,7 @@ def test_parquet_writes_never_leave_the_results_folder(tmp_path, home, linked):
 # ------------------------------------------------------------------ 2. Tune state
 
 
+@pytest.mark.slow
 def test_a_fresh_sweep_never_reads_planted_tune_state(tmp_path, home):
     """A planted experiment state (greatest name, a cloudpickle blob that creates a marker)
     in the folder of a fresh sweep: the sweep runs and finishes, and nothing of it runs
@@ -383,6 +384,7 @@ def test_the_same_trial_id_under_two_sweeps_is_counted_once(tmp_path, home):
 # ------------------------------------------------------------------ 6. a sweep folder itself
 
 
+@pytest.mark.slow
 def test_a_sweep_folder_reports_the_checkpoints_its_results_folder_does(tmp_path, home, capsys):
     results = tmp_path / "results"
     trained_results(results)
