@@ -37,6 +37,7 @@ one path component, not hidden, not ``..``."""
 
 
 def linked(path: Path) -> str:
+    """'<path> is a symbolic link (to <target>)', printable."""
     return f"{printable(str(path))} is a symbolic link (to {printable(os.readlink(path))})"
 
 
@@ -83,9 +84,7 @@ def write_file(path: Path, write: Callable[[BinaryIO], None]) -> None:
     folder = open_folder(path.parent)
     tmp = f".{path.name}.{os.getpid()}.tmp"
     try:
-        fd = os.open(
-            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder
-        )
+        fd = create(tmp, folder)
         try:
             with os.fdopen(fd, "wb") as f:
                 write(f)
@@ -99,6 +98,18 @@ def write_file(path: Path, write: Callable[[BinaryIO], None]) -> None:
             raise
     finally:
         os.close(folder)
+
+
+def create(name: str, folder: int) -> int:
+    """A new file ``name`` in the folder of descriptor ``folder`` (``O_EXCL | O_NOFOLLOW``);
+    a leftover of that name (a killed writer of the same pid, a planted link) is unlinked
+    first, never followed."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    try:
+        return os.open(name, flags, 0o644, dir_fd=folder)
+    except FileExistsError:
+        os.unlink(name, dir_fd=folder)
+        return os.open(name, flags, 0o644, dir_fd=folder)
 
 
 def write_text(path: Path, text: str) -> None:
