@@ -4,6 +4,7 @@ CSV of the data drawn) under ``figures/`` and each table's long form (one row pe
 statistics, trial ids, compute, published number) under ``tables/``.
 
     report.md
+      Files and rows not used   what the loader left out of the results folder, named
       Findings, Power, Analysis plan
       Trials             status per sweep, every trial not used and why
       Conventions        metric, spread, learning rates, like-for-like rule, thresholds
