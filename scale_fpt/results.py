@@ -372,6 +372,9 @@ def load_results(results_dir: str | os.PathLike, sweep: str | None = None) -> Re
         raise ResultsError([f"no scale_fpt results under {results_dir} (no */_schema.json)"])
     trials, curves, notes = [], [], []
     for d in dirs:
+        if d != Path(results_dir) and d.is_symlink():  # a sweep folder is one of the folder's
+            note(notes, f"{linked(d)}: not read (a sweep folder is a folder of its results)")
+            continue
         version = read_schema_version(d)
         if version != SCHEMA_VERSION:
             raise ResultsError(

@@ -348,10 +348,14 @@ def test_a_copied_sweep_counts_each_trial_once_and_says_so(tmp_path, home, capsy
     for seed in (0, 1):
         write(ResultsWriter(results, "s"), f"t{seed}", 0.9, task="bit-xor", seed=seed)
     shutil.copytree(results / "s", results / "other", symlinks=True)
+    (results / "linked").symlink_to(results / "s")  # a sweep folder linked in: not read
     write(ResultsWriter(results, "twin"), "u0", 0.9, task="bit-xor", seed=0)
     loaded = load_results(results)
     assert sorted(loaded.trials["trial_id"]) == ["t0", "t1", "u0"]
     assert any("2 row(s) claiming sweep(s) s" in n for n in loaded.notes)
+    assert f"{results / 'linked'} is a symbolic link (to {results / 's'}): not read" in "".join(
+        loaded.notes
+    )
     assert any(
         n.startswith("1 trial(s) of sweep 'twin' (e.g. u0) and of sweep 's' have the same "
                      "configs and seeds") for n in loaded.notes
