@@ -397,3 +397,15 @@ def test_a_sweep_folder_reports_the_checkpoints_its_results_folder_does(tmp_path
     text = (out / "report.md").read_text()
     section = text[text.index("## Attention maps") :]
     assert "Mean share on the relevant inputs" in section
+
+
+def test_names_from_a_results_folder_reach_the_terminal_escaped(tmp_path, home, capsys, caplog):
+    """A sweep folder named with an escape sequence and a newline: every warning and the
+    report show it as ``\\x1b`` / ``\\x0a``, never as the characters themselves."""
+    results = one_row_results(tmp_path / "results")
+    shutil.copytree(results / "s", results / "x\x1b[2Jy\nz")
+    code, err = report(results, capsys)
+    shown = err + "".join(r.getMessage() for r in caplog.records)
+    assert code == 0 and "x\\x1b[2Jy\\x0az" in shown and "\x1b" not in shown
+    text = (results / "report" / "report.md").read_text()
+    assert "\x1b" not in text and "x\\\\x1b\\[2Jy\\\\x0az" in text
