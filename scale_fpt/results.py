@@ -409,7 +409,8 @@ def own_rows(table_: pa.Table, sweep_dir: Path, notes: list[str]) -> pa.Table:
         note(
             notes,
             f"{printable(str(sweep_dir))}: {dropped} row(s) claiming sweep(s) "
-            f"{', '.join(claimed)} or a trial id that is no plain name, not this folder's "
+            f"{', '.join(claimed[:5])}{' ...' * (len(claimed) > 5)} or a trial id that is no "
+            "plain name, not this folder's "
             f"sweep {printable(sweep_dir.name)!r}: not used (a copied or renamed sweep folder?)",
         )
     return table_.filter(ok)
