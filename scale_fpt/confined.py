@@ -58,7 +58,12 @@ def make_folders(root: Path, *relative: str) -> None:
     symbolic link among them is refused (``refuse_links``)."""
     for path in (root, *(root / r for r in relative)):
         refuse_links(path)
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a file of that name, no permission, a full disk
+            raise ResultsError(
+                [f"cannot make the folder {printable(str(path))}: {e.strerror or e}"]
+            ) from None
         refuse_links(path)  # made meanwhile by someone else
 
 
