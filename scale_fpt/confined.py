@@ -62,7 +62,7 @@ def make_folders(root: Path, *relative: str) -> None:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as e:  # a file of that name, no permission, a full disk
             raise ResultsError(
-                [f"cannot make the folder {printable(str(path))}: {e.strerror or e}"]
+                [f"cannot write to {printable(str(path))}: {e.strerror or e} (making the folder)"]
             ) from None
         refuse_links(path)  # made meanwhile by someone else
 
