@@ -35,6 +35,7 @@ from scale_fpt.confined import (
     linked,
     make_folders,
     printable,
+    read_text,
     write_file,
     write_text,
 )
@@ -326,7 +327,7 @@ def read_schema_version(sweep_dir: Path):
     """The schema version in ``sweep_dir/_schema.json``; ResultsError if it is unreadable."""
     marker = sweep_dir / "_schema.json"
     try:
-        return json.loads(marker.read_text()).get("schema_version")
+        return json.loads(read_text(marker)).get("schema_version")  # no link, bounded
     except (OSError, ValueError, AttributeError) as e:
         raise ResultsError(
             [
