@@ -376,13 +376,24 @@ def load_results(results_dir: str | os.PathLike, sweep: str | None = None) -> Re
         if d != Path(results_dir) and d.is_symlink():  # a sweep folder is one of the folder's
             note(notes, f"{linked(d)}: not read (a sweep folder is a folder of its results)")
             continue
-        version = read_schema_version(d)
-        if version != SCHEMA_VERSION:
-            raise ResultsError(
-                [f"{d}: schema version {version}, this scale_fpt reads {SCHEMA_VERSION}"]
-            )
+        try:
+            version = read_schema_version(d)
+            if version != SCHEMA_VERSION:
+                raise ResultsError(
+                    [
+                        f"{printable(str(d))}: schema version {printable(repr(version))}, this "
+                        f"scale_fpt reads {SCHEMA_VERSION}"
+                    ]
+                )
+        except ResultsError as e:
+            if len(dirs) == 1:
+                raise
+            note(notes, f"{e}: not read (the other sweeps are)")
+            continue
         trials.append(own_rows(read_table_dir(d / "trials", TRIAL_SCHEMA, notes), d, notes))
         curves.append(own_rows(read_table_dir(d / "curves", CURVE_SCHEMA, notes), d, notes))
+    if not trials:
+        raise ResultsError([f"no readable sweep under {printable(str(results_dir))}"])
     trial_df = pa.concat_tables(trials).to_pandas()
     curve_df = pa.concat_tables(curves).to_pandas()
     trial_df = trial_df.sort_values(["sweep", "trial_id"], ignore_index=True)

@@ -27,6 +27,7 @@ from scale_fpt.checkpoints import DamagedCheckpointError, UnsafeCheckpointError,
 from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.loop import PROGRESS_FILE
 from scale_fpt.models import build_model
+from scale_fpt.report.render import literal
 from scale_fpt.results import ResultsWriter, load_results
 from scale_fpt.sweep.lock import driver_lock
 from scale_fpt.tasks import build_task
@@ -409,3 +410,19 @@ def test_names_from_a_results_folder_reach_the_terminal_escaped(tmp_path, home, 
     assert code == 0 and "x\\x1b[2Jy\\x0az" in shown and "\x1b" not in shown
     text = (results / "report" / "report.md").read_text()
     assert "\x1b" not in text and "x\\\\x1b\\[2Jy\\\\x0az" in text
+
+
+def test_a_sweep_with_a_damaged_schema_file_is_skipped_and_named(tmp_path, home, capsys):
+    """Beside a good sweep, one whose ``_schema.json`` is garbage and one whose schema file is
+    a link to ``/dev/zero`` (read, it would never end): both named, the report produced."""
+    results = one_row_results(tmp_path / "results")
+    one_row_results(results, "b")
+    (results / "b" / "_schema.json").write_text('{"schema_vers')
+    (results / "c").mkdir()
+    (results / "c" / "_schema.json").symlink_to("/dev/zero")
+    code, _ = report(results, capsys)
+    text = (results / "report" / "report.md").read_text()
+    assert code == 0 and "## Files and rows not used" in text
+    for name in ("b", "c"):
+        shown = literal(f"{results / name / '_schema.json'} is not a readable scale_fpt schema")
+        assert shown in text
