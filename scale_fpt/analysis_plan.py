@@ -16,12 +16,13 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from scale_fpt import published
-from scale_fpt.config import ConfigError
+from scale_fpt.confined import ResultsError, make_folders, printable, read_text, write_text
 from scale_fpt.vocabulary import CONFIRM_SUFFIX
 
 if TYPE_CHECKING:  # the sweep imports this module: the plan is read without it
@@ -119,23 +120,79 @@ def write_plan(sweep: SweepConfig) -> Path:
     """Write ``sweep``'s plan where its results go, unless one is there (a resumed sweep
     keeps its first plan); returns its path."""
     path = Path(sweep.results_dir) / sweep.name / PLAN_FILE
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(dataclasses.asdict(plan_for(sweep)), indent=2) + "\n")
+    if not os.path.lexists(path):
+        make_folders(path.parent)
+        write_text(path, json.dumps(dataclasses.asdict(plan_for(sweep)), indent=2) + "\n")
     return path
+
+
+FIELD_CHECKS = {
+    "sweep": (str, "a text"),
+    "primary_metric": (str, "a text"),
+    "selection_metric": (str, "a text"),
+    "thresholds": (dict, "an object {task: accuracy}"),
+    "tests": (dict, "an object"),
+    "families": (dict, "an object {family: [comparison, ...]}"),
+    "law_form": (str, "a text"),
+    "seeds": (dict, "an object {'selection': [...], 'confirmation': [...]}"),
+    "written": (str, "a text"),
+}
+"""What each field of a plan file must hold (the file is a results folder's: untrusted)."""
+
+
+def plan_problems(data) -> list[str]:
+    """What is wrong with a plan file's parsed JSON (empty when it is a plan)."""
+    if not isinstance(data, dict):
+        return [f"holds a JSON {type(data).__name__}, not an object"]
+    problems = [
+        f"field {name!r} must be {what}"
+        for name, (kind, what) in FIELD_CHECKS.items()
+        if name in data and not isinstance(data[name], kind)
+    ]
+    thresholds = data.get("thresholds")
+    if isinstance(thresholds, dict) and not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in thresholds.values()
+    ):
+        problems.append("field 'thresholds' must map each task to a number")
+    families = data.get("families")
+    if isinstance(families, dict) and not all(
+        isinstance(v, list) and all(isinstance(c, str) for c in v) for v in families.values()
+    ):
+        problems.append("field 'families' must map each family to a list of comparisons")
+    seeds = data.get("seeds")
+    if isinstance(seeds, dict) and not all(
+        isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+        for v in seeds.values()
+    ):
+        problems.append("field 'seeds' must map each use to a list of integer seeds")
+    return problems
 
 
 def read_plan(sweep_dir: str | Path) -> AnalysisPlan | None:
     """The plan under ``sweep_dir`` (None when the sweep wrote none); a plan of another
-    schema version is one ``ConfigError`` naming both versions (exit code 2 on the CLI)."""
+    schema version, or a file that is no plan (not JSON, empty, a list, a field of the wrong
+    type), is one ``ResultsError`` line naming the file (exit code 2 on the CLI)."""
     path = Path(sweep_dir) / PLAN_FILE
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
-    data = json.loads(path.read_text())
+    shown = printable(str(path))
+    try:
+        data = json.loads(read_text(path))
+    except ValueError as e:
+        raise ResultsError(
+            [f"{shown}: not an analysis plan (not JSON: {printable(str(e))}); remove or "
+             "restore the file"]
+        ) from None  # fmt: skip
+    problems = plan_problems(data)
+    if problems:
+        raise ResultsError(
+            [f"{shown}: not an analysis plan ({'; '.join(problems)}); remove or restore the file"]
+        )
     if data.get("schema_version") != SCHEMA_VERSION:
-        raise ConfigError([
-            f"{path}: analysis plan schema version {data.get('schema_version')!r}; this "
-            f"scale_fpt reads version {SCHEMA_VERSION}"
+        raise ResultsError([
+            f"{shown}: analysis plan schema version "
+            f"{printable(repr(data.get('schema_version')))}; this scale_fpt reads version "
+            f"{SCHEMA_VERSION}"
         ])  # fmt: skip
     known = {f.name for f in dataclasses.fields(AnalysisPlan)}
     return AnalysisPlan(**{k: v for k, v in data.items() if k in known})

@@ -26,6 +26,7 @@ from tqdm import tqdm
 from scale_fpt import fetch as fetch_module
 from scale_fpt import planner
 from scale_fpt.config import CONCERNS, FIELD_TYPES, ConfigError, TrialConfig
+from scale_fpt.confined import printable
 from scale_fpt.flags import add_field_flags, load_mapping
 from scale_fpt.gpus import DEFAULT_GPU, GPUS, gpu_with_memory
 from scale_fpt.recipes import STUDY_NAMES, load_study
@@ -312,7 +313,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return report_module.main(args)
     except ConfigError as e:
-        print(f"scale-fpt: error: {e}", file=sys.stderr)
+        # Problems may quote a results folder's names: each line printable, none added.
+        lines = "\n".join(printable(line) for line in str(e).split("\n"))
+        print(f"scale-fpt: error: {lines}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
 

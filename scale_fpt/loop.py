@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -52,8 +53,9 @@ from typing import Protocol
 
 import torch
 
-from scale_fpt.checkpoints import UnsafeCheckpointError, load_checkpoint_file, weights_file
+from scale_fpt.checkpoints import DamagedCheckpointError, load_checkpoint_file, weights_file
 from scale_fpt.config import TrainConfig
+from scale_fpt.confined import ResultsError, make_folders, printable, read_text, write_text
 from scale_fpt.runtime import restore_rng, rng_state
 from scale_fpt.steps import NEVER, MemberMetrics
 from scale_fpt.tasks.base import EVAL_SPLITS
@@ -310,51 +312,67 @@ def restore_checkpoint(
     """(members' states, loop position) from a checkpoint of the same trials; the step's
     tensors and torch's RNG state are restored in place."""
     path = Path(directory) / PROGRESS_FILE
-    if not path.exists():
-        raise RuntimeError(f"no trial checkpoint in {directory}")
+    if not path.is_file():
+        raise DamagedCheckpointError([f"no trial checkpoint in {printable(directory)}"])
     try:
         progress = load_checkpoint_file(path)
-        saved_ids = progress["trial_ids"]
-        if saved_ids == trial_ids:
-            step.restore(directory)
-    except UnsafeCheckpointError:
-        raise  # names the file already, and it is not damaged: refused
-    except Exception as e:  # unpickling/zip errors do not name the directory
-        raise RuntimeError(
-            f"cannot restore the trial checkpoint in {directory} (corrupt or truncated "
-            f"file?): {type(e).__name__}: {e}"
-        ) from e
-    if saved_ids != trial_ids:
-        raise RuntimeError(f"the checkpoint in {directory} belongs to other trials ({saved_ids})")
-    restore_rng(progress)
-    return [TrialState.from_dict(s) for s in progress["states"]], progress["position"]
+        if progress["trial_ids"] != trial_ids:
+            raise DamagedCheckpointError(
+                [f"the checkpoint in {printable(directory)} belongs to other trials"]
+            )
+        step.restore(directory)
+        restore_rng(progress)
+        return [TrialState.from_dict(s) for s in progress["states"]], progress["position"]
+    except ResultsError:
+        raise  # refused or damaged: the file is named already
+    except Exception as e:  # a torch file of other contents, a step file missing or foreign
+        raise DamagedCheckpointError(
+            [
+                f"cannot restore the trial checkpoint in {printable(directory)} (damaged, "
+                f"truncated or another program's files): {type(e).__name__}: "
+                f"{printable(str(e))[:200]}"
+            ]
+        ) from None
 
 
 class CheckpointDir:
     """Checkpoints of a command-line trial: ``step-N/`` directories and a ``latest`` pointer.
 
     The pointer is replaced atomically only after a checkpoint is complete, so a trial killed
-    mid-save resumes from the previous one."""
+    mid-save resumes from the previous one. The folder may be someone else's (a copied
+    results folder): the pointer is only ever the name of a real ``step-N`` folder in it,
+    anything else is refused in one line, so nothing outside is read or deleted."""
+
+    POINTER = re.compile(r"step-[0-9]+")
 
     def __init__(self, directory: str):
         self.root = Path(directory)
-        self.root.mkdir(parents=True, exist_ok=True)
+        make_folders(self.root)
 
     def latest(self) -> str | None:
         pointer = self.root / "latest"
-        if not pointer.exists():
+        if not os.path.lexists(pointer):
             return None
-        return str(self.root / pointer.read_text().strip())
+        name = read_text(pointer, limit=4096).strip()
+        target = self.root / name
+        if not self.POINTER.fullmatch(name) or os.path.islink(target) or not target.is_dir():
+            raise ResultsError(
+                [
+                    f"{printable(str(pointer))} names {printable(name)!r}, not a step-N folder "
+                    f"of {printable(str(self.root))}: refused (remove the pointer to start afresh)"
+                ]
+            )
+        return str(target)
 
     def save(self, save: Callable[[str], None], step: int) -> None:
         """``save(directory)`` into ``step-N/``, then point ``latest`` at it."""
         previous = self.latest()
         name = f"step-{step}"
         target = self.root / name
+        if os.path.islink(target):
+            target.unlink()  # a planted link: removed, never followed
         shutil.rmtree(target, ignore_errors=True)
         save(str(target))
-        tmp = self.root / ".latest.tmp"
-        tmp.write_text(name)
-        os.replace(tmp, self.root / "latest")
+        write_text(self.root / "latest", name)
         if previous and Path(previous) != target:
             shutil.rmtree(previous, ignore_errors=True)

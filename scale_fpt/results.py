@@ -21,13 +21,24 @@ import contextlib
 import json
 import logging
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from scale_fpt.config import CONCERNS, FIELD_TYPES, ConfigError
+from scale_fpt.config import CONCERNS, FIELD_TYPES
+from scale_fpt.confined import (
+    ResultsError,
+    inside,
+    linked,
+    make_folders,
+    printable,
+    read_text,
+    write_file,
+    write_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -171,42 +182,23 @@ CURVE_SCHEMA = pa.schema(
 )
 
 
-class ResultsError(ConfigError):
-    """The results directory, or a storage of the sweep, cannot be used (unwritable, full,
-    other schema, a bad URL). Its message is
-    the problem itself, without ConfigError's "invalid configuration" framing: a full disk
-    is not a bad flag."""
-
-    def __init__(self, problems: list[str]):
-        ValueError.__init__(self, "\n".join(problems))
-        self.problems = list(problems)
-
-
 def table(rows: list[dict], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pylist([{f.name: r.get(f.name) for f in schema} for r in rows], schema)
 
 
 def write_atomic(table_: pa.Table, path: Path) -> None:
-    """Write ``path`` so that it is either the old file or the complete new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write ``path`` so that it is either the old file or the complete new one, never
+    through a link (``confined.write_file``)."""
     try:
-        with open(tmp, "wb") as f:
-            pq.write_table(table_, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        # Whatever stopped the write (a full disk, an interrupt), leave no temporary behind.
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise ResultsError(
-                [
-                    f"cannot write results file {path}: {e.strerror or e} (the rows written "
-                    "before are intact; free space or fix the directory, then rerun, with "
-                    "--resume for a sweep)"
-                ]
-            ) from None
-        raise
+        write_file(path, lambda f: pq.write_table(table_, f))
+    except OSError as e:
+        raise ResultsError(
+            [
+                f"cannot write results file {path}: {e.strerror or e} (the rows written "
+                "before are intact; free space or fix the directory, then rerun, with "
+                "--resume for a sweep)"
+            ]
+        ) from None
 
 
 class ResultsWriter:
@@ -230,6 +222,7 @@ class ResultsWriter:
         )
         made = [p for p in folders if not p.exists()]
         try:
+            make_folders(self.root, "trials", "curves")  # real folders: no link out
             existing = marker.exists()
             if existing:
                 version = read_schema_version(self.root)
@@ -241,13 +234,11 @@ class ResultsWriter:
                             "directory (or another --sweep name)"
                         ]
                     )
-            for sub in ("trials", "curves"):
-                (self.root / sub).mkdir(parents=True, exist_ok=True)
             # Probe even an existing sweep (a resumed one may now be read-only or full); the
             # name is per process, so writers starting side by side never remove each other's.
-            probe = self.root / f".write-probe.{os.getpid()}"
+            probe = self.root / f"_write-probe.{os.getpid()}"
             try:
-                probe.write_bytes(b"x" * 4096)
+                write_file(probe, lambda f: f.write(b"x" * 4096))
             finally:
                 with contextlib.suppress(OSError):
                     probe.unlink()
@@ -317,16 +308,26 @@ def recorded_checkpoint(path: str | os.PathLike | None, results_dir: Path) -> st
 
 
 def checkpoint_dir(recorded: str, results_dir: str | os.PathLike) -> Path:
-    """Where a trials row's ``checkpoint`` is: a relative one under ``results_dir`` (the
-    directory the rows were read from), an absolute one where it says."""
-    return Path(recorded) if os.path.isabs(recorded) else Path(results_dir) / recorded
+    """Where a trials row's ``checkpoint`` is: a relative one under the results directory
+    the rows were read from (``results_root``: a sweep folder given itself reads its
+    parent's ``_ray``), resolved with its links; ResultsError (one line) when it resolves
+    outside that directory: a results folder's rows never make a reader open files
+    elsewhere (``confined.inside``)."""
+    return inside(results_root(results_dir), recorded)
+
+
+def results_root(results_dir: str | os.PathLike) -> Path:
+    """The results directory of ``results_dir``: itself, or the parent of a sweep folder
+    (one holding ``_schema.json``), which its rows' relative checkpoints are under."""
+    root = Path(results_dir)
+    return root.parent if (root / "_schema.json").exists() else root
 
 
 def read_schema_version(sweep_dir: Path):
     """The schema version in ``sweep_dir/_schema.json``; ResultsError if it is unreadable."""
     marker = sweep_dir / "_schema.json"
     try:
-        return json.loads(marker.read_text()).get("schema_version")
+        return json.loads(read_text(marker)).get("schema_version")  # no link, bounded
     except (OSError, ValueError, AttributeError) as e:
         raise ResultsError(
             [
@@ -337,12 +338,9 @@ def read_schema_version(sweep_dir: Path):
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_text(path, text)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise ResultsError([f"cannot write {path}: {e.strerror or e}"]) from None
 
 
@@ -353,6 +351,9 @@ class Results:
 
     trials: object  # pandas.DataFrame
     curves: object  # pandas.DataFrame
+    notes: list[str] = field(default_factory=list)
+    """What the loader did not use, one line each naming the file or the copies: damaged
+    files, rows claiming another sweep than their folder, the same trial twice."""
 
 
 def sweep_dirs(results_dir: str | os.PathLike) -> list[Path]:
@@ -370,26 +371,137 @@ def load_results(results_dir: str | os.PathLike, sweep: str | None = None) -> Re
         dirs = [d for d in dirs if d.name == sweep]
     if not dirs:
         raise ResultsError([f"no scale_fpt results under {results_dir} (no */_schema.json)"])
-    trials, curves = [], []
+    trials, curves, notes = [], [], []
     for d in dirs:
-        version = read_schema_version(d)
-        if version != SCHEMA_VERSION:
-            raise ResultsError(
-                [f"{d}: schema version {version}, this scale_fpt reads {SCHEMA_VERSION}"]
-            )
-        trials.append(read_table_dir(d / "trials", TRIAL_SCHEMA))
-        curves.append(read_table_dir(d / "curves", CURVE_SCHEMA))
+        if d != Path(results_dir) and d.is_symlink():  # a sweep folder is one of the folder's
+            note(notes, f"{linked(d)}: not read (a sweep folder is a folder of its results)")
+            continue
+        try:
+            version = read_schema_version(d)
+            if version != SCHEMA_VERSION:
+                raise ResultsError(
+                    [
+                        f"{printable(str(d))}: schema version {printable(repr(version))}, this "
+                        f"scale_fpt reads {SCHEMA_VERSION}"
+                    ]
+                )
+        except ResultsError as e:
+            if len(dirs) == 1:
+                raise
+            note(notes, f"{e}: not read (the other sweeps are)")
+            continue
+        trials.append(own_rows(read_table_dir(d / "trials", TRIAL_SCHEMA, notes), d, notes))
+        curves.append(own_rows(read_table_dir(d / "curves", CURVE_SCHEMA, notes), d, notes))
+    if not trials:
+        raise ResultsError([f"no readable sweep under {printable(str(results_dir))}"])
     trial_df = pa.concat_tables(trials).to_pandas()
     curve_df = pa.concat_tables(curves).to_pandas()
+    trial_df = trial_df.sort_values(["sweep", "trial_id"], ignore_index=True)
+    trial_df, curve_df = once_each(trial_df, curve_df, notes)
     curve_df = curve_df.sort_values(["sweep", "trial_id", "step"], ignore_index=True)
-    return Results(
-        trials=trial_df.sort_values(["sweep", "trial_id"], ignore_index=True), curves=curve_df
+    return Results(trials=trial_df, curves=curve_df, notes=notes)
+
+
+SAFE_TRIAL_ID = r"^[A-Za-z0-9_][A-Za-z0-9_.=+-]*$"
+"""A trial id as scale_fpt makes them (a content hash, a member's tag): one plain file name."""
+
+
+def own_rows(table_: pa.Table, sweep_dir: Path, notes: list[str]) -> pa.Table:
+    """The rows of a sweep folder's table that are its own: rows naming another sweep than
+    the folder (a copied or renamed folder, a planted row), or a trial id that is no plain
+    name, are left out, with one line in ``notes`` (and a warning) naming the folder."""
+    sweep_ok = pc.equal(table_.column("sweep"), sweep_dir.name)
+    id_ok = pc.match_substring_regex(table_.column("trial_id"), SAFE_TRIAL_ID)
+    ok = pc.fill_null(pc.and_(sweep_ok, id_ok), False)
+    dropped = len(table_) - pc.sum(ok).as_py() if len(table_) else 0
+    if dropped:
+        claimed = sorted(
+            {printable(str(s)) for s in table_.filter(pc.invert(ok))["sweep"].to_pylist()}
+        )
+        note(
+            notes,
+            f"{printable(str(sweep_dir))}: {dropped} row(s) claiming sweep(s) "
+            f"{', '.join(claimed[:5])}{' ...' * (len(claimed) > 5)} or a trial id that is no "
+            "plain name, not this folder's "
+            f"sweep {printable(sweep_dir.name)!r}: not used (a copied or renamed sweep folder?)",
+        )
+    return table_.filter(ok)
+
+
+CONFIG_COLUMNS = [f.name for f in config_columns()]
+
+
+def repeated(trials, key: list[str]):
+    """(Rows whose ``key`` an earlier row of another sweep holds, that sweep per row): within
+    a sweep the trial id is the config's hash, so only copies across sweeps count."""
+    first = trials.groupby(key, dropna=False, sort=False)["sweep"].transform("first")
+    return trials.duplicated(key) & (first != trials["sweep"]), first
+
+
+def repeated_configs(trials):
+    """Rows whose config and seed a row of an earlier sweep (by name) holds: the same trial
+    run twice, which pooled sweeps (``--pool``) count once."""
+    return repeated(trials, CONFIG_COLUMNS)[0]
+
+
+def once_each(trials, curves, notes: list[str]):
+    """Each trial counted once. The same trial id under two sweeps (rows copied and edited)
+    keeps its first copy (sweeps in name order), its curves too; the same config and seed
+    under two sweeps (the same trial run twice) stays in each sweep's own cells, once each,
+    and is counted once where sweeps are pooled (``repeated_configs``). One line in
+    ``notes`` per pair of sweeps names both and how many."""
+    by_id, id_first = repeated(trials, ["trial_id"])
+    by_config, config_first = repeated(trials, CONFIG_COLUMNS)
+    twice = by_id | by_config
+    if not twice.any():
+        return trials, curves
+    copies = trials.loc[twice, ["sweep", "trial_id"]].assign(
+        first=id_first.where(by_id, config_first)[twice], same_id=by_id[twice]
     )
+    for (sweep, first, same_id), group in copies.groupby(["sweep", "first", "same_id"]):
+        how = (
+            "the same trial ids: counted once, in the first"
+            if same_id
+            else "the same configs and seeds: the same trials run twice; each sweep's cells "
+            "hold them once, pooled sweeps (--pool) count them once"
+        )
+        note(
+            notes,
+            f"{len(group)} trial(s) of sweep {printable(sweep)!r} (e.g. "
+            f"{printable(group['trial_id'].iloc[0])}) and of sweep {printable(first)!r} have "
+            f"{how}",
+        )
+    key = ["sweep", "trial_id"]
+    dropped = curves.set_index(key).index.isin(copies[copies["same_id"]].set_index(key).index)
+    return trials[~by_id].reset_index(drop=True), curves[~dropped]
 
 
-def read_table_dir(path: Path, schema: pa.Schema) -> pa.Table:
-    """Every readable file of a table directory; a damaged one is skipped with a warning."""
-    tables = [read_parquet(f, schema) for f in sorted(path.glob("[!._]*.parquet"))]
+def note(notes: list[str] | None, line: str) -> None:
+    """A problem of a results folder: kept for the report (``notes``) and warned once."""
+    if notes is not None:
+        notes.append(line)
+    log.warning(f"scale-fpt: warning: {line}")
+
+
+def read_table_dir(path: Path, schema: pa.Schema, notes: list[str] | None = None) -> pa.Table:
+    """Every readable file of a table directory; a damaged one is skipped with a warning
+    (and a line in ``notes``)."""
+    if path.is_symlink():
+        note(notes, f"{linked(path)}: not read")
+        return schema.empty_table()
+    files = []
+    for f in sorted(path.glob("[!._]*.parquet")):
+        if f.is_symlink():
+            note(notes, f"{linked(f)}: not read (a results file is a file of its folder)")
+        else:
+            files.append(f)
+    tables = [read_parquet(f, schema) for f in files]
+    if notes is not None:
+        notes += [
+            f"skipped damaged results file {printable(str(f))}"
+            for f, t in zip(files, tables, strict=True)
+            if t is None
+        ]
     tables = [t for t in tables if t is not None]
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
@@ -403,7 +515,8 @@ def read_parquet(path: Path, schema: pa.Schema) -> pa.Table | None:
         detail = str(e).split(f"'{path}': ")[-1]  # pyarrow repeats the path first
         cause = " ".join(f"{type(e).__name__}: {detail}".split())[:160]
         log.warning(
-            f"scale-fpt: warning: skipping damaged results file {path} ({cause}); "
+            f"scale-fpt: warning: skipping damaged results file {printable(str(path))} "
+            f"({printable(cause)}); "
             "--resume of its sweep re-derives its rows from Ray Tune's log"
         )
         return None

@@ -141,6 +141,11 @@ class SeedMeanSearcher(Searcher):
         """Member trial id -> its seed."""
         self._study = None
 
+    def remaining(self) -> int:
+        """Configurations of this run not yet told to the study: never asked, or asked and
+        still waiting for a seed (what an interrupted sweep leaves for ``--resume``)."""
+        return self.n_configs - self.asked + len(self.pending)
+
     # ----------------------------------------------------------------- the study
 
     def __getstate__(self):  # Tune pickles the searcher with the experiment
@@ -341,6 +346,10 @@ class ArmSearchers(Searcher):
         index = self.owner.pop(trial_id, None)
         if index is not None:
             self.arms[index].on_trial_complete(trial_id, result=result, error=error)
+
+    def remaining(self) -> int:
+        """``SeedMeanSearcher.remaining`` of every arm."""
+        return sum(arm.remaining() for arm in self.arms)
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as f:

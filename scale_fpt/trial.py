@@ -23,7 +23,7 @@ from importlib import metadata
 
 import torch
 
-from scale_fpt.checkpoints import load_checkpoint_file, weights_file
+from scale_fpt.checkpoints import load_weights, weights_file
 from scale_fpt.config import ConfigError, TrialConfig, parse_trial
 from scale_fpt.loop import Evaluation, TrialState, fit, restore_checkpoint, save_checkpoint
 from scale_fpt.models import build_model
@@ -278,7 +278,7 @@ class TrialRun:
         for i, trial_id in enumerate(self.trial_ids):
             path = os.path.join(directory, weights_file(trial_id))
             if self.states[i].history and os.path.exists(path):  # rank 0 wrote them
-                self.selected_weights[i] = load_checkpoint_file(path)["module"]
+                self.selected_weights[i] = load_weights(path)
 
     def close(self) -> None:
         self.step.close()

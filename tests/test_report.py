@@ -487,8 +487,8 @@ def test_trained_checkpoint_attention_in_report(tmp_path, kind):
     )
     trial = TrialRun([config], sweep="attn", kind=kind)
     (row,) = trial.run()
-    trial.save(str(tmp_path / "ckpt"))
-    row["checkpoint"] = str(tmp_path / "ckpt")
+    trial.save(str(tmp_path / "results" / "ckpt"))  # the report reads inside the results only
+    row["checkpoint"] = str(tmp_path / "results" / "ckpt")
     ResultsWriter(tmp_path / "results", "attn").write_trial(row)
     if kind == "engine":
         trained = trial.step.engine.module.eval()
@@ -500,7 +500,7 @@ def test_trained_checkpoint_attention_in_report(tmp_path, kind):
 
     # the rebuilt model (frozen weights from config + seed, trained ones from the file) is
     # the trained one
-    rebuilt, task = report.load_trial_model(row)
+    rebuilt, task = report.load_trial_model(row, tmp_path / "results")
     x = attention.test_inputs(task, 8)
     with torch.no_grad():
         torch.testing.assert_close(rebuilt(x), trained(x), atol=1e-5, rtol=1e-4)

@@ -44,8 +44,8 @@ def test_comparisons_outside_the_plan_are_exploratory(tmp_path):
     for name in ("planned", "unplanned"):
         writer = ResultsWriter(tmp_path, name)
         for seed, (pre, rnd) in enumerate([(0.9, 0.6), (0.95, 0.7), (0.85, 0.5)]):
-            write(writer, f"p{seed}", pre, seed=seed, init="pretrained", hit=200)
-            write(writer, f"r{seed}", rnd, seed=seed, init="random", hit=0)
+            write(writer, f"{name}-p{seed}", pre, seed=seed, init="pretrained", hit=200)
+            write(writer, f"{name}-r{seed}", rnd, seed=seed, init="random", hit=0)
     sweep = analysis_plan.AnalysisPlan(
         sweep="planned", families={"accuracy: pretrained - random": ["pretrained - random"]}
     )

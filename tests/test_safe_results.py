@@ -25,7 +25,13 @@ from scale_fpt.checkpoints import UnsafeCheckpointError, load_checkpoint_file, w
 from scale_fpt.config import TrialConfig
 from scale_fpt.loop import PROGRESS_FILE
 from scale_fpt.models import build_model
-from scale_fpt.results import ResultsWriter, checkpoint_dir, load_results, recorded_checkpoint
+from scale_fpt.results import (
+    ResultsError,
+    ResultsWriter,
+    checkpoint_dir,
+    load_results,
+    recorded_checkpoint,
+)
 from scale_fpt.tasks import build_task
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +84,8 @@ def test_checkpoint_paths_are_recorded_relative_to_the_results_directory(tmp_pat
     (tmp_path / "link").symlink_to(results)  # results reached through a symlink
     assert recorded_checkpoint(str(tmp_path / "link" / "_ray" / "c"), results) == "_ray/c"
     assert checkpoint_dir("_ray/c", tmp_path / "moved") == tmp_path / "moved" / "_ray" / "c"
-    assert checkpoint_dir(str(outside), tmp_path / "moved") == outside
+    with pytest.raises(ResultsError, match="outside"):
+        checkpoint_dir(str(outside), tmp_path / "moved")  # never read outside the results
 
 
 def trained_results(results: Path, trial_id: str = "t") -> Path:

@@ -23,10 +23,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from scale_fpt.checkpoints import load_checkpoint_file, weights_file
+from scale_fpt.checkpoints import load_weights, weights_file
 from scale_fpt.config import FIELD_TYPES, TaskConfig, TrialConfig
+from scale_fpt.confined import inside, printable
 from scale_fpt.report.tables import SELECTION
-from scale_fpt.results import checkpoint_dir
+from scale_fpt.results import checkpoint_dir, results_root
 from scale_fpt.tasks.bits import BitMemory, BitXor
 
 ATTENTION_TASKS = ("bit-xor", "bit-memory")
@@ -84,13 +85,13 @@ def attention_shares(maps: np.ndarray, relevant: dict[int, list[int]]) -> pd.Dat
 
 def trained_weights_path(row, results_dir: str | Path | None = None) -> Path:
     """The trial's trained-weights file (``checkpoints.weights_file``) in its ``checkpoint``
-    directory (``results.checkpoint_dir``: a relative one under ``results_dir``, else the
-    current directory)."""
-    checkpoint = row["checkpoint"]
-    path = checkpoint_dir(checkpoint, results_dir or ".") / weights_file(row["trial_id"])
+    directory (``results.checkpoint_dir``: under the results directory, else refused); the
+    file itself, links followed, must lie there too."""
+    root = results_root(results_dir or ".")
+    path = checkpoint_dir(row["checkpoint"], root) / weights_file(row["trial_id"])
     if not path.is_file():
-        raise FileNotFoundError(f"no {path.name} under checkpoint {checkpoint}")
-    return path
+        raise FileNotFoundError(f"no {path.name} under checkpoint {printable(row['checkpoint'])}")
+    return inside(root, path)
 
 
 def trial_config(row) -> TrialConfig:
@@ -116,7 +117,7 @@ def load_trial_model(row, results_dir: str | Path | None = None):
     config = trial_config(row)
     task = build_task(config.task, config.train.seed)
     built = build_model(config, task.spec, attn_implementation="eager")
-    state = load_checkpoint_file(path)["module"]  # refuses anything but tensors
+    state = load_weights(path)  # refuses anything but tensors
     wpe = "backbone.wpe.weight"
     if wpe in state:  # a packed trial keeps the task's T rows; the rows past T never train
         rows = state.pop(wpe)

@@ -4,6 +4,7 @@ CSV of the data drawn) under ``figures/`` and each table's long form (one row pe
 statistics, trial ids, compute, published number) under ``tables/``.
 
     report.md
+      Files and rows not used   what the loader left out of the results folder, named
       Findings, Power, Analysis plan
       Trials             status per sweep, every trial not used and why
       Conventions        metric, spread, learning rates, like-for-like rule, thresholds
@@ -23,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from scale_fpt import analysis_plan
+from scale_fpt.confined import make_folders, write_text
 from scale_fpt.report import scaling_section, tables
 from scale_fpt.report.comparisons import Comparisons
 from scale_fpt.report.figure_sections import attention_section, figures_section, save_figure
@@ -39,7 +41,7 @@ from scale_fpt.report.sections import (
     table_section,
     trials_section,
 )
-from scale_fpt.results import ResultsError, load_results
+from scale_fpt.results import ResultsError, load_results, repeated_configs, results_root
 
 
 def all_tables(results, metric: str = tables.DEFAULT_METRIC, thresholds=None) -> dict:
@@ -87,11 +89,11 @@ def build_report(
         raise ResultsError([f"no readable trial rows under {results_dir}: nothing to report"])
     sweeps = sorted(set(results.trials["sweep"].dropna()))
     by_sweep = results.trials  # what each sweep ran, and where its checkpoints are
-    if pool:
-        results = dataclasses.replace(results, trials=tables.pool_sweeps(results.trials))
+    if pool:  # the same trial run by two sweeps counts once in a pooled cell
+        once = results.trials[~repeated_configs(results.trials)]
+        results = dataclasses.replace(results, trials=tables.pool_sweeps(once))
     out = Path(out) if out else Path(results_dir) / "report"
-    for sub in ("figures", "tables"):
-        (out / sub).mkdir(parents=True, exist_ok=True)
+    make_folders(out, "figures", "tables")  # real folders: a link planted there is refused
     trials, curves = results.trials, results.curves
     doc = Document(out)
     doc.heading(1, "Frozen Pretrained Transformers: study report")
@@ -109,7 +111,14 @@ def build_report(
             "same seed shares every random stream), so a pooled cell's n counts trials, not "
             "independent seeds, and its interval is too narrow by an unknown amount."
         )
-    plans = analysis_plan.plans(results_dir, sweeps)
+    if results.notes:
+        doc.heading(2, "Files and rows not used")
+        doc.para(
+            "The results folder holds these; the report leaves them out (a results folder "
+            "is read as untrusted input: docs/security.md)."
+        )
+        doc.bullets([escape_md(line) for line in results.notes])
+    plans = analysis_plan.plans(results_root(results_dir), sweeps)
     comparisons = Comparisons.compute(trials, curves, metric, thresholds, plans)
     baselines = tables.baselines(trials)
     findings_section(doc, out, comparisons, baselines)
@@ -208,6 +217,6 @@ def build_report(
     scaling_section.section(doc, out, trials, metric, save_figure, law_form=law_form)
     if attention_maps:
         attention_section(doc, out, by_sweep, results_dir, attention_examples)
-    (out / "report.md").write_text(doc.markdown())
-    (out / "report.html").write_text(doc.html())
+    write_text(out / "report.md", doc.markdown())
+    write_text(out / "report.html", doc.html())
     return out / "report.md"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from scale_fpt.config import ConfigError
+from scale_fpt.confined import write_file, write_text
 from scale_fpt.published import TASK_TITLES
 from scale_fpt.report import attention, figures, tables
 from scale_fpt.report.render import Document, escape_md
@@ -16,8 +17,8 @@ from scale_fpt.report.sections import first_line
 
 
 def save_figure(doc: Document, out: Path, name: str, fig, data: pd.DataFrame, caption: str):
-    fig.savefig(out / "figures" / f"{name}.png", dpi=100)
-    data.to_csv(out / "figures" / f"{name}.csv", index=False)
+    write_file(out / "figures" / f"{name}.png", lambda f: fig.savefig(f, format="png", dpi=100))
+    write_text(out / "figures" / f"{name}.csv", data.to_csv(index=False))
     doc.image(f"figures/{name}.png", caption)
 
 
@@ -96,7 +97,7 @@ def attention_section(doc, out, trials, results_dir, examples: int) -> None:
         except ConfigError as e:  # e.g. pretrained weights not available here
             doc.para(f"Not analysed: {escape_md('; '.join(e.problems))}")
             continue
-        except (OSError, ValueError, KeyError, RuntimeError) as e:
+        except Exception as e:  # a damaged or foreign file: named, the report goes on
             doc.para(f"Not analysed: {escape_md(first_line(str(e), 300))}")
             continue
         shares = result["shares"]
@@ -109,7 +110,7 @@ def attention_section(doc, out, trials, results_dir, examples: int) -> None:
         fig, data = figures.attention_figure(result["maps"], result["relevant"], row["task"])
         key = f"attention_{row['sweep']}_{row['trial_id']}"
         save_figure(doc, out, key, fig, data, f"Attention maps, {name}")
-        shares.to_csv(out / "figures" / f"{key}_shares.csv", index=False)
+        write_text(out / "figures" / f"{key}_shares.csv", shares.to_csv(index=False))
         columns = [
             "output_position",
             "relevant_positions",

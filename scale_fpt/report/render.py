@@ -23,6 +23,8 @@ import pandas as pd
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
+from scale_fpt.confined import printable
+
 MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")
 """CommonMark with GitHub's tables; raw HTML in the text is shown as text."""
 
@@ -34,14 +36,14 @@ PAGE = jinja2.Environment(autoescape=True).from_string(
 )
 
 SPECIAL = re.compile(r"([\\`*_\[\]<>|!&#~])")
-CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")
 
 
 def escape_md(value) -> str:
-    """``value`` as Markdown that renders as exactly its text on one line: every character
-    with a meaning in Markdown (or HTML) backslash-escaped, line breaks and other control
-    characters as one space. For any text that comes from rows."""
-    return SPECIAL.sub(r"\\\1", CONTROL.sub(" ", str(value)))
+    """``value`` as Markdown that renders as exactly its text on one line: line breaks,
+    escape sequences and other control characters written visibly (``confined.printable``),
+    every character with a meaning in Markdown (or HTML) backslash-escaped. For any text
+    that comes from rows."""
+    return SPECIAL.sub(r"\\\1", printable(str(value)))
 
 
 @dataclass
@@ -74,11 +76,11 @@ class Document:
         out = []
         for kind, payload in self.blocks:
             if kind == "heading":
-                out.append("#" * payload[0] + " " + CONTROL.sub(" ", payload[1]))
+                out.append("#" * payload[0] + " " + printable(payload[1]))
             elif kind == "para":
-                out.append(CONTROL.sub(" ", payload))
+                out.append(printable(payload))
             elif kind == "bullets":
-                out.append("\n".join(f"- {CONTROL.sub(' ', item)}" for item in payload))
+                out.append("\n".join(f"- {printable(item)}" for item in payload))
             elif kind == "table":
                 out.append(markdown_table(payload))
             elif kind == "image":

@@ -9,6 +9,7 @@ import pandas as pd
 
 from scale_fpt.analysis.laws import LAWS
 from scale_fpt.analysis.means import ALPHA_MAX
+from scale_fpt.confined import write_text
 from scale_fpt.report import scaling_figures as figs
 from scale_fpt.report import scaling_laws as laws
 from scale_fpt.report.figures import task_order
@@ -205,5 +206,5 @@ def frame(doc, out: Path, key: str, text: str, table: pd.DataFrame) -> None:
         doc.para("*(nothing to show)*")
         return
     doc.table(laws.readable(table))
-    table.to_csv(out / "tables" / f"{key}.csv", index=False)
+    write_text(out / "tables" / f"{key}.csv", table.to_csv(index=False))
     doc.para(f"As CSV: [tables/{key}.csv](tables/{key}.csv).")

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from scale_fpt.confined import write_text
 from scale_fpt.report import tables
 from scale_fpt.report.comparisons import Comparisons
 from scale_fpt.report.render import Document, escape_md
@@ -172,8 +173,7 @@ def table_section(
         doc.bullets([escape_md(note) for note in tables.reference_notes(table)])
     doc.para(compute_line(table))
     doc.table(wide_fn(table, tables.compute_text))
-    path = out / "tables" / f"{key}.csv"
-    table.to_csv(path, index=False)
+    write_text(out / "tables" / f"{key}.csv", table.to_csv(index=False))
     doc.para(f"Cells in long form: [tables/{key}.csv](tables/{key}.csv).")
 
 
@@ -196,7 +196,7 @@ def frame_section(doc, out: Path, title: str, text: str, frame: pd.DataFrame, in
     doc.heading(2, title)
     doc.para(text)
     doc.table(frame.set_index(index))
-    frame.to_csv(out / "tables" / f"{title.lower()}.csv", index=False)
+    write_text(out / "tables" / f"{title.lower()}.csv", frame.to_csv(index=False))
 
 
 def findings_section(doc: Document, out: Path, comparisons: Comparisons, baselines: dict) -> None:
@@ -216,7 +216,7 @@ def findings_section(doc: Document, out: Path, comparisons: Comparisons, baselin
         "accuracy at one of its baselines means the arm did not learn."
     )
     doc.table(table.set_index(["task", "comparison"]))
-    table.to_csv(out / "tables" / "findings.csv", index=False)
+    write_text(out / "tables" / "findings.csv", table.to_csv(index=False))
 
 
 def power_section(doc: Document, out: Path, comparisons: Comparisons, seeds_for) -> None:
@@ -260,7 +260,7 @@ def power_section(doc: Document, out: Path, comparisons: Comparisons, seeds_for)
         + ". `scale-fpt report RESULTS --seeds-for PP` answers for a difference of PP pp."
     )
     doc.table(table.set_index(["task", "comparison"]))
-    table.to_csv(out / "tables" / "power.csv", index=False)
+    write_text(out / "tables" / "power.csv", table.to_csv(index=False))
 
 
 def plan_section(doc: Document, sweeps: list[str], plans: dict) -> None:

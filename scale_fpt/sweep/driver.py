@@ -7,14 +7,16 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from scale_fpt import analysis_plan
 from scale_fpt.cluster import GPUOffer
+from scale_fpt.confined import refuse_links
 from scale_fpt.loop import evaluation_steps
 from scale_fpt.models.backbones import scale_fpt_home
 from scale_fpt.recovery import restore_missing_rows
 from scale_fpt.results import ResultsWriter, load_results
-from scale_fpt.storage import check_sweep_storage, default_optuna_storage
+from scale_fpt.storage import JOURNAL_SUFFIX, check_sweep_storage, default_optuna_storage
 from scale_fpt.sweep.callbacks import (
     fit_reporting_write_failures,
     sweep_callbacks,
@@ -30,12 +32,7 @@ from scale_fpt.sweep.placement import (
     with_node_width,
 )
 from scale_fpt.sweep.plan import SweepPlan, plan_sweep
-from scale_fpt.sweep.resume import (
-    repoint_trial_generator,
-    saved_unfinished,
-    unfinished_arms,
-    unfinished_trials,
-)
+from scale_fpt.sweep.resume import repoint_trial_generator, unfinished_arms, unfinished_trials
 from scale_fpt.sweep.trainable import tune_members, tune_search_members, tune_trial
 from scale_fpt.trial import (
     git_sha,
@@ -119,8 +116,20 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
     sweep.validate()
     check_sweep_storage(sweep)
     ResultsWriter(sweep.results_dir, sweep.name)  # fail now if results cannot be written
+    refuse_links(*written_folders(sweep))
     with driver_lock(sweep.sweep_dir):
         return run_locked(sweep, resume)
+
+
+def written_folders(sweep: SweepConfig) -> list[Path]:
+    """What else a sweep writes in its results folder (Tune's experiments, Optuna's default
+    storage, TensorBoard): a link planted at any of them is refused, never written through."""
+    storage = Path(sweep.ray_storage)
+    tune = [storage / sweep.name, storage / (sweep.name + CONFIRM_SUFFIX)]
+    own = [
+        sweep.sweep_dir / name for name in ("optuna.db", f"optuna{JOURNAL_SUFFIX}", "tensorboard")
+    ]
+    return [*([] if sweep.storage_path else [storage]), *tune, *own]
 
 
 def run_locked(sweep: SweepConfig, resume: bool) -> SweepOutcome:
@@ -134,10 +143,9 @@ def run_locked(sweep: SweepConfig, resume: bool) -> SweepOutcome:
     devices = cluster_devices(sweep, ray.cluster_resources(), offer)
     # One Tune experiment: a grid's trials, or every searched arm side by side (one Optuna
     # study per arm, each configuration trained for every seed).
-    grid = run_experiment(plan_sweep(sweep, sweep.trials(), offer, devices), resume)
-    trials, unfinished, experiments = len(grid), 0, [sweep.name]
-    if saved_unfinished(os.path.join(sweep.ray_storage, sweep.name)):
-        unfinished = unfinished_trials(sweep, [sweep.name])
+    grid, searcher = run_experiment(plan_sweep(sweep, sweep.trials(), offer, devices), resume)
+    trials, experiments = len(grid), [sweep.name]
+    unfinished = unfinished_trials(sweep, searcher)
     if sweep.confirm_seeds and not unfinished:
         confirmed, unfinished = run_confirmation(sweep, offer, devices, resume)
         trials += confirmed
@@ -160,9 +168,7 @@ def run_confirmation(
     if not arms:
         return 0, 0
     plan = plan_sweep(confirm, arms, offer, devices)
-    grid = run_experiment(plan, resume)
-    if not saved_unfinished(os.path.join(confirm.ray_storage, confirm.name)):
-        return len(grid), 0
+    grid, _ = run_experiment(plan, resume)
     return len(grid), unfinished_arms(confirm, list(plan.arms))
 
 
@@ -182,6 +188,9 @@ def trial_resources(plan: SweepPlan):
 
 
 def run_experiment(plan: SweepPlan, resume: bool):
+    """Run (or, ``resume``, restore and continue) one Tune experiment: (its ResultGrid, the
+    searcher of a fresh searched experiment, None otherwise). Only ``resume`` reads the
+    Tune state in the folder (cloudpickle: ``docs/security.md``)."""
     from ray import tune
 
     sweep = plan.sweep
@@ -196,7 +205,7 @@ def run_experiment(plan: SweepPlan, resume: bool):
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True)
         write_where_told(tuner, sweep, callbacks)
         restore_missing_rows(callbacks[0], path)
-        return fit_reporting_write_failures(tuner)
+        return fit_reporting_write_failures(tuner), None
 
     if sweep.search:
         param_space = {"sweep": sweep.name}
@@ -240,4 +249,4 @@ def run_experiment(plan: SweepPlan, resume: bool):
             verbose=0,
         ),
     )
-    return fit_reporting_write_failures(tuner)
+    return fit_reporting_write_failures(tuner), search_alg

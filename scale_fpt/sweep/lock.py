@@ -23,7 +23,7 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-from scale_fpt.results import ResultsError
+from scale_fpt.confined import ResultsError, printable, refuse_links
 
 LOCK_FILE = "driver.lock"
 
@@ -41,7 +41,7 @@ def describe_holder(text: str) -> str:
     """The lock file's identity in words (or what is known when it is unreadable)."""
     try:
         holder = json.loads(text)
-        return f"host {holder['host']}, pid {holder['pid']}, started {holder['started']}"
+        return printable(f"host {holder['host']}, pid {holder['pid']}, started {holder['started']}")
     except (ValueError, KeyError, TypeError):
         return "identity not recorded yet"
 
@@ -51,13 +51,19 @@ def driver_lock(sweep_dir: str | Path) -> Iterator[None]:
     """Hold the sweep's driver lock for the ``with`` block; ``ResultsError`` (one line
     naming the live driver) when another process holds it."""
     path = Path(sweep_dir) / LOCK_FILE
-    # Opened without truncating: the holder's identity must survive a refused open.
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    refuse_links(path)
+    # Opened without truncating: the holder's identity must survive a refused open; never
+    # through a link planted in the folder (O_NOFOLLOW: ELOOP, refused below).
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        refuse_links(path)  # planted meanwhile
+        raise ResultsError([f"cannot open the driver lock {path}: {e.strerror or e}"]) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = describe_holder(Path(path).read_text(errors="replace"))
+            holder = describe_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
             raise ResultsError(
                 [
                     f"another driver is running sweep {Path(sweep_dir).name!r} in "

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from scale_fpt.confined import printable
 from scale_fpt.sweep.trainable import tune_members
 from scale_fpt.trial import config_trial_id, without_search_configs
 from scale_fpt.vocabulary import ARM_LABEL_FIELDS, ENDED, Status
@@ -44,7 +45,8 @@ def one_line(error: str) -> str:
     if not lines:
         return "unknown error"
     traceback = any(line.startswith("Traceback (most recent call last)") for line in lines)
-    return (lines[-1] if traceback else lines[0])[:300]
+    # Printed to a terminal: an error may quote a results folder's text (escape sequences).
+    return printable((lines[-1] if traceback else lines[0])[:300])
 
 
 def arm_of(row: dict) -> str:

@@ -17,29 +17,34 @@ from scale_fpt.vocabulary import Status
 
 
 def saved_unfinished(path: str) -> int:
-    """Trials that Tune's saved experiment state holds as neither finished nor errored: what
-    ``--resume`` continues. (Not the ResultGrid's count: on Ctrl-C, Tune saves its state and
-    then stops the running trials, which the returned ResultGrid calls TERMINATED.) Trials
-    Tune had not generated yet are not in it: ``unfinished_trials`` counts those too."""
+    """Trials that Tune's saved experiment state holds as neither finished nor errored. (Not
+    the ResultGrid's count: on Ctrl-C, Tune saves its state and then stops the running
+    trials, which the returned ResultGrid calls TERMINATED.) Reads Tune's state
+    (cloudpickle): only for a sweep resumed with ``--resume``, which trusts its storage."""
     from ray.tune import ExperimentAnalysis
 
     trials = ExperimentAnalysis(path).trials
     return sum(trial.status not in ("TERMINATED", "ERROR") for trial in trials)
 
 
-def unfinished_trials(sweep: SweepConfig, experiments: list[str]) -> int:
-    """Trials of an interrupted sweep still to run, counted from the sweep's own grid: each
-    arm without a final row on disk; for a search, ``search_trials`` per arm less the
-    trials Tune finished in the experiment (``experiments``: the sweep's)."""
-    if sweep.search:
-        from scale_fpt.search import seed_groups  # Ray Tune: only a search needs it
+def unfinished_trials(sweep: SweepConfig, searcher=None) -> int:
+    """Trials of the sweep still to run after its experiment returned: for a grid, each arm
+    without a final row on disk (the project's own Parquet rows); for a fresh search, the
+    configurations its live ``searcher`` has not told; for a search resumed with
+    ``--resume`` (``searcher`` None: Tune restored its own), ``search_trials`` per arm less
+    the trials Tune's saved state holds as finished, read only then (``--resume`` trusts
+    the Tune storage). A fresh sweep never reads the folder's Tune state."""
+    if not sweep.search:
+        return unfinished_arms(sweep, sweep.trials())
+    if searcher is not None:
+        return searcher.remaining()
+    path = os.path.join(sweep.ray_storage, sweep.name)
+    if not saved_unfinished(path):
+        return 0
+    from scale_fpt.search import seed_groups  # Ray Tune: only a search needs it
 
-        planned = sweep.search_trials * len(seed_groups(sweep.trials()))
-        return sum(
-            max(0, planned - saved_finished(os.path.join(sweep.ray_storage, name)))
-            for name in experiments
-        )
-    return unfinished_arms(sweep, sweep.trials())
+    planned = sweep.search_trials * len(seed_groups(sweep.trials()))
+    return max(0, planned - saved_finished(path))
 
 
 def unfinished_arms(sweep: SweepConfig, arms: list[dict]) -> int:
