@@ -136,7 +136,7 @@ def used_line(table: pd.DataFrame) -> str:
             f"{a['other_lr']} trials at other learning rates of an LR search left out "
             "(see the LR-fair table)"
         )
-    ids = a.get("trial_ids", [])
+    ids = a.get("trial_ids", "").split(",") if a.get("trial_ids") else []
     if ids and len(ids) <= MAX_LISTED_IDS:
         parts.append("trial ids: " + ", ".join(ids))
     elif ids:
