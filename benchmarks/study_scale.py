@@ -52,15 +52,26 @@ CHUNK = 1_000
 """Trials per file in ``--layout chunks``."""
 
 
+DESIGNS = {
+    100: (2, 5, 10),
+    1_000: (2, 10, 50),
+    10_000: (4, 25, 100),
+    100_000: (10, 10, 1_000),
+}
+"""(sweeps, arms a sweep, seeds an arm) of each size in ``--sizes``: seeds grow with the size,
+to 1,000 an arm at 10^5 trials."""
+
+
 def designs(sizes: list[int], most_seeds: int) -> list[dict]:
-    """(trials, sweeps, arms a sweep, seeds an arm) per size: seeds grow with the size up to
-    ``most_seeds`` (10 at 10^2, 1,000 at 10^5 by default), arms and sweeps take the rest."""
+    """Each size's design: ``DESIGNS``, else 2 sweeps of arms of ``min(most_seeds, 20)``
+    seeds; seeds capped at ``most_seeds`` (arms take the rest)."""
     out = []
     for trials in sizes:
-        seeds = min(most_seeds, max(5, round(trials**0.6 / 1.6)))
-        sweeps = 2 if trials <= 1_000 else 4 if trials <= 10_000 else 10
-        arms = max(2, round(trials / (seeds * sweeps)))
-        out.append({"trials": arms * seeds * sweeps, "sweeps": sweeps, "arms": arms,
+        sweeps, arms, seeds = DESIGNS.get(trials, (2, 0, min(most_seeds, 20)))
+        if seeds > most_seeds:
+            arms, seeds = arms * -(-seeds // most_seeds), most_seeds
+        arms = arms or max(2, round(trials / (sweeps * seeds)))
+        out.append({"trials": sweeps * arms * seeds, "sweeps": sweeps, "arms": arms,
                     "seeds": seeds})  # fmt: skip
     return out
 

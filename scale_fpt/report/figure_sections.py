@@ -38,8 +38,10 @@ def figures_section(doc, out, trials, curves, t4, metric) -> None:
                 f"curves_{task}",
                 fig,
                 data,
-                f"Validation curves on {TASK_TITLES.get(task, task)}: every seed (thin), mean "
-                "and 95% interval over seeds (n per arm in the legend); a seed that ended early "
+                f"Validation curves on {TASK_TITLES.get(task, task)}: each seed (thin; at most "
+                f"{figures.MAX_SEED_LINES} an arm, the first by trial id, so that thousands of "
+                "seeds stay legible: the legend says how many were drawn), mean and 95% "
+                "interval over every seed (n per arm in the legend); a seed that ended early "
                 "(diverged, patience) is carried at its last value (dotted), so the mean never "
                 "drops it (n_carried per step in the CSV)",
             )

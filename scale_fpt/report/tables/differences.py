@@ -71,18 +71,10 @@ def with_task_thresholds(trials: pd.DataFrame, curves: pd.DataFrame, thresholds=
     90% of the paper's FPT accuracy by default, as Table 4), not the flat threshold the trial
     was run with."""
     limits = thresholds_for(sorted(set(trials["task"])), thresholds)
-    by_trial = {key: c for key, c in curves.groupby(["sweep", "trial_id"])}
-    steps, last = [], []
-    for row in trials.itertuples(index=False):
-        curve = by_trial.get((row.sweep, row.trial_id))
-        hit, end = (
-            (math.nan, math.nan) if curve is None else steps_to_threshold(curve, limits[row.task])
-        )
-        steps.append(hit)
-        last.append(row.steps_done if math.isnan(end) else end)
+    steps, last = steps_to_threshold(trials, curves, limits)
     return trials.assign(
         steps_to_threshold=steps,
-        steps_done=last,
+        steps_done=np.where(np.isnan(last), trials["steps_done"], last),
         accuracy_threshold=trials["task"].map(limits),
     )
 
