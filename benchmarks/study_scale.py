@@ -163,17 +163,18 @@ def build_folder(root: Path, design: dict, row: dict, curve: pd.DataFrame, layou
         write_sweep(root, f"sweep{i:02d}", trials, curves, layout)
 
 
-def report(folder: Path, out: Path) -> tuple[float, float, float]:
+def report(folder: Path, out: Path, attention: bool = False) -> tuple[float, float, float]:
     """(wall seconds, CPU seconds, peak RSS in MB) of ``scale-fpt report --no-attention``
-    as a subprocess (a watcher process reads its child's rusage: only the report's)."""
+    (with ``attention``: the attention maps too) as a subprocess (a watcher process reads
+    its child's rusage: only the report's)."""
     script = (
         "import resource, subprocess, sys, time; start = time.perf_counter(); "
         "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
         "use = resource.getrusage(resource.RUSAGE_CHILDREN); "
         "print(time.perf_counter() - start, use.ru_utime + use.ru_stime, use.ru_maxrss / 1024)"
     )
-    command = [sys.executable, "-m", "scale_fpt.cli", "report", str(folder), "--out", str(out),
-               "--no-attention"]  # fmt: skip
+    command = [sys.executable, "-m", "scale_fpt.cli", "report", str(folder), "--out", str(out)]
+    command += [] if attention else ["--no-attention"]
     done = subprocess.run([sys.executable, "-c", script, *command], check=True,
                           capture_output=True, text=True)  # fmt: skip
     seconds, cpu, peak = done.stdout.split()
@@ -220,6 +221,25 @@ def many_sweeps(work: Path, largest: int, seeds: int, row, curve, layout: str) -
             "ratio_cpu": ten_cpu / one_cpu}  # fmt: skip
 
 
+def attention_cost(work: Path, n: int) -> dict:
+    """Seconds of the attention section per trial: ``n`` real gpt2-tiny Bit XOR trials (one
+    per learning rate, so ``n`` arms, each checkpointed) reported with and without it."""
+    folder = work / "attention"
+    for i in range(n):
+        subprocess.run(
+            [sys.executable, "-m", "scale_fpt.cli", "train", "--task", "bit-xor", "--model",
+             "gpt2-tiny", "--init", "random", "--lr", f"{1e-3 * (i + 1):g}", "--steps", "20",
+             "--eval-every", "10", "--test-batches", "1", "--val-batches", "1",
+             "--results", str(folder), "--checkpoint-dir", str(folder / "checkpoints"),
+             "--no-progress"],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+    without, without_cpu, _ = report(folder, work / "report-no-attention")
+    with_, with_cpu, _ = report(folder, work / "report-attention", attention=True)
+    return {"trials": n, "with_s": with_, "without_s": without,
+            "per_trial_s": (with_ - without) / n, "per_trial_cpu_s": (with_cpu - without_cpu) / n}  # fmt: skip
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="100,1000,10000",
@@ -229,6 +249,8 @@ def main(argv=None) -> int:
     parser.add_argument("--template", help="a results folder whose first trial's rows are copied")
     parser.add_argument("--sweeps-apart", type=int, default=0, metavar="TRIALS",
                         help="also time ten sweeps (the largest of TRIALS) against it alone")  # fmt: skip
+    parser.add_argument("--attention", type=int, default=0, metavar="N",
+                        help="also time the attention maps of N checkpointed real trials")  # fmt: skip
     parser.add_argument("--work", help="where the folders go (default: a temporary directory)")
     parser.add_argument("--quick", action="store_true", help="sizes 100 and 400, few seeds")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
@@ -249,6 +271,7 @@ def main(argv=None) -> int:
             b["exponent_report_cpu"] = exponent(a, b, "report_cpu_s")
         apart = (many_sweeps(work, args.sweeps_apart, min(most, 100), row, curve, args.layout)
                  if args.sweeps_apart else None)  # fmt: skip
+        maps = attention_cost(work, args.attention) if args.attention else None
     context = {
         "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -256,7 +279,7 @@ def main(argv=None) -> int:
         "layout": args.layout,
     }
     if args.json:
-        print(json.dumps({**context, "sizes": rows, "many_sweeps": apart}))
+        print(json.dumps({**context, "sizes": rows, "many_sweeps": apart, "attention": maps}))
         return 0
     print("\n".join(f"{k}: {v}" for k, v in context.items()))
     columns = ["trials", "sweeps", "arms", "seeds", "build_s", "load_results_s", "read_trials_s",
@@ -274,6 +297,10 @@ def main(argv=None) -> int:
               f"{apart['largest_alone_s']:.1f} s; ratio {apart['ratio']:.2f} (CPU "
               f"{apart['ten_sweeps_cpu_s']:.1f} / {apart['largest_alone_cpu_s']:.1f} s: "
               f"{apart['ratio_cpu']:.2f}; target <= 2)")  # fmt: skip
+    if maps:
+        print(f"attention maps of {maps['trials']} trials: report {maps['with_s']:.1f} s with, "
+              f"{maps['without_s']:.1f} s without: {maps['per_trial_s']:.2f} s a trial "
+              f"({maps['per_trial_cpu_s']:.2f} CPU s; target <= 2)")  # fmt: skip
     return 0
 
 
