@@ -60,6 +60,8 @@ log-log band's coverage of the true median is off nominal at the presets' design
 
 
 def finite(values) -> np.ndarray:
+    if not hasattr(values, "__array__") and not isinstance(values, list | tuple):
+        values = list(values)  # a generator, dict values
     x = np.asarray(values, dtype=float).ravel()  # None becomes NaN
     return x[np.isfinite(x)]
 
