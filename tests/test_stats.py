@@ -151,3 +151,76 @@ def test_logrank_statistic_is_scipys_and_its_p_is_the_exact_permutation_p():
         sp.CensoredData(uncensored=[200, 700], right=[2000]),
     )
     assert stats.steps_logrank(*mixed[0], *mixed[1])["statistic"] == pytest.approx(scipys.statistic)
+
+
+def test_sign_flip_p_is_scipys_exact_p_up_to_its_limit():
+    d = np.random.default_rng(3).normal(0.3, 1, 12)
+    d[1] = -d[0]  # a tie between patterns
+    exact = sp.permutation_test((d,), np.mean, permutation_type="samples", n_resamples=np.inf)
+    assert stats.sign_flip_p(d) == (pytest.approx(exact.pvalue), 0.0)
+
+
+def test_sign_flip_p_past_its_limit_is_monte_carlo_within_its_error(monkeypatch):
+    """18 pairs (2^18 patterns, past 2^16): the Monte Carlo p lies within 4 of its SEs of the
+    exact p (enumerated here with the limit raised), and it never goes below 1 / (R + 1)."""
+    d = np.random.default_rng(4).normal(0.4, 1, 18)
+    p, se = stats.sign_flip_p(d)
+    assert se > 0 and stats.smallest_sign_flip_p(18) == 1 / (stats.MONTE_CARLO_DRAWS + 1)
+    monkeypatch.setattr(stats, "EXACT_PATTERNS", 2**18)
+    exact, exact_se = stats.sign_flip_p(d)
+    assert exact_se == 0 and abs(p - exact) < 4 * se
+    assert 0.01 < exact < 0.5  # a p the test can tell apart from its floor
+
+
+@pytest.mark.parametrize("n", [1_000, 10_000])
+def test_paired_statistics_at_thousands_of_seeds_are_bounded(n):
+    """1,000 and 10,000 pairs: every paired statistic is finite, the sign-flip p is Monte
+    Carlo at its floor for a clear difference, and time and memory stay small."""
+    import time
+    import tracemalloc
+
+    rng = np.random.default_rng(5)
+    a = dict(enumerate(rng.normal(0.6, 0.05, n)))
+    b = {s: v - 0.01 + rng.normal(0, 0.05) for s, v in a.items()}
+    tracemalloc.start()
+    start = time.perf_counter()
+    d = stats.paired_difference(a, b)
+    seconds = time.perf_counter() - start
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert d["n"] == n and all(math.isfinite(d[k]) for k in ("ci_low", "d_z_low", "detectable"))
+    assert d["p_sign_flip"] == d["p_sign_flip_min"] == pytest.approx(1 / 20_001)
+    assert 0 < d["p_sign_flip_se"] < 1e-4
+    assert peak < 200e6 and seconds < 30
+    assert stats.smallest_sign_flip_p(1_024) > 0 and stats.smallest_sign_flip_p(16) == 2 / 2**16
+
+
+def test_logrank_past_its_limit_is_monte_carlo_then_normal(monkeypatch):
+    rng = np.random.default_rng(6)
+    steps_a, steps_b = rng.integers(1, 10, 10) * 100, rng.integers(3, 12, 10) * 100
+    reached_a, reached_b = rng.random(10) < 0.8, rng.random(10) < 0.6
+    drawn = stats.steps_logrank(steps_a, reached_a, steps_b, reached_b)  # C(20, 10) relabellings
+    assert drawn["p_method"] == "Monte Carlo" and drawn["p_se"] > 0
+    monkeypatch.setattr(stats, "EXACT_PATTERNS", 200_000)
+    exact = stats.steps_logrank(steps_a, reached_a, steps_b, reached_b)
+    assert exact["p_method"] == "exact" and abs(drawn["p"] - exact["p"]) < 4 * drawn["p_se"]
+    big = stats.steps_logrank(*(rng.integers(1, 20, 1_000) * 100, rng.random(1_000) < 0.7) * 2)
+    assert big["p_method"] == "normal" and big["p"] == big["p_asymptotic"]
+    assert 0 < big["p"] <= 1
+
+
+def test_tests_past_their_exact_limits_hold_their_level():
+    """Type-I error at level 0.05 under the null, 400 simulated studies each (seeded): the
+    Monte Carlo sign-flip test at 20 pairs and the normal log-rank at 100 + 100 seeds, with
+    censoring. Both within 3 binomial SEs of 0.05 (0.017 to 0.083)."""
+    rng = np.random.default_rng(7)
+    flips, ranks = [], []
+    for _ in range(400):
+        flips.append(stats.sign_flip_p(rng.normal(0, 1, 20))[0] < 0.05)
+        steps = rng.integers(1, 30, 200) * 100
+        reached = rng.random(200) < 0.7
+        test = stats.steps_logrank(steps[:100], reached[:100], steps[100:], reached[100:])
+        assert test["p_method"] == "normal"
+        ranks.append(test["p"] < 0.05)
+    for rejected in (flips, ranks):
+        assert 0.017 < np.mean(rejected) < 0.083

@@ -156,11 +156,18 @@ def trial_attention(row, results_dir=None, n_examples: int = 32) -> dict:
     }
 
 
-def attention_trials(trials: pd.DataFrame, limit: int = 8):
-    """Bit-task transformer trials with a checkpoint: the best seed (by validation accuracy,
-    ``SELECTION``) of each arm, at most ``limit``."""
+ATTENTION_LIMIT = 8
+"""Trials whose attention the report draws at most: one per arm, so the section's cost stays
+a few seconds a trial whatever the number of seeds."""
+
+
+def attention_trials(
+    trials: pd.DataFrame, limit: int = ATTENTION_LIMIT
+) -> tuple[pd.DataFrame, int]:
+    """(bit-task transformer trials with a checkpoint: the best seed (by validation accuracy,
+    ``SELECTION``) of each arm, at most ``limit``; how many arms had one)."""
     if trials.empty or "checkpoint" not in trials or SELECTION not in trials:
-        return trials.iloc[:0]
+        return trials.iloc[:0], 0
     ok = (
         trials["task"].isin(ATTENTION_TASKS)
         & (trials["model"] != "lstm")
@@ -170,4 +177,5 @@ def attention_trials(trials: pd.DataFrame, limit: int = 8):
     )
     df = trials[ok].sort_values(SELECTION, ascending=False, na_position="last")
     keys = ["task", "model", "weights", "init", "finetune", "lr", "batch_size", "max_steps"]
-    return df.drop_duplicates(keys).head(limit).sort_values(["task", "model", "init"])
+    arms = df.drop_duplicates(keys)
+    return arms.head(limit).sort_values(["task", "model", "init"]), len(arms)

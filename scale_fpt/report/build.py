@@ -170,7 +170,8 @@ def build_report(
             "ran: mean difference (percentage points) with its paired-t 95% interval, the "
             "paired t p-value Benjamini-Hochberg adjusted over the rows of this table, d_z "
             "(mean difference / SD of the differences) with its exact noncentral-t interval, "
-            "the exact sign-flip p where its n can reach 0.05 (6 pairs or more), and the "
+            "the sign-flip p where its n can reach 0.05 (6 pairs or more; exact to 16 pairs, "
+            "beyond Monte Carlo with its SE), and the "
             "smallest difference the n pairs detect at 80% power from their observed SD.",
             contrasts_display(contrasts),
             ["task", "contrast"],
@@ -184,7 +185,7 @@ def build_report(
             "Each setting run with both inits: the accuracy difference paired on shared "
             "seeds (Welch where none is shared), p-values Benjamini-Hochberg adjusted over "
             "this table, and steps to each task's threshold as censored data (Kaplan-Meier "
-            "medians, exact log-rank test).",
+            "medians, log-rank test: exact, Monte Carlo or normal as each row says).",
             pd.DataFrame(
                 {
                     "task": differences["task"],

@@ -39,8 +39,10 @@ def figures_section(doc, out, trials, curves, t4, metric) -> None:
                 f"curves_{task}",
                 fig,
                 data,
-                f"Validation curves on {TASK_TITLES.get(task, task)}: every seed (thin), mean "
-                "and 95% interval over seeds (n per arm in the legend); a seed that ended early "
+                f"Validation curves on {TASK_TITLES.get(task, task)}: each seed (thin; at most "
+                f"{figures.MAX_SEED_LINES} an arm, the first by trial id, so that thousands of "
+                "seeds stay legible: the legend says how many were drawn), mean and 95% "
+                "interval over every seed (n per arm in the legend); a seed that ended early "
                 "(diverged, patience) is carried at its last value (dotted), so the mean never "
                 "drops it (n_carried per step in the CSV)",
             )
@@ -72,7 +74,7 @@ def figures_section(doc, out, trials, curves, t4, metric) -> None:
 
 def attention_section(doc, out, trials, results_dir, examples: int) -> None:
     doc.heading(2, "Attention maps (bit tasks)")
-    chosen = attention.attention_trials(trials)
+    chosen, arms = attention.attention_trials(trials)
     if chosen.empty:
         doc.para(
             "No bit-xor / bit-memory transformer trial with a saved checkpoint in these results."
@@ -83,8 +85,14 @@ def attention_section(doc, out, trials, results_dir, examples: int) -> None:
         f"{examples} examples of the fixed test set, averaged over heads and examples. Share = "
         "attention mass an output token puts on the inputs its answer depends on (bit-xor: "
         "output 5+i on inputs i and 5+i; bit-memory: query 100+j on j, 20+j, 40+j, 60+j, 80+j); "
-        "uniform = the share uniform attention over the causal prefix would give. One trial "
-        "per arm (its seed with the best validation accuracy)."
+        "uniform = the share uniform attention over the causal prefix would give. "
+        f"{len(chosen)} trial(s) drawn, one per arm (its seed with the best validation "
+        f"accuracy), of {arms} arm(s) with a checkpoint"
+        + (
+            f" (at most {attention.ATTENTION_LIMIT}: each costs a model build)."
+            if arms > len(chosen)
+            else "."
+        )
     )
     for row in chosen.to_dict("records"):
         name = (

@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 import pandas as pd
+from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
 from scale_fpt.published import TASK_COLUMNS, TASK_TITLES
@@ -111,9 +112,7 @@ def carried_curves(data: pd.DataFrame) -> pd.DataFrame:
         last = {t: wide[t].last_valid_index() for t in wide}
         carried = wide.ffill()
         long = carried.stack().rename("acc").reset_index()
-        long["carried"] = [
-            step > last[t] for step, t in zip(long["step"], long["trial_id"], strict=False)
-        ]
+        long["carried"] = long["step"].to_numpy() > long["trial_id"].map(last).to_numpy()
         frames.append(long.assign(arm=arm))
     columns = ["arm", "trial_id", "step", "acc", "carried"]
     return (
@@ -121,11 +120,35 @@ def carried_curves(data: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+MAX_SEED_LINES = 20
+"""Seeds' own curves drawn per arm at most (the first by trial id); the mean and its band
+are over every seed, and the legend says how many were drawn."""
+
+
+def seed_lines(ax, data: pd.DataFrame, color) -> int:
+    """The thin per-seed curves of one arm (``carried_curves`` rows), at most
+    ``MAX_SEED_LINES`` of them, as two line collections (ran: solid, carried: dotted);
+    returns how many seeds were drawn."""
+    drawn = sorted(data["trial_id"].unique())[:MAX_SEED_LINES]
+    ran, kept = [], []
+    for _, seed in data[data["trial_id"].isin(drawn)].groupby("trial_id"):
+        points = seed[["step", "acc"]].to_numpy()
+        carried = seed["carried"].to_numpy()
+        ran.append(points[~carried])
+        if carried.any():  # from its last evaluation on, dotted
+            kept.append(points[max(int(np.argmax(carried)) - 1, 0) :])
+    ax.add_collection(LineCollection(ran, lw=0.6, alpha=0.6, colors=color))
+    if kept:
+        ax.add_collection(LineCollection(kept, lw=0.6, linestyles=":", colors=color))
+    return len(drawn)
+
+
 def learning_curves_figure(trials: pd.DataFrame, curves: pd.DataFrame, task: str):
-    """Validation accuracy (%) over steps per arm of ``task`` (what selection reads): every
-    seed's curve (thin), and the mean across seeds with the 95% t-interval band
-    (``stats.summarize``; no band for one seed). A seed that ended early is carried at its
-    last value (dotted) and counted in ``n_carried``, so no mean is of survivors only."""
+    """Validation accuracy (%) over steps per arm of ``task`` (what selection reads): the
+    seeds' curves (thin; ``MAX_SEED_LINES`` an arm at most, the legend says how many), and
+    the mean across every seed with the 95% t-interval band (``stats.summarize``; no band
+    for one seed). A seed that ended early is carried at its last value (dotted) and counted
+    in ``n_carried``, so no mean is of survivors only."""
     arms = curve_arms(trials)
     arms = arms[arms["task"] == task][["sweep", "trial_id", "arm"]]
     data = curves.merge(arms, on=["sweep", "trial_id"]) if len(arms) else curves.iloc[:0]
@@ -140,17 +163,15 @@ def learning_curves_figure(trials: pd.DataFrame, curves: pd.DataFrame, task: str
     summary = pd.DataFrame(rows, columns=columns).sort_values(["arm", "step"]).assign(task=task)
     fig, axes = panels(1, width=6.4, height=4.0)
     ax = axes[0]
+    by_arm = dict(tuple(data.groupby("arm", sort=False)))
     for arm, line in summary.groupby("arm", sort=False):
-        (drawn,) = ax.plot(
-            line["step"], line["mean"], lw=2, label=f"{arm} (n={int(line['n'].max())})"
-        )
+        (drawn,) = ax.plot(line["step"], line["mean"], lw=2)
         ax.fill_between(line["step"], line["ci_low"], line["ci_high"], alpha=0.2)
-        for _, seed in data[data["arm"] == arm].groupby("trial_id"):
-            ran, kept = seed[~seed["carried"]], seed[seed["carried"]]
-            ax.plot(ran["step"], ran["acc"], lw=0.6, alpha=0.6, color=drawn.get_color())
-            if len(kept):
-                ends = pd.concat([ran.tail(1), kept])
-                ax.plot(ends["step"], ends["acc"], ":", lw=0.6, color=drawn.get_color())
+        n = int(line["n"].max())
+        lines = seed_lines(ax, by_arm[arm], drawn.get_color())
+        shown = f"n={n}" if lines == n else f"n={n}; {lines} seeds' curves drawn"
+        drawn.set_label(f"{arm} ({shown})")
+    ax.autoscale_view()  # the collections' extent too
     ax.set_title(f"{TASK_TITLES.get(task, task)}: validation curves (seeds, mean, 95% CI)")
     ax.set_xlabel("gradient step")
     ax.set_ylabel("validation accuracy (%)")

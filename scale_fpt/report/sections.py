@@ -85,15 +85,19 @@ def conventions(doc: Document, metric: str, thresholds: dict) -> None:
             "differences) are paired on the seeds both arms ran (a seed gives both the same "
             "heads, data and dropout streams): paired-t 95% interval and p, d_z (mean "
             "difference / SD of the differences) with its exact noncentral-t interval, the "
-            "exact sign-flip p only where its n can reach 0.05, and the smallest difference "
+            "sign-flip p only where its n can reach 0.05 (exact to 16 pairs, beyond from "
+            f"{tables.MONTE_CARLO_DRAWS:,} seeded random sign patterns, its Monte Carlo SE "
+            "beside it), and the smallest difference "
             "the n detects at 80% power; Welch where no seed is shared. Each table's p-values "
             "are one family, Benjamini-Hochberg adjusted. Steps to threshold are censored "
             "data: a seed that ran its budget without reaching it is censored at its last "
             "step, one that diverged or stopped on patience never reaches it; Kaplan-Meier "
             "medians (with a 95% interval from "
             f"{tables.KM_INTERVAL_MIN_SEEDS} seeds an arm, where it is calibrated) and the "
-            "log-rank test with its exact permutation p (at 3 + 3 seeds it cannot go below "
-            "0.1).",
+            "log-rank test with its permutation p (exact to "
+            f"{tables.EXACT_PATTERNS:,} relabellings, at 3 + 3 seeds it cannot go below "
+            f"0.1; beyond, {tables.MONTE_CARLO_DRAWS:,} random ones with the Monte Carlo SE; "
+            f"from {tables.LOGRANK_NORMAL_FROM} seeds its normal approximation).",
             "Paper tables use one learning rate per arm: where an arm was run at several (an "
             "LR search), only the paper's rate (1e-3; 1e-4 homology) is used there; the "
             "LR-fair table compares every searched arm at its own best rate.",
@@ -135,7 +139,7 @@ def used_line(table: pd.DataFrame) -> str:
             f"{a['other_lr']} trials at other learning rates of an LR search left out "
             "(see the LR-fair table)"
         )
-    ids = a.get("trial_ids", [])
+    ids = a.get("trial_ids", "").split(",") if a.get("trial_ids") else []
     if ids and len(ids) <= MAX_LISTED_IDS:
         parts.append("trial ids: " + escape_md(", ".join(ids)))
     elif ids:
@@ -336,8 +340,9 @@ def contrasts_display(contrasts: pd.DataFrame) -> pd.DataFrame:
                 f"{r['d_z']:.2f} [{r['d_z_low']:.2f}, {r['d_z_high']:.2f}]" for r in rows
             ],
             "p (t, BH)": contrasts["p_t_adjusted"].map(lambda p: f"{p:.3g}"),
-            "p (sign-flip, exact)": [
-                sign_flip_text(r["p_sign_flip"], r["p_sign_flip_min"], r["n"]) for r in rows
+            "p (sign-flip; exact to 16 pairs)": [
+                sign_flip_text(r["p_sign_flip"], r["p_sign_flip_min"], r["n"], r["p_sign_flip_se"])
+                for r in rows
             ],
             "detectable at 80% power (pp)": contrasts["detectable"].map(lambda d: f"{d:.2g}"),
             "seeds": contrasts["headline"],
@@ -348,13 +353,14 @@ def contrasts_display(contrasts: pd.DataFrame) -> pd.DataFrame:
     return shown
 
 
-def sign_flip_text(p: float, least: float, n: int) -> str:
-    """The exact sign-flip p, or why it is not shown (its least value is above 0.05)."""
+def sign_flip_text(p: float, least: float, n: int, se: float) -> str:
+    """The sign-flip p (a Monte Carlo one with its SE), or why it is not shown (its least
+    value is above 0.05)."""
     if not np.isfinite(least) or not n:
         return ""
     if least >= tables.ALPHA:
         return f"— (least possible {least:.2g} at {n} pairs)"
-    return f"{p:.3g}"
+    return tables.monte_carlo_text(p, se)
 
 
 def t6_wide(table: pd.DataFrame, text) -> pd.DataFrame:

@@ -26,7 +26,14 @@ of display strings. Conventions, shared by every table:
 """
 
 from scale_fpt.analysis_plan import DEFAULT_THRESHOLDS, thresholds_for
-from scale_fpt.report.stats import ALPHA, KM_INTERVAL_MIN_SEEDS, seeds_needed
+from scale_fpt.report.stats import (
+    ALPHA,
+    EXACT_PATTERNS,
+    KM_INTERVAL_MIN_SEEDS,
+    LOGRANK_NORMAL_FROM,
+    MONTE_CARLO_DRAWS,
+    seeds_needed,
+)
 from scale_fpt.report.tables.budgets import (
     budget_table,
     preprocessing_table,
@@ -68,6 +75,7 @@ from scale_fpt.report.tables.differences import (
     accuracy_text,
     difference_text,
     init_difference,
+    monte_carlo_text,
     steps_bound,
 )
 from scale_fpt.report.tables.display import (
@@ -119,11 +127,14 @@ __all__ = [
     "ARM_KEYS",
     "DEFAULT_METRIC",
     "DEFAULT_THRESHOLDS",
+    "EXACT_PATTERNS",
     "FINETUNE_ORDER",
     "INIT_ORDER",
     "KM_INTERVAL_MIN_SEEDS",
+    "LOGRANK_NORMAL_FROM",
     "LR_SELECTION",
     "METRICS",
+    "MONTE_CARLO_DRAWS",
     "PAIR_KEYS",
     "SEARCHED",
     "SEARCH_ARM_KEYS",
@@ -162,6 +173,7 @@ __all__ = [
     "matched_differences",
     "matched_text",
     "model_label",
+    "monte_carlo_text",
     "paper_steps",
     "pool_sweeps",
     "prepare",

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pandas as pd
 
 from scale_fpt.published import TASK_COLUMNS
-from scale_fpt.report.tables.cells import INIT_ORDER, paper_steps, prepare, rank, trial_config
+from scale_fpt.report.tables.cells import (
+    INIT_ORDER,
+    distinct_configs,
+    paper_steps,
+    prepare,
+    rank,
+    trial_config,
+)
 from scale_fpt.tasks.preprocessing import preprocessing
 
 
@@ -40,7 +47,7 @@ def preprocessing_table(trials: pd.DataFrame) -> pd.DataFrame:
     """Every distinct preprocessing the trials used, per task: each aspect as done here, as
     the paper states it and as the reference code does it, and whether it is as published."""
     seen, records = set(), []
-    for row in trials.to_dict("records"):
+    for row in distinct_configs(trials)[1]:
         config = trial_config(row)
         if config is None:
             continue

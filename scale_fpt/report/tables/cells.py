@@ -244,6 +244,25 @@ def preprocessing_deviations(row) -> str:
     return "; ".join(deviations(config))
 
 
+def distinct_configs(frame: pd.DataFrame) -> tuple[pd.Series, list[dict]]:
+    """(each row's config number, the first row of each distinct config as a dict): a study's
+    thousands of trials share a few configs, so what is read from a config (``trial_config``)
+    is computed once per distinct one, never once per row. Configs that differ only in their
+    seed count as one: nothing the report reads from a config depends on it."""
+    columns = [k for k in FIELD_TYPES if k in frame and k != "seed"]
+    if not columns or frame.empty:
+        return pd.Series(0, index=frame.index), frame.head(1).to_dict("records")
+    codes = frame.groupby(columns, dropna=False, sort=False).ngroup()
+    first = ~codes.duplicated().to_numpy()
+    return codes, frame.loc[first].to_dict("records")
+
+
+def per_config(frame: pd.DataFrame, fn) -> pd.Series:
+    """``fn(row)`` of every row of ``frame``, computed once per distinct config."""
+    codes, rows = distinct_configs(frame)
+    return codes.map(dict(enumerate(fn(row) for row in rows)))
+
+
 REFERENCE_PRECISION = "fp32"
 """The reference code trains in fp32: a bf16 or fp16 cell is not the published setting."""
 PAPER_BATCH = (2, 16)
@@ -323,6 +342,7 @@ def cells(
     if df.empty:
         return empty_table(table)
     frame = df.assign(row=rows, paper_row=paper_rows, order=order)
+    frame["preprocessing_verdict"] = per_config(frame, preprocessing_deviations)
     for _, group in frame.groupby([*ARM_KEYS, "row"], dropna=False, sort=False):
         first = group.iloc[0]
         cell = {"table": table, "row": first["row"], "order": first["order"]}
@@ -331,8 +351,8 @@ def cells(
         cell.update(cell_summary(group))
         # Every row's verdict (one arm shares its config fields, so they agree; a row that
         # could not be read as a config says so).
-        verdicts = group.apply(preprocessing_deviations, axis=1) if len(group) else []
-        cell["preprocessing"] = "; ".join(dict.fromkeys(v for v in verdicts if v))
+        verdicts = group["preprocessing_verdict"]
+        cell["preprocessing"] = "; ".join(dict.fromkeys(v for v in verdicts.unique() if v))
         if extra:
             cell.update(extra(group))
         cell.update(compare(cell, table, first["paper_row"]))
@@ -391,7 +411,8 @@ def annotate(
         not_used=df.loc[~df["used"], "reason"].value_counts().to_dict() if len(df) else {},
         other_lr=len(dropped),
         sweeps=sorted(set(df["sweep"])) if len(df) else [],
-        trial_ids=list(df.loc[df["used"], "trial_id"]) if len(df) else [],
+        # one string, not a list: pandas deep-copies attrs on every column access
+        trial_ids=",".join(df.loc[df["used"], "trial_id"]) if len(df) else "",
     )
     return out
 

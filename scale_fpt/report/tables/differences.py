@@ -21,6 +21,7 @@ import pandas as pd
 from scale_fpt.report.stats import (
     ALPHA,
     KM_INTERVAL_MIN_SEEDS,
+    MONTE_CARLO_DRAWS,
     adjust_p,
     paired_difference,
     steps_logrank,
@@ -33,7 +34,8 @@ from scale_fpt.report.tables.steps import steps_to_threshold, thresholds_for
 PAIR_KEYS = tuple(k for k in ARM_KEYS if k not in ("init", "weights"))
 """Arms that agree on these and differ only in init are compared by ``init_difference``."""
 INTERVAL = ("diff", "ci95", "ci_low", "ci_high")
-PAIRED = ("p_sign_flip", "p_sign_flip_min", "d_z", "d_z_low", "d_z_high", "sd_diff", "detectable")
+PAIRED = ("p_sign_flip", "p_sign_flip_se", "p_sign_flip_min", "d_z", "d_z_low", "d_z_high",
+          "sd_diff", "detectable")  # fmt: skip
 """What a paired comparison adds to the interval and its paired-t p (``stats``)."""
 
 
@@ -69,18 +71,10 @@ def with_task_thresholds(trials: pd.DataFrame, curves: pd.DataFrame, thresholds=
     90% of the paper's FPT accuracy by default, as Table 4), not the flat threshold the trial
     was run with."""
     limits = thresholds_for(sorted(set(trials["task"])), thresholds)
-    by_trial = {key: c for key, c in curves.groupby(["sweep", "trial_id"])}
-    steps, last = [], []
-    for row in trials.itertuples(index=False):
-        curve = by_trial.get((row.sweep, row.trial_id))
-        hit, end = (
-            (math.nan, math.nan) if curve is None else steps_to_threshold(curve, limits[row.task])
-        )
-        steps.append(hit)
-        last.append(row.steps_done if math.isnan(end) else end)
+    steps, last = steps_to_threshold(trials, curves, limits)
     return trials.assign(
         steps_to_threshold=steps,
-        steps_done=last,
+        steps_done=np.where(np.isnan(last), trials["steps_done"], last),
         accuracy_threshold=trials["task"].map(limits),
     )
 
@@ -137,6 +131,8 @@ def init_difference(
                 },
                 "steps_logrank_p": logrank["p"],
                 "steps_logrank_p_min": logrank["p_min"],
+                "steps_logrank_p_se": logrank["p_se"],
+                "steps_logrank_method": logrank["p_method"],
                 **{f"steps_never_{s}": survival[s]["never"] for s in ("pretrained", "random")},
                 "steps_note": "" if all_reached else steps_bound(arms, steps, reached),
             }
@@ -198,9 +194,17 @@ def median_text(median: float, low: float, high: float, n: int) -> str:
     return f"{steps(median)} [95% CI {steps(low)}, {steps(high)}]"
 
 
-def p_text(p: float, adjusted: float, least: float = math.nan) -> str:
-    """'p 0.1 (least possible 0.1), BH-adjusted 0.2'."""
-    text = f"p {p:.2g}"
+def monte_carlo_text(p: float, se: float) -> str:
+    """'0.012', or with a Monte Carlo p its standard error: '0.012 ± 0.0008 (Monte Carlo,
+    20,000 draws)'."""
+    if np.isfinite(se) and se > 0:
+        return f"{p:.2g} ± {se:.1g} (Monte Carlo, {MONTE_CARLO_DRAWS:,} draws)"
+    return f"{p:.2g}"
+
+
+def p_text(p: float, adjusted: float, least: float = math.nan, se: float = math.nan) -> str:
+    """'p 0.1 (least possible 0.1), BH-adjusted 0.2'; a Monte Carlo p with its SE."""
+    text = f"p {monte_carlo_text(p, se)}"
     if np.isfinite(least):
         text += f" (least possible {least:.2g})"
     return text + f", BH-adjusted {adjusted:.2g}"
@@ -220,7 +224,10 @@ def accuracy_text(row, prefix: str = "accuracy_") -> str:
     if np.isfinite(get("p")):
         text += "; t-test " + p_text(get("p"), get("p_adjusted"))
     if np.isfinite(get("p_sign_flip")) and get("p_sign_flip_min") < ALPHA:
-        text += f"; sign-flip p {get('p_sign_flip'):.2g} (exact)"
+        method = "" if get("p_sign_flip_se") > 0 else " (exact)"
+        text += (
+            f"; sign-flip p {monte_carlo_text(get('p_sign_flip'), get('p_sign_flip_se'))}{method}"
+        )
     if np.isfinite(get("detectable")):
         text += f"; detects {get('detectable'):.1f} pp at 80% power"
     return text
@@ -247,9 +254,10 @@ def difference_text(row) -> str:
     if never:
         text += f" ({' and '.join(never)} seeds diverged or stopped on patience: never reached)"
     if np.isfinite(row["steps_logrank_p"]):
-        text += ", exact log-rank " + p_text(
-            row["steps_logrank_p"], row["steps_logrank_p_adjusted"], row["steps_logrank_p_min"]
-        )
+        text += f", {row['steps_logrank_method']} log-rank " + p_text(
+            row["steps_logrank_p"], row["steps_logrank_p_adjusted"], row["steps_logrank_p_min"],
+            row["steps_logrank_p_se"],
+        )  # fmt: skip
     if np.isfinite(row["steps_diff"]):
         low, high = row["steps_ci_low"], row["steps_ci_high"]
         return text + f"; difference {row['steps_diff']:+.0f} [95% CI {low:+.0f}, {high:+.0f}]"

@@ -40,9 +40,9 @@ def lr_points(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFram
     df = prepare(trials, metric)
     df = df[~df["sweep"].astype(str).str.endswith(CONFIRM_SUFFIX)]
     keys = list(SEARCH_ARM_KEYS)
-    n_lrs = df[df["used"]].groupby(keys, dropna=False)["lr"].nunique()
-    searched = set(n_lrs[n_lrs > 1].index)
-    df = df[[tuple(r) in searched for r in df[keys].itertuples(index=False)]]
+    used_lrs = df["lr"].where(df["used"])  # rates of used trials only (NaN is not counted)
+    n_lrs = used_lrs.groupby([df[k] for k in keys], dropna=False).transform("nunique")
+    df = df[n_lrs > 1]
     seeds_per_arm = df.groupby(keys, dropna=False)["seed"].nunique()
     records = []
     for _, group in df.groupby([*keys, *SEARCHED], dropna=False, sort=False):

@@ -38,12 +38,15 @@ BUDGET_KEYS = ("max_steps", "patience", "batch_size")
 
 
 def horizon_scores(
-    trials: pd.DataFrame, curves: pd.DataFrame, cost: str, horizon: float
+    trials: pd.DataFrame, curves: pd.DataFrame, rows: dict, cost: str, horizon: float
 ) -> pd.Series:
     """Per trial (index trial_id): test accuracy (%) at its best-validation evaluation among
-    those whose cumulative cost (step x ``cost`` per step) is within ``horizon``."""
+    those whose cumulative cost (step x ``cost`` per step) is within ``horizon``. ``rows``:
+    each trial's curve positions (``curves.groupby("trial_id").indices``), so an arm reads
+    its own rows, not the whole table."""
     per_step = trials.set_index("trial_id")[cost].astype(float)
-    data = curves[curves["trial_id"].isin(per_step.index)]
+    mine = [rows[t] for t in per_step.index if t in rows]
+    data = curves.iloc[np.concatenate(mine) if mine else []]
     data = data.assign(spent=data["step"] * data["trial_id"].map(per_step))
     data = data[data["spent"] <= horizon * (1 + 1e-9)].sort_values(["trial_id", "step"])
     best = data.loc[data.groupby("trial_id")["val_accuracy"].idxmax()]  # earliest on ties
@@ -62,6 +65,7 @@ def matched_differences(
     if df.empty or curves.empty:
         return pd.DataFrame()
     df = df.assign(budget=df["max_steps"].astype(float) * df[cost].astype(float))
+    rows = curves.groupby("trial_id").indices
     records = []
     for column, a, b, contrasted in CONTRASTS:
         keys = [k for k in ARM_KEYS if k not in (*contrasted, *BUDGET_KEYS)]
@@ -72,7 +76,7 @@ def matched_differences(
             horizon = float(group.loc[group[column].isin((a, b)), "budget"].min())
             scored = {
                 name: arm.assign(
-                    value=arm["trial_id"].map(horizon_scores(arm, curves, cost, horizon))
+                    value=arm["trial_id"].map(horizon_scores(arm, curves, rows, cost, horizon))
                 )
                 for name, arm in arms.items()
             }

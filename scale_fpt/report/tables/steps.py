@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 from scale_fpt import published
@@ -19,13 +20,23 @@ from scale_fpt.report.tables.cells import (
 from scale_fpt.report.tables.paper import frozen_transformers, init_rank, selected
 
 
-def steps_to_threshold(curve: pd.DataFrame, threshold: float) -> tuple[float, float]:
-    """(first evaluated step with val_accuracy >= threshold or NaN, last evaluated step)."""
-    curve = curve.sort_values("step")
-    accuracy = curve["val_accuracy"] if "val_accuracy" in curve else pd.Series(dtype=float)
-    hit = curve.loc[accuracy >= threshold, "step"]
-    last = float(curve["step"].max()) if len(curve) else math.nan
-    return (float(hit.iloc[0]) if len(hit) else math.nan), last
+def steps_to_threshold(
+    trials: pd.DataFrame, curves: pd.DataFrame, limits: dict
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``trials``: (first evaluated step whose val_accuracy reaches its task's
+    threshold in ``limits``, else NaN; last evaluated step, NaN without a curve). One pass
+    over the curves, grouped by (sweep, trial_id), whatever the number of trials."""
+    keys = ["sweep", "trial_id"]
+    if curves.empty:
+        nan = np.full(len(trials), math.nan)
+        return nan, nan.copy()
+    task = trials.drop_duplicates(keys).set_index(keys)["task"]
+    data = curves[[*keys, "step"]].join(task.map(limits).rename("limit"), on=keys)
+    accuracy = curves.get("val_accuracy", math.nan)
+    data["hit"] = data["step"].where(accuracy >= data["limit"])
+    found = data.groupby(keys)[["hit", "step"]].agg({"hit": "min", "step": "max"})
+    found = found.reindex(pd.MultiIndex.from_frame(trials[keys]))
+    return found["hit"].to_numpy(float), found["step"].to_numpy(float)
 
 
 def steps_summary(group: pd.DataFrame) -> dict:
@@ -60,13 +71,7 @@ def table4_steps(trials: pd.DataFrame, curves: pd.DataFrame, thresholds=None) ->
     df, dropped = selected(trials, DEFAULT_METRIC, frozen_transformers)
     df = df.copy()
     limits = thresholds_for(sorted(set(df["task"])), thresholds)
-    by_trial = dict(iter(curves.groupby(["sweep", "trial_id"]))) if len(curves) else {}
-    found = [
-        steps_to_threshold(by_trial[key], limits[task]) if key in by_trial else (math.nan, math.nan)
-        for key, task in zip(zip(df["sweep"], df["trial_id"], strict=True), df["task"], strict=True)
-    ]
-    df["steps"] = [s for s, _ in found]
-    df["last_step"] = [last for _, last in found]
+    df["steps"], df["last_step"] = steps_to_threshold(df, curves, limits)
     no_curve = df["used"] & df["last_step"].isna()
     df.loc[no_curve, "used"] = False
     df.loc[no_curve, "reason"] = "no learning curve"
