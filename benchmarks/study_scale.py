@@ -274,7 +274,7 @@ def main(argv=None) -> int:
         maps = attention_cost(work, args.attention) if args.attention else None
     context = {
         "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f} (1 min) at the end",
         "layout": args.layout,
     }
