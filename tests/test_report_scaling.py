@@ -208,3 +208,32 @@ def test_a_floor_the_data_hide_is_never_swapped_for_a_tight_slope():
     if not alpha.startswith("not identified"):
         lo, hi = (float(v) for v in alpha.split("[")[1].rstrip("]").split(","))
         assert lo <= 0.3 <= hi, alpha
+
+
+def test_laws_keep_sweeps_apart_unless_pooled(tmp_path):
+    """Two sweeps that ran the same seeds (the same random streams) at the same sizes are two
+    laws, paired with their own sweep's other arm; ``--pool`` makes them one."""
+    rng = np.random.default_rng(2)
+    for sweep in ("scale", "ladder"):
+        writer = ResultsWriter(tmp_path, sweep)
+        for init in ("pretrained", "random"):
+            for model, n in list(SIZES.items())[:3]:
+                for seed in range(3):
+                    error = LAWS[(init, "fpt")](n) * np.exp(rng.normal(0, 0.01))
+                    writer.write_trial(
+                        {**row(f"{sweep}-{init}-{model}-{seed}", error, model, init, "fpt", seed),
+                         "sweep": sweep}
+                    )  # fmt: skip
+    trials = load_results(tmp_path).trials
+    points = scaling_laws.scaling_points(trials, "test_accuracy")
+    assert points.groupby("arm")["seed"].count().eq(9).all()
+    assert set(points["arm"]) == {
+        f"{init} · fpt · sweep={sweep}" for init in ("pretrained", "random")
+        for sweep in ("scale", "ladder")
+    }  # fmt: skip
+    pairs = scaling_laws.arm_pairs(points, "init", "pretrained", "random")
+    assert pairs == sorted(
+        (f"pretrained · fpt · sweep={s}", f"random · fpt · sweep={s}") for s in ("ladder", "scale")
+    )
+    pooled = scaling_laws.scaling_points(tables.pool_sweeps(trials), "test_accuracy")
+    assert pooled.groupby("arm")["seed"].count().eq(18).all() and pooled["arm"].nunique() == 2
