@@ -16,6 +16,7 @@ from scale_fpt.recipes.studies import STUDIES
 from scale_fpt.report import tables
 from scale_fpt.report.comparisons import Comparisons
 from scale_fpt.report.render import inline_html
+from scale_fpt.report.stats import adjust_p
 from scale_fpt.report.tables.families import EXPLORATORY
 from scale_fpt.results import ResultsWriter, load_results
 
@@ -142,3 +143,60 @@ def test_html_renders_markdown_links():
     assert inline_html("[tables/T1.csv](tables/T1.csv) a<b") == (
         '<a href="tables/T1.csv">tables/T1.csv</a> a&lt;b'
     )
+
+
+def test_a_declared_family_is_adjusted_whole_across_tables(tmp_path):
+    """The family "accuracy: pretrained - random" of sweep s has rows in the pretrained -
+    random table (at each lr of the search, and on the confirmation seeds) and in the LR-fair
+    table; the confirmation sweep follows s's plan. One BH adjustment over the family, the
+    test that both tables show (confirmation seeds, both arms at the same rate) counted
+    once."""
+    rng = np.random.default_rng(0)
+    search, confirm = ResultsWriter(tmp_path, "s"), ResultsWriter(tmp_path, "s-confirm")
+    for writer, seeds, lrs in ((search, range(3), (1e-3, 1e-4)), (confirm, range(3, 6), (1e-3,))):
+        for lr in lrs:
+            for seed in seeds:
+                for init, mean in (("pretrained", 0.8), ("random", 0.7)):
+                    acc = mean + (lr == 1e-3) * 0.05 + rng.normal(0, 0.05)
+                    write(writer, f"{init}-{lr}-{seed}", acc, seed=seed, init=init, lr=lr)
+    plan = analysis_plan.AnalysisPlan(
+        sweep="s", families={"accuracy: pretrained - random": ["pretrained - random"]}
+    )
+    results = load_results(tmp_path)
+    found = Comparisons.compute(results.trials, results.curves, "test_accuracy", None,
+                                {"s": plan, "s-confirm": plan})  # fmt: skip
+    family = "s: accuracy: pretrained - random"
+    assert set(found.init["accuracy_family"]) == {family} and len(found.init) == 3
+    lr = found.lr.set_index("contrast").loc["pretrained - random"]
+    assert lr["family"] == family and lr["headline"] == "confirmation / confirmation"
+    confirmed = found.init.set_index("sweep").loc["s-confirm"]
+    assert lr["p_t"] == pytest.approx(confirmed["accuracy_p"])  # one test, two tables
+    adjusted = adjust_p(found.init["accuracy_p"])  # the family: 3 tests, not 4, not 3 + 1
+    assert found.init["accuracy_p_adjusted"].to_numpy() == pytest.approx(adjusted)
+    assert lr["p_t_adjusted"] == pytest.approx(confirmed["accuracy_p_adjusted"])
+    rows = found.findings({})
+    assert set(rows["status"]) == {"planned"}
+
+
+def test_lr_fair_rows_on_selection_seeds_are_exploratory(tmp_path):
+    """Without confirmation seeds an LR-fair contrast is exploratory, in its note and in its
+    status, whatever the plan declared."""
+    writer = ResultsWriter(tmp_path, "s")
+    rng = np.random.default_rng(1)
+    for lr in (1e-3, 1e-4):
+        for seed in range(3):
+            for init in ("pretrained", "random"):
+                write(writer, f"{init}-{lr}-{seed}", 0.8 + rng.normal(0, 0.05), seed=seed,
+                      init=init, lr=lr)  # fmt: skip
+    plan = analysis_plan.AnalysisPlan(
+        sweep="s", families={"accuracy: pretrained - random": ["pretrained - random"]}
+    )
+    results = load_results(tmp_path)
+    found = Comparisons.compute(results.trials, results.curves, "test_accuracy", None,
+                                {"s": plan})  # fmt: skip
+    assert list(found.lr["family"]) == [EXPLORATORY]
+    assert found.lr["note"].iloc[0].startswith("exploratory")
+    rows = found.findings({})
+    lr_rows = rows[rows["comparison"].str.contains("best lr")]
+    assert list(lr_rows["status"]) == ["exploratory"]
+    assert set(rows.loc[~rows.index.isin(lr_rows.index), "status"]) == {"planned"}

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 import pandas as pd
 
 from scale_fpt.report import tables
-from scale_fpt.report.tables.families import EXPLORATORY, adjust_in_families
+from scale_fpt.report.tables.families import (
+    EXPLORATORY,
+    Shown,
+    adjust_in_families,
+    adjust_together,
+    family_labels,
+)
 
 
 @dataclass
@@ -26,12 +32,25 @@ class Comparisons:
     def compute(cls, trials, curves, metric, thresholds, plans) -> Comparisons:
         init = tables.init_difference(trials, metric, curves, thresholds)
         contrast = "pretrained - random"
-        init = adjust_in_families(init, plans, "accuracy", "accuracy_p", contrast,
-                                  "accuracy_family")  # fmt: skip
         init = adjust_in_families(init, plans, "steps to threshold", "steps_logrank_p",
                                   contrast, "steps_family")  # fmt: skip
-        lr = adjust_in_families(tables.lr_differences(trials, metric), plans, "accuracy",
-                                "p_t", "contrast", "family")  # fmt: skip
+        lr = tables.lr_differences(trials, metric)
+        if not init.empty:
+            init = init.assign(accuracy_family=family_labels(init, plans, "accuracy", contrast))
+        if not lr.empty:
+            # On selection seeds (no confirmation run) a contrast is exploratory, as its
+            # note says, whatever the plan declared.
+            family = family_labels(lr, plans, "accuracy", "contrast")
+            lr = lr.assign(family=family.where(~lr["note"].str.startswith("exploratory"),
+                                               EXPLORATORY))  # fmt: skip
+        # The family "accuracy: pretrained - random" has rows in both tables: one
+        # adjustment over the family, a test in both tables (same seeds, same rates)
+        # counted once.
+        init, lr = adjust_together([
+            Shown(init, "accuracy_family", "accuracy_p", ("accuracy_diff", "accuracy_p",
+                                                           "accuracy_n_pairs")),
+            Shown(lr, "family", "p_t", ("diff", "p_t", "n")),
+        ])  # fmt: skip
         frames = [tables.matched_differences(trials, curves, m) for m in ("flops", "examples")]
         frames = [f for f in frames if not f.empty]
         matched = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
