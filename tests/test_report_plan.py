@@ -85,7 +85,8 @@ def test_a_matched_comparison_that_repeats_the_plain_one_is_a_note(tmp_path):
     assert len(found.matched) == 1  # the matched comparison is still computed and shown
     findings = found.findings({})
     assert list(findings["comparison"]) == ["pretrained - random"]
-    assert findings["difference (pp) [95% CI]"].iloc[0] == "+45.0 [+45.0, +45.0]"
+    # Every pair differs by 45 points: no spread, and no zero-wide 95% interval.
+    assert findings["difference (pp) [95% CI]"].iloc[0] == "+45.0 (no spread (all 3 seeds equal))"
     assert findings["note"].iloc[0] == "the same at equal examples (Matched budgets)"
 
 

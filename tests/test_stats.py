@@ -92,7 +92,8 @@ def test_paired_difference_with_too_few_or_identical_pairs():
     one = stats.paired_difference({0: 0.9}, {0: 0.5, 1: 0.6})
     assert one["n"] == 1 and one["diff"] == pytest.approx(0.4) and math.isnan(one["ci95"])
     same = stats.paired_difference({0: 0.9, 1: 0.8, 2: 0.7}, {0: 0.8, 1: 0.7, 2: 0.6})
-    assert same["ci95"] == 0 and same["diff"] == pytest.approx(0.1)
+    assert math.isnan(same["ci95"]) and same["diff"] == pytest.approx(0.1)
+    assert same["interval_note"] == "no spread (all 3 seeds equal)"  # never zero-wide
     assert math.isnan(same["d_z"])  # no spread: no standardised effect
     zero = stats.paired_difference({0: 0.5, 1: 0.6}, {0: 0.5, 1: 0.6})
     assert math.isnan(zero["p_sign_flip"]) and zero["diff"] == 0

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from scale_fpt.report import tables
+from scale_fpt.report.tables.differences import interval_text
 from scale_fpt.report.tables.families import (
     EXPLORATORY,
     Shown,
@@ -114,7 +115,10 @@ def finding(
         "task": row["task"],
         "comparison": contrast,
         "setting": f"{setting} · {row['sweep']}",
-        "difference (pp) [95% CI]": pp_interval_text(get("diff"), get("ci_low"), get("ci_high")),
+        "difference (pp) [95% CI]": interval_text(
+            {k: row.get(keys.get(k, k)) for k in ("diff", "ci_low", "ci_high", "interval_note")},
+            label="",
+        ),
         "accuracies (%)": " · ".join(f"{arm} {value:.1f}" for arm, value in (means or {}).items()),
         "n": int(n) if math.isfinite(n) else "",
         "p (BH)": f"{p:.2g} ({get('p_adjusted'):.2g})" if math.isfinite(p) else "—",
@@ -136,8 +140,9 @@ def pp_interval_text(diff: float, low: float, high: float) -> str:
     return f"{diff:+.1f} [{low:+.1f}, {high:+.1f}]"
 
 
-INIT_KEYS = {k: f"accuracy_{k}" for k in ("diff", "ci_low", "ci_high", "p", "p_adjusted",
-                                           "detectable")} | {"n": "accuracy_n_pairs"}  # fmt: skip
+INIT_KEYS = {k: f"accuracy_{k}" for k in ("diff", "ci_low", "ci_high", "interval_note", "p",
+                                           "p_adjusted", "detectable")} | {
+    "n": "accuracy_n_pairs"}  # fmt: skip
 
 
 LR_KEYS = {"p": "p_t", "p_adjusted": "p_t_adjusted"}

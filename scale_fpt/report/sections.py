@@ -327,9 +327,7 @@ def contrasts_display(contrasts: pd.DataFrame) -> pd.DataFrame:
             ],
             "lr (a / b)": [f"{r['lr_a']:.3g} / {r['lr_b']:.3g}" for r in rows],
             "n pairs": contrasts["n"],
-            "difference [95% CI]": [
-                f"{r['diff']:+.1f} [{r['ci_low']:+.1f}, {r['ci_high']:+.1f}]" for r in rows
-            ],
+            "difference [95% CI]": [tables.interval_text(r, label="") for r in rows],
             "d_z [95% CI]": [
                 f"{r['d_z']:.2f} [{r['d_z_low']:.2f}, {r['d_z_high']:.2f}]" for r in rows
             ],

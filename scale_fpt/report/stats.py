@@ -71,15 +71,23 @@ def summarize(values) -> dict:
     }
 
 
-def interval(diff: float, low: float, high: float) -> dict:
-    return {"diff": diff, "ci95": (high - low) / 2, "ci_low": low, "ci_high": high}
+def interval(diff: float, low: float, high: float, note: str = "") -> dict:
+    """A difference with its interval; ``note`` says why a finite one is not given."""
+    return {"diff": diff, "ci95": (high - low) / 2, "ci_low": low, "ci_high": high,
+            "interval_note": note}  # fmt: skip
+
+
+def no_spread_note(n: int) -> str:
+    """Why seeds that all tie (a ceiling, steps on an evaluation grid) get no 95% interval:
+    a zero-wide one would claim certainty that n seeds cannot give."""
+    return f"no spread (all {n} seeds equal)"
 
 
 def welch_difference(a, b) -> dict:
     """The difference of means ``mean(a) - mean(b)`` of two independent groups of seeds, with
     Welch's 95% t-interval (``scipy.stats.ttest_ind(equal_var=False)``): {diff, se, df,
-    ci95, ci_low, ci_high, p, n_a, n_b}. The interval is NaN with fewer than two values in a
-    group, and zero wide when neither group varies."""
+    ci95, ci_low, ci_high, interval_note, p, n_a, n_b}. The interval is NaN with fewer than
+    two values in a group, and when neither group varies (``no_spread_note``)."""
     x, y = finite(a), finite(b)
     out = {"n_a": len(x), "n_b": len(y)}
     diff = float(x.mean() - y.mean()) if len(x) and len(y) else math.nan
@@ -88,7 +96,8 @@ def welch_difference(a, b) -> dict:
                 "p": math.nan}  # fmt: skip
     se = math.sqrt(x.var(ddof=1) / len(x) + y.var(ddof=1) / len(y))
     if se == 0:
-        return {**out, **interval(diff, diff, diff), "se": 0.0, "df": math.nan, "p": math.nan}
+        return {**out, **interval(diff, math.nan, math.nan, no_spread_note(len(x) + len(y))),
+                "se": 0.0, "df": math.nan, "p": math.nan}  # fmt: skip
     test = stats.ttest_ind(x, y, equal_var=False)
     ci = test.confidence_interval(CONFIDENCE)
     return {
@@ -172,7 +181,8 @@ def paired_difference(a: dict, b: dict) -> dict:
     (paired t, ``scipy.stats.ttest_rel``), p_t, d_z/d_z_low/d_z_high (``effect_size``),
     p_sign_flip (``sign_flip_p``), p_sign_flip_min (``smallest_sign_flip_p``), detectable
     (``detectable_difference`` at the observed SD)}. With fewer than two pairs everything but
-    ``diff`` is NaN; with identical differences the interval is zero wide."""
+    ``diff`` is NaN; with identical differences there is no interval, and ``interval_note``
+    says why (``no_spread_note``)."""
     seeds = sorted(s for s in set(a) & set(b) if np.isfinite(a[s]) and np.isfinite(b[s]))
     x = np.array([a[s] for s in seeds], dtype=float)
     y = np.array([b[s] for s in seeds], dtype=float)
@@ -192,7 +202,7 @@ def paired_difference(a: dict, b: dict) -> dict:
     if n < 2:
         return {**out, **interval(diff, math.nan, math.nan)}
     if no_spread(d):
-        out.update(interval(diff, diff, diff))
+        out.update(interval(diff, math.nan, math.nan, no_spread_note(n)))
     else:
         test = stats.ttest_rel(x, y)
         ci = test.confidence_interval(CONFIDENCE)

@@ -68,6 +68,7 @@ from scale_fpt.report.tables.differences import (
     accuracy_text,
     difference_text,
     init_difference,
+    interval_text,
     steps_bound,
 )
 from scale_fpt.report.tables.display import (
@@ -155,6 +156,7 @@ __all__ = [
     "init_difference",
     "init_label",
     "init_rank",
+    "interval_text",
     "lr_differences",
     "lr_fair",
     "lr_points",

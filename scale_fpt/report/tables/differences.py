@@ -18,6 +18,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from scale_fpt.published import BASELINES
 from scale_fpt.report.stats import (
     ALPHA,
     KM_INTERVAL_MIN_SEEDS,
@@ -32,35 +33,88 @@ from scale_fpt.report.tables.steps import steps_to_threshold, thresholds_for
 
 PAIR_KEYS = tuple(k for k in ARM_KEYS if k not in ("init", "weights"))
 """Arms that agree on these and differ only in init are compared by ``init_difference``."""
-INTERVAL = ("diff", "ci95", "ci_low", "ci_high")
+INTERVAL = ("diff", "ci95", "ci_low", "ci_high", "interval_note")
 PAIRED = ("p_sign_flip", "p_sign_flip_min", "d_z", "d_z_low", "d_z_high", "sd_diff", "detectable")
 """What a paired comparison adds to the interval and its paired-t p (``stats``)."""
 
 
-def compare_arms(a: pd.DataFrame, b: pd.DataFrame, column: str) -> dict:
+def compare_arms(a: pd.DataFrame, b: pd.DataFrame, column: str, baseline=math.nan) -> dict:
     """``column`` of arm a minus arm b: paired on shared seeds where there are two or more,
-    else Welch over the two groups. {design, n_pairs, diff, ci95, ci_low, ci_high, p and
-    ``PAIRED`` (NaN under Welch)}."""
+    else Welch over the two groups. {design, n_pairs, diff, ci95, ci_low, ci_high,
+    interval_note, p and ``PAIRED`` (NaN under Welch)}. With the task's ``baseline`` (its
+    accuracy without learning, %), an arm whose seeds learn or not (``learn_or_not``) below
+    ``MIXED_MIN_PAIRS`` pairs gets no interval: the paired t's is not calibrated there."""
     by_seed = [dict(zip(arm["seed"].astype(int), arm[column].astype(float), strict=True))
                for arm in (a, b)]  # fmt: skip
     paired = paired_difference(*by_seed)
     if paired["n"] >= 2:
-        return {
+        out = {
             "design": f"paired over {paired['n']} shared seeds",
             "n_pairs": paired["n"],
             **{k: paired[k] for k in INTERVAL},
             "p": paired["p_t"],
             **{k: paired[k] for k in PAIRED},
         }
-    welch = welch_difference(a[column], b[column])
-    few = min(welch["n_a"], welch["n_b"]) < 2
-    return {
-        "design": "too few seeds for an interval" if few else "independent seeds (Welch)",
-        "n_pairs": paired["n"],
-        **{k: welch[k] for k in INTERVAL},
-        "p": welch["p"],
-        **dict.fromkeys(PAIRED, math.nan),
-    }
+    else:
+        welch = welch_difference(a[column], b[column])
+        few = min(welch["n_a"], welch["n_b"]) < 2
+        out = {
+            "design": "too few seeds for an interval" if few else "independent seeds (Welch)",
+            "n_pairs": paired["n"],
+            **{k: welch[k] for k in INTERVAL},
+            "p": welch["p"],
+            **dict.fromkeys(PAIRED, math.nan),
+        }
+    mixed = learn_or_not(a[column], baseline) or learn_or_not(b[column], baseline)
+    if mixed and max(paired["n"], len(a), len(b)) < MIXED_MIN_PAIRS:
+        out.update(ci95=math.nan, ci_low=math.nan, ci_high=math.nan,
+                   interval_note=f"not calibrated at this design: {mixed}, and the t "
+                   f"interval needs {MIXED_MIN_PAIRS}+ seeds there")  # fmt: skip
+    return out
+
+
+LEARNED_MARGIN = 10.0
+"""Accuracy points above the task's baseline within which a seed did not learn the task."""
+MIXED_MIN_PAIRS = 10
+"""Seeds below which an arm whose seeds learn or not gets no t interval: a two-point
+mixture of seeds is far from normal, and the paired-t interval covers 0.27-0.74 at 3 seeds
+(``benchmarks/calibration.py``, learn-or-not truths)."""
+
+
+def task_baseline(task: str) -> float:
+    """The task's accuracy without learning it (%, ``published.BASELINES``); NaN if unknown."""
+    return BASELINES.get(task, (math.nan,))[0]
+
+
+def learn_or_not(values: pd.Series, baseline: float) -> str:
+    """'2 of 3 seeds at the task's baseline, the rest above' where some seeds of an arm
+    stayed within ``LEARNED_MARGIN`` of ``baseline`` and others learned; '' otherwise (or
+    without a baseline)."""
+    x = values.astype(float).dropna()
+    if not math.isfinite(baseline) or x.empty:
+        return ""
+    stuck = int((x <= baseline + LEARNED_MARGIN).sum())
+    if 0 < stuck < len(x):
+        return f"{stuck} of {len(x)} seeds at the task's baseline, the rest above"
+    return ""
+
+
+def interval_text(row, prefix: str = "", digits: str = "+.1f", label: str = "95% CI ") -> str:
+    """'+14.3 [95% CI +10.1, +18.5]' of ``row``'s diff, ci_low, ci_high after ``prefix``;
+    without a finite interval, its ``interval_note`` ('+0.0 (no spread (all 3 seeds
+    equal))') or '(no interval)': never a zero-wide 95% interval."""
+
+    def get(key):
+        value = row.get(prefix + key, math.nan)
+        return math.nan if value is None else value
+
+    diff, low, high = (float(get(k)) for k in ("diff", "ci_low", "ci_high"))
+    if not math.isfinite(diff):
+        return "—"
+    if math.isfinite(low) and math.isfinite(high):
+        return f"{diff:{digits}} [{label}{low:{digits}}, {high:{digits}}]"
+    note = get("interval_note")
+    return f"{diff:{digits}} ({note if isinstance(note, str) and note else 'no interval'})"
 
 
 def with_task_thresholds(trials: pd.DataFrame, curves: pd.DataFrame, thresholds=None):
@@ -108,7 +162,7 @@ def init_difference(
         if set(arms) != {"pretrained", "random"}:
             continue
         pre, rnd = arms["pretrained"], arms["random"]
-        accuracy = compare_arms(pre, rnd, "value")
+        accuracy = compare_arms(pre, rnd, "value", task_baseline(group["task"].iloc[0]))
         steps = {s: arms[s]["steps_to_threshold"].astype(float) for s in arms}
         reached = {s: int(v.notna().sum()) for s, v in steps.items()}
         all_reached = all(reached[s] == len(arms[s]) for s in arms)
@@ -214,7 +268,7 @@ def accuracy_text(row, prefix: str = "accuracy_") -> str:
     def get(key):
         return row.get(prefix + key, math.nan)
 
-    text = f"{get('diff'):+.1f} pp [95% CI {get('ci_low'):+.1f}, {get('ci_high'):+.1f}]"
+    text = interval_text(row, prefix).replace(" ", " pp ", 1)
     if np.isfinite(get("d_z")):
         text += f", d_z {get('d_z'):.2g} [{get('d_z_low'):.2g}, {get('d_z_high'):.2g}]"
     if np.isfinite(get("p")):
@@ -251,6 +305,5 @@ def difference_text(row) -> str:
             row["steps_logrank_p"], row["steps_logrank_p_adjusted"], row["steps_logrank_p_min"]
         )
     if np.isfinite(row["steps_diff"]):
-        low, high = row["steps_ci_low"], row["steps_ci_high"]
-        return text + f"; difference {row['steps_diff']:+.0f} [95% CI {low:+.0f}, {high:+.0f}]"
+        return text + f"; difference {interval_text(row, 'steps_', '+.0f')}"
     return text + f"; {row['steps_note']}"
