@@ -356,7 +356,7 @@ def test_lr_fair_selects_each_arms_best_rate_on_validation(results):
         "93.0 ± 4.2 (n=2, CI ±38.1) @ lr 0.0001 (the lowest rate tried: the best may lie "
         "beyond) (selection seeds: no confirmation run) "
         "(best of 2 configurations); "
-        "lr 0.001: 60.0 ± 0.0 (n=2, CI ±0.0)"
+        "lr 0.001: 60.0 ± 0.0 (n=2, no spread (all 2 seeds equal))"
     )
     points = report.lr_points(results.trials)
     assert len(points) == 6 and set(points["n"]) == {2} and set(points["n_seeds"]) == {2}
