@@ -237,3 +237,21 @@ def test_laws_keep_sweeps_apart_unless_pooled(tmp_path):
     )
     pooled = scaling_laws.scaling_points(tables.pool_sweeps(trials), "test_accuracy")
     assert pooled.groupby("arm")["seed"].count().eq(18).all() and pooled["arm"].nunique() == 2
+
+
+def test_next_runs_print_no_width_where_the_law_table_says_not_identified(report_dir):
+    """Three sizes of the floored law leave alpha no degree of freedom: the law table says
+    "not identified", and so does the next-run table's width now (never a finite one)."""
+    trials = load_results(report_dir).trials
+    trials = trials[trials["model"] != "gpt2"]
+    points = scaling_laws.scaling_points(trials, "test_accuracy")
+    fits = scaling_laws.fit_all(points, "power_floor")
+    laws = scaling_laws.law_table(points, fits)
+    runs = scaling_laws.next_run_rows(points, fits)
+    assert len(runs) and runs["alpha's half-width now"].str.startswith("not identified").all()
+    assert (
+        laws.filter(like="alpha")
+        .astype(str)
+        .apply(lambda c: c.str.startswith("not identified"))
+        .any(axis=None)
+    )

@@ -219,6 +219,11 @@ def interval_text(value: float, interval: tuple[float, float]) -> str:
     return f"{value:.3g} [{interval[0]:.3g}, {interval[1]:.3g}]"
 
 
+def identified(fit, name: str) -> bool:
+    """Whether the law table gives ``name`` an interval's bounds (the data identify it)."""
+    return fit.goodness["df"] >= 1 and bool(fit.identified[name])
+
+
 def parameter_text(fit, name: str) -> str:
     """``value [lo, hi]``, or what the data cannot say about ``name``."""
     value, (lo, hi) = fit.params[name], fit.intervals[name]
@@ -457,7 +462,9 @@ def next_run_rows(points: pd.DataFrame, fits: dict) -> pd.DataFrame:
             {
                 "task": task,
                 "arm": arm,
-                "alpha's half-width now": f"{best['half_width_now']:.3g}",
+                "alpha's half-width now": f"{best['half_width_now']:.3g}"
+                if identified(fit, "alpha")
+                else parameter_text(fit, "alpha"),
                 "best next run": best["option"],
                 "half-width after": f"{best['half_width_after']:.3g}",
                 "cost (FLOPs)": f"{best['flops']:.3g}",
