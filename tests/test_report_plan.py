@@ -126,11 +126,17 @@ def test_power_section_says_how_many_seeds_detect_a_difference(tmp_path):
     power_section(Document(tmp_path), tmp_path, found, 5.0)
     (row,) = pd.read_csv(tmp_path / "tables" / "power.csv").to_dict("records")
     sd = np.std([30.0, 25.0, 35.0], ddof=1)
-    assert row["n pairs"] == 3 and row["SD of differences (pp)"] == pytest.approx(sd, abs=1e-3)
-    assert row["detectable at 80% power (pp)"] == pytest.approx(
-        stats.detectable_difference(sd, 3), abs=1e-3
+    low, high = stats.sd_interval(sd, 3)
+    assert row["n pairs"] == 3 and row["tests in its family"] == 1
+    assert row["SD of differences (pp) [95% CI]"] == f"{sd:.3g} [{low:.3g}, {high:.3g}]"
+    # Stated at the SD's upper 80% bound, with its range over the SD's 95% interval.
+    upper = stats.sd_upper(sd, 3)
+    assert row["detectable at 80% power (pp)"].startswith(
+        f"{stats.detectable_difference(upper, 3):.2g} pp at 80% power "
+        f"[{stats.detectable_difference(low, 3):.2g}, {stats.detectable_difference(high, 3):.2g}]"
     )
-    assert row["seeds to detect 5 pp"] == stats.seeds_needed(sd, 5.0) > 3
+    assert row["seeds to detect 5 pp"] == stats.seeds_needed(upper, 5.0)
+    assert stats.seeds_needed(upper, 5.0) > stats.seeds_needed(sd, 5.0)
 
 
 def test_bad_seeds_for_is_one_error_before_any_work(tmp_path, capsys):

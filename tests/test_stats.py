@@ -152,3 +152,21 @@ def test_logrank_statistic_is_scipys_and_its_p_is_the_exact_permutation_p():
         sp.CensoredData(uncensored=[200, 700], right=[2000]),
     )
     assert stats.steps_logrank(*mixed[0], *mixed[1])["statistic"] == pytest.approx(scipys.statistic)
+
+
+def test_seeds_planned_from_a_pilot_reach_the_power_in_most_pilots():
+    """Seeds planned from 3 pilot pairs (``seeds_needed`` at the SD's upper 80% bound) reach
+    80% power in at least 80% of simulated pilots; planned from the pilot's SD itself they
+    fall short about half the time (the defect: median power 0.68 where 0.8 was asked)."""
+    rng = np.random.default_rng(0)
+    truth, difference = 10.0, 20.0
+    pilots = rng.normal(0, truth, (200, 3)).std(axis=1, ddof=1)
+    reached = {"upper bound": [], "point": []}
+    for sd in pilots:
+        for name, planned_sd in (("upper bound", stats.sd_upper(sd, 3)), ("point", sd)):
+            n = stats.seeds_needed(planned_sd, difference)
+            reached[name].append(stats.paired_t_power(difference / truth, n) >= stats.POWER)
+    assert np.mean(reached["upper bound"]) >= 0.75  # 0.8 in expectation, binomial sd 0.03
+    assert np.mean(reached["point"]) < 0.65
+    low, high = stats.sd_interval(10.0, 3)
+    assert low == pytest.approx(10 * math.sqrt(2 / 7.3778), rel=1e-3) and high > 60

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from scale_fpt.report import tables
-from scale_fpt.report.tables.differences import interval_text
+from scale_fpt.report.stats import power_statement
+from scale_fpt.report.tables.differences import DETECTABLE, detectable_text, interval_text
 from scale_fpt.report.tables.families import (
     EXPLORATORY,
     Shown,
@@ -52,10 +53,13 @@ class Comparisons:
                                                            "accuracy_n_pairs")),
             Shown(lr, "family", "p_t", ("diff", "p_t", "n")),
         ])  # fmt: skip
+        init = with_family_power(init, "accuracy_", "accuracy_n_pairs", "accuracy_p")
+        lr = with_family_power(lr, "", "n", "p_t")
         frames = [tables.matched_differences(trials, curves, m) for m in ("flops", "examples")]
         frames = [f for f in frames if not f.empty]
         matched = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
         matched = adjust_in_families(matched, plans, "matched budgets", "p", "contrast", "family")
+        matched = with_family_power(matched, "", "n_pairs", "p")
         return cls(init, lr, matched)
 
     def findings(self, baselines: dict) -> pd.DataFrame:
@@ -92,6 +96,16 @@ class Comparisons:
         return table
 
 
+def with_family_power(frame: pd.DataFrame, prefix: str, n: str, p: str) -> pd.DataFrame:
+    """``frame`` with ``<prefix>detectable_family`` at the level of its family's size
+    (``<p>_family_size``, ``stats.power_statement``)."""
+    if frame.empty:
+        return frame
+    columns = zip(frame[f"{prefix}sd_diff"], frame[n], frame[f"{p}_family_size"], strict=True)
+    family = [power_statement(sd, int(k), int(m))["detectable_family"] for sd, k, m in columns]
+    return frame.assign(**{f"{prefix}detectable_family": family})
+
+
 def same_numbers(row: dict, shown: dict) -> tuple:
     """What makes two findings one: the sweep, task, model and lr of the comparison's ``row``
     and the difference, accuracies and n it ``shown``."""
@@ -123,7 +137,9 @@ def finding(
         "n": int(n) if math.isfinite(n) else "",
         "p (BH)": f"{p:.2g} ({get('p_adjusted'):.2g})" if math.isfinite(p) else "—",
         "detectable at 80% power (pp)": (
-            f"{get('detectable'):.2g}" if math.isfinite(get("detectable")) else "—"
+            detectable_text({k: row.get(keys.get(k, k)) for k in DETECTABLE})
+            if math.isfinite(get("detectable"))
+            else "—"
         ),
         "status": "exploratory" if family == EXPLORATORY else "planned",
         "note": note,
@@ -141,7 +157,7 @@ def pp_interval_text(diff: float, low: float, high: float) -> str:
 
 
 INIT_KEYS = {k: f"accuracy_{k}" for k in ("diff", "ci_low", "ci_high", "interval_note", "p",
-                                           "p_adjusted", "detectable")} | {
+                                           "p_adjusted", *DETECTABLE)} | {
     "n": "accuracy_n_pairs"}  # fmt: skip
 
 

@@ -26,7 +26,13 @@ of display strings. Conventions, shared by every table:
 """
 
 from scale_fpt.analysis_plan import DEFAULT_THRESHOLDS, thresholds_for
-from scale_fpt.report.stats import ALPHA, KM_INTERVAL_MIN_SEEDS, seeds_needed
+from scale_fpt.report.stats import (
+    ALPHA,
+    KM_INTERVAL_MIN_SEEDS,
+    sd_interval,
+    sd_upper,
+    seeds_needed,
+)
 from scale_fpt.report.tables.budgets import (
     budget_table,
     preprocessing_table,
@@ -66,6 +72,7 @@ from scale_fpt.report.tables.cells import (
 from scale_fpt.report.tables.differences import (
     PAIR_KEYS,
     accuracy_text,
+    detectable_text,
     difference_text,
     init_difference,
     interval_text,
@@ -143,6 +150,7 @@ __all__ = [
     "compare",
     "compute_text",
     "count",
+    "detectable_text",
     "difference_text",
     "disambiguate",
     "empty_table",
@@ -174,6 +182,8 @@ __all__ = [
     "rank",
     "ranks",
     "reference_notes",
+    "sd_interval",
+    "sd_upper",
     "seeds_needed",
     "selected",
     "settings_table",

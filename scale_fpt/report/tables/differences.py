@@ -33,8 +33,11 @@ from scale_fpt.report.tables.steps import steps_to_threshold, thresholds_for
 
 PAIR_KEYS = tuple(k for k in ARM_KEYS if k not in ("init", "weights"))
 """Arms that agree on these and differ only in init are compared by ``init_difference``."""
+DETECTABLE = ("detectable", "detectable_low", "detectable_high", "detectable_family")
+"""``stats.power_statement``'s keys."""
 INTERVAL = ("diff", "ci95", "ci_low", "ci_high", "interval_note")
-PAIRED = ("p_sign_flip", "p_sign_flip_min", "d_z", "d_z_low", "d_z_high", "sd_diff", "detectable")
+PAIRED = ("p_sign_flip", "p_sign_flip_min", "d_z", "d_z_low", "d_z_high", "sd_diff",
+          *DETECTABLE)  # fmt: skip
 """What a paired comparison adds to the interval and its paired-t p (``stats``)."""
 
 
@@ -276,7 +279,24 @@ def accuracy_text(row, prefix: str = "accuracy_") -> str:
     if np.isfinite(get("p_sign_flip")) and get("p_sign_flip_min") < ALPHA:
         text += f"; sign-flip p {get('p_sign_flip'):.2g} (exact)"
     if np.isfinite(get("detectable")):
-        text += f"; detects {get('detectable'):.1f} pp at 80% power"
+        text += f"; detects {detectable_text(row, prefix)}"
+    return text
+
+
+def detectable_text(row, prefix: str = "") -> str:
+    """'21 pp at 80% power [9.4, 97] (SD's upper 80% bound; over its 95% interval), 30 at
+    the family's BH level' (``stats.power_statement``)."""
+
+    def get(key):
+        value = row.get(prefix + key, math.nan)
+        return math.nan if value is None else float(value)
+
+    text = (
+        f"{get('detectable'):.2g} pp at 80% power [{get('detectable_low'):.2g}, "
+        f"{get('detectable_high'):.2g}] (SD's upper 80% bound; over its 95% interval)"
+    )
+    if np.isfinite(get("detectable_family")) and get("detectable_family") > get("detectable"):
+        text += f", {get('detectable_family'):.2g} at the family's BH level"
     return text
 
 

@@ -46,7 +46,8 @@ class Shown:
 def adjust_together(tables: list[Shown]) -> list[pd.DataFrame]:
     """Each table's frame with ``<p>_adjusted``: Benjamini-Hochberg within each family over
     the rows of every table at once, a test shown in two tables counted once; exploratory
-    rows only among those of their own table."""
+    rows only among those of their own table; and ``<p>_family_size``: the tests of its
+    family (the power statements' level, 0.05 / size)."""
     parts = [
         pd.DataFrame(
             {
@@ -71,13 +72,20 @@ def adjust_together(tables: list[Shown]) -> list[pd.DataFrame]:
         adjusted[rows.index] = adjust_p(rows["p"])
     by_test = dict(zip(zip(once["family"], once["test"], strict=True), adjusted, strict=True))
     long["adjusted"] = [by_test[key] for key in zip(long["family"], long["test"], strict=True)]
+    sizes = once[once["p"].notna()].groupby("family").size()
+    long["size"] = long["family"].map(sizes).fillna(1).astype(int)
     out = []
     for i, t in enumerate(tables):
         if t.frame.empty:
             out.append(t.frame)
             continue
-        mine = long[long["table"] == i].set_index("row")["adjusted"]
-        out.append(t.frame.assign(**{f"{t.p}_adjusted": mine.reindex(t.frame.index)}))
+        mine = long[long["table"] == i].set_index("row")
+        out.append(
+            t.frame.assign(**{
+                f"{t.p}_adjusted": mine["adjusted"].reindex(t.frame.index),
+                f"{t.p}_family_size": mine["size"].reindex(t.frame.index),
+            })
+        )  # fmt: skip
     return out
 
 
