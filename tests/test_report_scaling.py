@@ -205,9 +205,9 @@ def test_a_floor_the_data_hide_is_never_swapped_for_a_tight_slope():
     on_size = table[table["axis"] == "total parameters"].iloc[0]
     assert on_size["form"] == "power_floor"
     alpha = on_size["alpha"]
-    if not alpha.startswith("not identified"):
-        lo, hi = (float(v) for v in alpha.split("[")[1].rstrip("]").split(","))
-        assert lo <= 0.3 <= hi, alpha
+    # At the ladder's 4 sizes x 3 seeds a bounded alpha covers 0.71-0.87 in the simulated
+    # scenarios (84% floor, size noise): never printed as a 95% interval there.
+    assert alpha.startswith("not identified") or "not calibrated at this design" in alpha
 
 
 def test_laws_keep_sweeps_apart_unless_pooled(tmp_path):

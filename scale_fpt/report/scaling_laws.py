@@ -25,6 +25,7 @@ fits:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import cache
 
@@ -426,7 +427,13 @@ def holdout_rows(points: pd.DataFrame, form: str = DEFAULT_FORM) -> tuple[pd.Dat
             int(group.groupby("total_params").size().min()),
         )
         ok = calibrated(check.fit, "held-out prediction", whole)
-        checks[(task, arm)] = check
+        # The figure draws what the table prints: no prediction interval where it says
+        # "not calibrated".
+        checks[(task, arm)] = (
+            check
+            if ok
+            else dataclasses.replace(check, rows=check.rows.assign(lo=np.nan, hi=np.nan))
+        )
         rows.append(
             {
                 "task": task,
@@ -514,8 +521,13 @@ def seed_spread(group: pd.DataFrame, axis: str) -> pd.DataFrame:
 
 
 def curve_frame(fit, xs: np.ndarray) -> pd.DataFrame:
+    """The law at ``xs`` with its 95% band; the band NaN (not drawn) where the band's check
+    fails at the fit's design, as the law table says."""
     frame = pd.DataFrame({fit.x[0]: xs})
-    return pd.concat([frame, fit.predict(frame)], axis=1)
+    curve = pd.concat([frame, fit.predict(frame)], axis=1)
+    if fit.goodness["df"] < 1 or not calibrated(fit, "band"):
+        curve[["band_lo", "band_hi"]] = np.nan
+    return curve
 
 
 def grid(values) -> np.ndarray:
