@@ -143,6 +143,11 @@ quantile of Binomial(n_studies, nominal): a calibrated interval fails this one t
 A conservative interval (coverage above nominal) passes: it says less, nothing false."""
 
 
+MIN_SCORED = 30
+"""Studies an interval must be printed in (bounded) before its coverage can pass: fewer say
+too little (at 2 studies any coverage passes the binomial tolerance)."""
+
+
 def model_params(name: str) -> float:
     """Backbone parameters of a GPT-2 or Pythia preset, from the planner's tables."""
     if name in GPT2_SIZES:
@@ -215,7 +220,7 @@ def check_row(name, design, covered: np.ndarray, identified: np.ndarray | None =
         "coverage": coverage,
         "mc_error": float(np.sqrt(coverage * (1 - coverage) / n)),
         "n_studies": n,
-        "calibrated": bool(k >= binom.ppf(TOLERANCE, n, NOMINAL)),
+        "calibrated": bool(n >= MIN_SCORED and k >= binom.ppf(TOLERANCE, n, NOMINAL)),
         "identified": float(np.mean(identified)) if identified is not None else 1.0,
     }
 

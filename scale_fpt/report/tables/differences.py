@@ -68,12 +68,21 @@ def compare_arms(a: pd.DataFrame, b: pd.DataFrame, column: str, baseline=math.na
             "p": welch["p"],
             **dict.fromkeys(PAIRED, math.nan),
         }
-    mixed = learn_or_not(a[column], baseline) or learn_or_not(b[column], baseline)
-    if mixed and max(paired["n"], len(a), len(b)) < MIXED_MIN_PAIRS:
-        out.update(ci95=math.nan, ci_low=math.nan, ci_high=math.nan,
-                   interval_note=f"not calibrated at this design: {mixed}, and the t "
-                   f"interval needs {MIXED_MIN_PAIRS}+ seeds there")  # fmt: skip
-    return out
+    return {**out, **withheld(a[column], b[column], baseline, max(paired["n"], len(a), len(b)))}
+
+
+def withheld(a: pd.Series, b: pd.Series, baseline: float, n: int) -> dict:
+    """{} where the t interval of a - b stands; where an arm's seeds learn or not
+    (``learn_or_not``) below ``MIXED_MIN_PAIRS`` seeds, NaN interval keys with an
+    ``interval_note`` saying why it is not calibrated."""
+    mixed = learn_or_not(a, baseline) or learn_or_not(b, baseline)
+    if not mixed or n >= MIXED_MIN_PAIRS:
+        return {}
+    return {
+        **dict.fromkeys(("ci95", "ci_low", "ci_high"), math.nan),
+        "interval_note": f"not calibrated at this design: {mixed}, and the t interval needs "
+        f"{MIXED_MIN_PAIRS}+ seeds there",
+    }
 
 
 LEARNED_MARGIN = 10.0

@@ -95,7 +95,8 @@ def test_keys(shown: Shown, table: int) -> list[tuple]:
     frame = shown.frame
     if not shown.test:
         return [(table, row) for row in frame.index]
-    numbers = (frame[c].astype(float).round(12) for c in shown.test)
+    # As text: a NaN (a row with no test) is then equal to itself, as a key must be.
+    numbers = (frame[c].astype(float).round(12).map(repr) for c in shown.test)
     return list(zip(frame["task"], *numbers, strict=True))
 
 

@@ -25,6 +25,7 @@ from scale_fpt.report.tables.cells import (
     prepare,
     rank,
 )
+from scale_fpt.report.tables.differences import task_baseline, withheld
 from scale_fpt.report.tables.display import cell_text, count
 from scale_fpt.vocabulary import CONFIRM_SUFFIX
 
@@ -235,6 +236,9 @@ def lr_differences(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.Dat
             seeds = {arm: per_seed(values, arms[arm]["trial_ids"]) for arm in (a, b)}
             if all(confirmed.values()) or not any(confirmed.values()):
                 diff = paired_difference(seeds[a], seeds[b])
+                baseline = task_baseline(arms[a]["task"])
+                diff.update(withheld(pd.Series(seeds[a]), pd.Series(seeds[b]), baseline,
+                                     diff["n"]))  # fmt: skip
             else:
                 diff = paired_difference({}, {})
             records.append(
