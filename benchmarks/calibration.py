@@ -115,6 +115,8 @@ class Row:
 
 
 def rate(hits, n: int) -> tuple[float, float]:
+    if not len(hits):  # nothing printed to score
+        return math.nan, math.nan
     p = float(np.mean(hits))
     return p, math.sqrt(max(p * (1 - p), 1 / n) / n)
 
