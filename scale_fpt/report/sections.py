@@ -208,10 +208,13 @@ def findings_section(doc: Document, out: Path, comparisons: Comparisons, baselin
         "Each comparison of arms: the accuracy difference (percentage points, test accuracy "
         "at each seed's best-validation step) with its 95% interval, the seeds it rests on, "
         "the paired t p-value with its Benjamini-Hochberg adjustment within the family the "
-        "analysis plan declared, and the smallest difference its n detects with 80% power "
-        "at the observed spread of the paired differences: a difference below it is not "
-        "evidence of no effect. 'exploratory': outside the sweep's analysis plan. A task's "
-        "accuracy at one of its baselines means the arm did not learn."
+        "analysis plan declared (over every table that shows the family), and the smallest "
+        "difference its n detects with 80% power at the upper 80% bound of the paired "
+        "differences' SD, with its range over the SD's 95% interval (Power): a difference "
+        "below it is not evidence of no effect. 'exploratory': outside the sweep's analysis "
+        "plan, or an LR-fair row on its selection seeds. A task's accuracy at one of its "
+        "baselines means the arm did not learn; where some seeds of an arm did and others "
+        "did not, no interval is printed below 10 seeds (not calibrated there)."
     )
     doc.table(table.set_index(["task", "comparison"]))
     table.to_csv(out / "tables" / "findings.csv", index=False)
