@@ -41,7 +41,9 @@ PAIRED = ("p_sign_flip", "p_sign_flip_min", "d_z", "d_z_low", "d_z_high", "sd_di
 """What a paired comparison adds to the interval and its paired-t p (``stats``)."""
 
 
-def compare_arms(a: pd.DataFrame, b: pd.DataFrame, column: str, baseline=math.nan) -> dict:
+def compare_arms(
+    a: pd.DataFrame, b: pd.DataFrame, column: str, baseline=math.nan, elsewhere: str = ""
+) -> dict:
     """``column`` of arm a minus arm b: paired on shared seeds where there are two or more,
     else Welch over the two groups. {design, n_pairs, diff, ci95, ci_low, ci_high,
     interval_note, p and ``PAIRED`` (NaN under Welch)}. With the task's ``baseline`` (its
@@ -68,14 +70,16 @@ def compare_arms(a: pd.DataFrame, b: pd.DataFrame, column: str, baseline=math.na
             "p": welch["p"],
             **dict.fromkeys(PAIRED, math.nan),
         }
-    return {**out, **withheld(a[column], b[column], baseline, max(paired["n"], len(a), len(b)))}
+    n = max(paired["n"], len(a), len(b))
+    return {**out, **withheld(a[column], b[column], baseline, n, elsewhere)}
 
 
-def withheld(a: pd.Series, b: pd.Series, baseline: float, n: int) -> dict:
+def withheld(a: pd.Series, b: pd.Series, baseline: float, n: int, elsewhere: str = "") -> dict:
     """{} where the t interval of a - b stands; where an arm's seeds learn or not
-    (``learn_or_not``) below ``MIXED_MIN_PAIRS`` seeds, NaN interval keys with an
-    ``interval_note`` saying why it is not calibrated."""
-    mixed = learn_or_not(a, baseline) or learn_or_not(b, baseline)
+    (``learn_or_not``; ``elsewhere``: the same seen in the arms' setting, ``mixed_settings``)
+    below ``MIXED_MIN_PAIRS`` seeds, NaN interval keys with an ``interval_note`` saying why
+    it is not calibrated."""
+    mixed = learn_or_not(a, baseline) or learn_or_not(b, baseline) or elsewhere
     if not mixed or n >= MIXED_MIN_PAIRS:
         return {}
     return {
@@ -91,6 +95,30 @@ MIXED_MIN_PAIRS = 10
 """Seeds below which an arm whose seeds learn or not gets no t interval: a two-point
 mixture of seeds is far from normal, and the paired-t interval covers 0.27-0.74 at 3 seeds
 (``benchmarks/calibration.py``, learn-or-not truths)."""
+
+
+SETTING = ("task", "model", "finetune_label", "max_steps", "lr")
+"""An init's seeds of one setting over its sweeps (a search's selection seeds and its
+confirmation seeds at the same rate): three seeds that happen to agree (all learned, or
+none) hide a task that learns or not there; the setting's other seeds may show it. Never
+over rates: a rate at which nothing learns is no seed's chance."""
+
+
+def mixed_settings(df: pd.DataFrame) -> dict:
+    """{(*SETTING, init_label): reason} of the used rows of ``df`` (``prepare``d) whose seeds
+    learn or not (``learn_or_not``) over the setting's sweeps."""
+    out = {}
+    for key, group in df.groupby([*SETTING, "init_label"], dropna=False, sort=False):
+        reason = learn_or_not(group["value"], task_baseline(key[0]))
+        if reason:
+            out[key] = f"{reason} (this setting's {key[-1]} seeds over its sweeps)"
+    return out
+
+
+def setting_mixed(mixed: dict, row, inits) -> str:
+    """The reason ``mixed_settings`` gives for ``row``'s setting at any of ``inits``, or ''."""
+    keys = [(*(row[k] for k in SETTING), init) for init in inits]
+    return next((mixed[k] for k in keys if k in mixed), "")
 
 
 def task_baseline(task: str) -> float:
@@ -168,13 +196,15 @@ def init_difference(
         trials = with_task_thresholds(trials, curves, thresholds)
     df = prepare(trials, metric)
     df = df[df["used"] & df["init_label"].isin(("pretrained", "random"))]
+    mixed = mixed_settings(df)
     records = []
     for key, group in df.groupby(list(PAIR_KEYS), dropna=False, sort=False):
         arms = {init: g for init, g in group.groupby("init_label")}
         if set(arms) != {"pretrained", "random"}:
             continue
         pre, rnd = arms["pretrained"], arms["random"]
-        accuracy = compare_arms(pre, rnd, "value", task_baseline(group["task"].iloc[0]))
+        elsewhere = setting_mixed(mixed, group.iloc[0], ("pretrained", "random"))
+        accuracy = compare_arms(pre, rnd, "value", task_baseline(group["task"].iloc[0]), elsewhere)
         steps = {s: arms[s]["steps_to_threshold"].astype(float) for s in arms}
         reached = {s: int(v.notna().sum()) for s, v in steps.items()}
         all_reached = all(reached[s] == len(arms[s]) for s in arms)
