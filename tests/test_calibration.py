@@ -1,6 +1,7 @@
 """The fast tier of benchmarks/calibration.py: its designs are the shipped presets', every
-check yields rows, and the report prints nothing the simulations show off nominal (few
-studies here; the benchmark runs >= 200 per design)."""
+check yields rows, the report prints nothing the simulations show off nominal (few
+studies here; the benchmark runs 1,100 per design), and each defect of issue 33 planted back
+(monkeypatched) is caught by the benchmark's checks of the report as assembled."""
 
 from __future__ import annotations
 
@@ -8,10 +9,16 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
+from scale_fpt.analysis import power
 from scale_fpt.analysis.coverage import Design as LawDesign
 from scale_fpt.recipes.studies import STUDIES
+from scale_fpt.report import comparisons, stats
+from scale_fpt.report import scaling_laws as laws
+from scale_fpt.report.tables import differences, families
 
 PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "calibration.py"
 
@@ -35,7 +42,9 @@ def test_every_shipped_preset_has_a_design(calibration):
 
 def test_checks_at_three_seeds(calibration):
     design = calibration.Design("test", 3, 3, 4, 1, 600, 100)
-    rows = {r.name: r for r in calibration.run(60, seed=1, designs=[design], law_designs=[])}
+    fast = [calibration.accuracy_checks, calibration.steps_checks, calibration.selection_checks]
+    rows = {r.name: r for r in calibration.run(60, seed=1, designs=[design], law_designs=[],
+                                               checks=fast)}  # fmt: skip
     # Exact tests never exceed their level; the asymptotic log-rank is not printed.
     assert rows["log-rank, exact permutation (level 0.05)"].coverage == 0  # least p is 0.1
     assert not rows["log-rank, asymptotic (level 0.05)"].printed
@@ -53,10 +62,93 @@ def test_law_rows_at_a_ladder_design(calibration):
     assert any(n.startswith("alpha") and n.endswith("(power)") for n in names)
     assert any(n.endswith("(power_floor)") for n in names)
     assert all(r.design for r in rows)
-    assert all(r.n_studies == 40 for r in rows if r.printed)
+    # Parameters are scored where printed as intervals: the studies that bounded them.
+    assert all(0 < r.n_studies <= 40 for r in rows if r.printed)
     # Four sizes leave a floored law (three parameters) one degree of freedom and its
     # held-out prediction none: that interval is never printed.
     held_out = [r for r in rows if r.name.startswith("held-out") and "power_floor" in r.name]
     assert held_out and not any(r.printed for r in held_out)
     # What the report prints is what passed its check.
     assert all(r.calibrated for r in rows if r.printed)
+
+
+LADDER = LawDesign("ladder", (1.24e8, 3.55e8, 7.74e8, 1.56e9), 3)
+
+
+def rows_of(rows) -> dict:
+    return {r.name.split(" (")[0]: r for r in rows}
+
+
+@pytest.fixture(scope="module")
+def small(calibration):
+    """A search design (3 seeds, 2 lr, 3 confirmation seeds) over three truths: no effect,
+    +5 pp, every seed at the ceiling."""
+    design = calibration.Design("test", 3, 3, 2, 1, 600, 100)
+    truths = tuple(calibration.FOLDER_TRUTHS[i] for i in (0, 1, 3))
+    return lambda: rows_of(calibration.folder_checks(design, 2, np.random.default_rng(0), truths))
+
+
+def test_the_assembled_report_passes_its_folder_checks(small):
+    rows = small()
+    for name in ("zero-wide 95% intervals printed", "BH-adjusted p = BH over the whole declared "
+                 "family", "status 'exploratory' where the note says so"):  # fmt: skip
+        assert rows[name].calibrated, rows[name]
+    assert rows["pretrained - random: printed 95% interval, no effect, 3 pp noise"].n_studies
+
+
+def test_planted_family_split_in_two_is_caught(small, monkeypatch):
+    """Defect 2: each table adjusted alone."""
+    alone = lambda shown: [families.adjust_together([t])[0] for t in shown]  # noqa: E731
+    monkeypatch.setattr(comparisons, "adjust_together", alone)
+    assert not small()["BH-adjusted p = BH over the whole declared family"].calibrated
+
+
+def test_planted_zero_wide_intervals_are_caught(small, monkeypatch):
+    """Defect 3: seeds that tie printed as '[+0.0, +0.0]'."""
+
+    def zero_wide(a, b):
+        out = stats.paired_difference(a, b)
+        if out["interval_note"].startswith("no spread"):
+            out.update(ci_low=out["diff"], ci_high=out["diff"], ci95=0.0, interval_note="")
+        return out
+
+    monkeypatch.setattr(differences, "paired_difference", zero_wide)
+    assert not small()["zero-wide 95% intervals printed"].calibrated
+
+
+def test_planted_pooled_laws_are_caught(calibration, monkeypatch):
+    """Defect 1: scaling_points pools the sweeps of a folder (seeds 0-2 twice per size)."""
+    name = "law points whose seed's streams count twice in their arm"
+    clean = rows_of(calibration.law_folder_checks(LADDER, 1, np.random.default_rng(0)))
+    assert clean[name].calibrated
+    pooled = laws.setting_labels
+    monkeypatch.setattr(laws, "setting_labels",
+                        lambda df, best_lr=False: pooled(df.assign(sweep="one"), best_lr))  # fmt: skip
+    planted = rows_of(calibration.law_folder_checks(LADDER, 1, np.random.default_rng(0)))
+    assert not planted[name].calibrated
+
+
+def old_next_runs(fit, cost):
+    """next_runs as it was: "now" at the residual variance, "after" at the seeds' share."""
+    x = fit.means[fit.x[0]].to_numpy(dtype=float)
+    z, m = x / fit.z_ref, fit.goodness["seeds"][0]
+    seed_var = fit.goodness["seed_sd"] ** 2
+    v = fit.goodness["rel_sd"] ** 2 if fit.goodness["df"] >= 1 else seed_var / m
+    size_var = max(v - seed_var / m, 0.0)
+    return pd.DataFrame([{
+        "option": "one more seed at each size",
+        "half_width_now": power.half_width(fit, z, v),
+        "half_width_after": power.half_width(fit, z, size_var + seed_var / (m + 1)),
+    }])  # fmt: skip
+
+
+def test_planted_next_runs_variance_is_caught(calibration, monkeypatch):
+    """Defect 4: one more seed predicted to widen alpha's interval."""
+    name = "next_runs: one more seed narrows alpha's interval"
+    clean = rows_of(calibration.next_run_checks(LADDER, 20, np.random.default_rng(0)))
+    assert clean[name].calibrated
+    ratio = next(r for n, r in clean.items() if n.startswith("next_runs: predicted"))
+    assert ratio.calibrated, ratio
+    monkeypatch.setattr(laws, "next_runs", old_next_runs)
+    planted = rows_of(calibration.next_run_checks(LADDER, 20, np.random.default_rng(0)))
+    assert not planted[name].calibrated

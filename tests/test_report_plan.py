@@ -15,6 +15,7 @@ from scale_fpt import analysis_plan
 from scale_fpt.recipes.studies import STUDIES
 from scale_fpt.report import tables
 from scale_fpt.report.comparisons import Comparisons
+from scale_fpt.report.stats import adjust_p
 from scale_fpt.report.tables.families import EXPLORATORY
 from scale_fpt.results import ResultsWriter, load_results
 
@@ -83,7 +84,8 @@ def test_a_matched_comparison_that_repeats_the_plain_one_is_a_note(tmp_path):
     assert len(found.matched) == 1  # the matched comparison is still computed and shown
     findings = found.findings({})
     assert list(findings["comparison"]) == ["pretrained - random"]
-    assert findings["difference (pp) [95% CI]"].iloc[0] == "+45.0 [+45.0, +45.0]"
+    # Every pair differs by 45 points: no spread, and no zero-wide 95% interval.
+    assert findings["difference (pp) [95% CI]"].iloc[0] == "+45.0 (no spread (all 3 seeds equal))"
     assert findings["note"].iloc[0] == "the same at equal examples (Matched budgets)"
 
 
@@ -123,11 +125,17 @@ def test_power_section_says_how_many_seeds_detect_a_difference(tmp_path):
     power_section(Document(tmp_path), tmp_path, found, 5.0)
     (row,) = pd.read_csv(tmp_path / "tables" / "power.csv").to_dict("records")
     sd = np.std([30.0, 25.0, 35.0], ddof=1)
-    assert row["n pairs"] == 3 and row["SD of differences (pp)"] == pytest.approx(sd, abs=1e-3)
-    assert row["detectable at 80% power (pp)"] == pytest.approx(
-        stats.detectable_difference(sd, 3), abs=1e-3
+    low, high = stats.sd_interval(sd, 3)
+    assert row["n pairs"] == 3 and row["tests in its family"] == 1
+    assert row["SD of differences (pp) [95% CI]"] == f"{sd:.3g} [{low:.3g}, {high:.3g}]"
+    # Stated at the SD's upper 80% bound, with its range over the SD's 95% interval.
+    upper = stats.sd_upper(sd, 3)
+    assert row["detectable at 80% power (pp)"].startswith(
+        f"{stats.detectable_difference(upper, 3):.2g} pp at 80% power "
+        f"[{stats.detectable_difference(low, 3):.2g}, {stats.detectable_difference(high, 3):.2g}]"
     )
-    assert row["seeds to detect 5 pp"] == stats.seeds_needed(sd, 5.0) > 3
+    assert row["seeds to detect 5 pp"] == stats.seeds_needed(upper, 5.0)
+    assert stats.seeds_needed(upper, 5.0) > stats.seeds_needed(sd, 5.0)
 
 
 def test_bad_seeds_for_is_one_error_before_any_work(tmp_path, capsys):
@@ -135,3 +143,60 @@ def test_bad_seeds_for_is_one_error_before_any_work(tmp_path, capsys):
 
     assert cli.main(["report", str(tmp_path), "--seeds-for", "-1"]) == 2
     assert "--seeds-for: -1.0 must be a positive difference in pp" in capsys.readouterr().err
+
+
+def test_a_declared_family_is_adjusted_whole_across_tables(tmp_path):
+    """The family "accuracy: pretrained - random" of sweep s has rows in the pretrained -
+    random table (at each lr of the search, and on the confirmation seeds) and in the LR-fair
+    table; the confirmation sweep follows s's plan. One BH adjustment over the family, the
+    test that both tables show (confirmation seeds, both arms at the same rate) counted
+    once."""
+    rng = np.random.default_rng(0)
+    search, confirm = ResultsWriter(tmp_path, "s"), ResultsWriter(tmp_path, "s-confirm")
+    for writer, seeds, lrs in ((search, range(3), (1e-3, 1e-4)), (confirm, range(3, 6), (1e-3,))):
+        for lr in lrs:
+            for seed in seeds:
+                for init, mean in (("pretrained", 0.8), ("random", 0.7)):
+                    acc = mean + (lr == 1e-3) * 0.05 + rng.normal(0, 0.05)
+                    write(writer, f"{init}-{lr}-{seed}", acc, seed=seed, init=init, lr=lr)
+    plan = analysis_plan.AnalysisPlan(
+        sweep="s", families={"accuracy: pretrained - random": ["pretrained - random"]}
+    )
+    results = load_results(tmp_path)
+    found = Comparisons.compute(results.trials, results.curves, "test_accuracy", None,
+                                {"s": plan, "s-confirm": plan})  # fmt: skip
+    family = "s: accuracy: pretrained - random"
+    assert set(found.init["accuracy_family"]) == {family} and len(found.init) == 3
+    lr = found.lr.set_index("contrast").loc["pretrained - random"]
+    assert lr["family"] == family and lr["headline"] == "confirmation / confirmation"
+    confirmed = found.init.set_index("sweep").loc["s-confirm"]
+    assert lr["p_t"] == pytest.approx(confirmed["accuracy_p"])  # one test, two tables
+    adjusted = adjust_p(found.init["accuracy_p"])  # the family: 3 tests, not 4, not 3 + 1
+    assert found.init["accuracy_p_adjusted"].to_numpy() == pytest.approx(adjusted)
+    assert lr["p_t_adjusted"] == pytest.approx(confirmed["accuracy_p_adjusted"])
+    rows = found.findings({})
+    assert set(rows["status"]) == {"planned"}
+
+
+def test_lr_fair_rows_on_selection_seeds_are_exploratory(tmp_path):
+    """Without confirmation seeds an LR-fair contrast is exploratory, in its note and in its
+    status, whatever the plan declared."""
+    writer = ResultsWriter(tmp_path, "s")
+    rng = np.random.default_rng(1)
+    for lr in (1e-3, 1e-4):
+        for seed in range(3):
+            for init in ("pretrained", "random"):
+                write(writer, f"{init}-{lr}-{seed}", 0.8 + rng.normal(0, 0.05), seed=seed,
+                      init=init, lr=lr)  # fmt: skip
+    plan = analysis_plan.AnalysisPlan(
+        sweep="s", families={"accuracy: pretrained - random": ["pretrained - random"]}
+    )
+    results = load_results(tmp_path)
+    found = Comparisons.compute(results.trials, results.curves, "test_accuracy", None,
+                                {"s": plan})  # fmt: skip
+    assert list(found.lr["family"]) == [EXPLORATORY]
+    assert found.lr["note"].iloc[0].startswith("exploratory")
+    rows = found.findings({})
+    lr_rows = rows[rows["comparison"].str.contains("best lr")]
+    assert list(lr_rows["status"]) == ["exploratory"]
+    assert set(rows.loc[~rows.index.isin(lr_rows.index), "status"]) == {"planned"}

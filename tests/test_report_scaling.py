@@ -206,6 +206,53 @@ def test_a_floor_the_data_hide_is_never_swapped_for_a_tight_slope():
     on_size = table[table["axis"] == "total parameters"].iloc[0]
     assert on_size["form"] == "power_floor"
     alpha = on_size["alpha"]
-    if not alpha.startswith("not identified"):
-        lo, hi = (float(v) for v in alpha.split("[")[1].rstrip("]").split(","))
-        assert lo <= 0.3 <= hi, alpha
+    # At the ladder's 4 sizes x 3 seeds a bounded alpha covers 0.71-0.87 in the simulated
+    # scenarios (84% floor, size noise): never printed as a 95% interval there.
+    assert alpha.startswith("not identified") or "not calibrated at this design" in alpha
+
+
+def test_laws_keep_sweeps_apart_unless_pooled(tmp_path):
+    """Two sweeps that ran the same seeds (the same random streams) at the same sizes are two
+    laws, paired with their own sweep's other arm; ``--pool`` makes them one."""
+    rng = np.random.default_rng(2)
+    for sweep in ("scale", "ladder"):
+        writer = ResultsWriter(tmp_path, sweep)
+        for init in ("pretrained", "random"):
+            for model, n in list(SIZES.items())[:3]:
+                for seed in range(3):
+                    error = LAWS[(init, "fpt")](n) * np.exp(rng.normal(0, 0.01))
+                    writer.write_trial(
+                        {**row(f"{sweep}-{init}-{model}-{seed}", error, model, init, "fpt", seed),
+                         "sweep": sweep}
+                    )  # fmt: skip
+    trials = load_results(tmp_path).trials
+    points = scaling_laws.scaling_points(trials, "test_accuracy")
+    assert points.groupby("arm")["seed"].count().eq(9).all()
+    assert set(points["arm"]) == {
+        f"{init} · fpt · sweep={sweep}" for init in ("pretrained", "random")
+        for sweep in ("scale", "ladder")
+    }  # fmt: skip
+    pairs = scaling_laws.arm_pairs(points, "init", "pretrained", "random")
+    assert pairs == sorted(
+        (f"pretrained · fpt · sweep={s}", f"random · fpt · sweep={s}") for s in ("ladder", "scale")
+    )
+    pooled = scaling_laws.scaling_points(tables.pool_sweeps(trials), "test_accuracy")
+    assert pooled.groupby("arm")["seed"].count().eq(18).all() and pooled["arm"].nunique() == 2
+
+
+def test_next_runs_print_no_width_where_the_law_table_says_not_identified(report_dir):
+    """Three sizes of the floored law leave alpha no degree of freedom: the law table says
+    "not identified", and so does the next-run table's width now (never a finite one)."""
+    trials = load_results(report_dir).trials
+    trials = trials[trials["model"] != "gpt2"]
+    points = scaling_laws.scaling_points(trials, "test_accuracy")
+    fits = scaling_laws.fit_all(points, "power_floor")
+    laws = scaling_laws.law_table(points, fits)
+    runs = scaling_laws.next_run_rows(points, fits)
+    assert len(runs) and runs["alpha's half-width now"].str.startswith("not identified").all()
+    assert (
+        laws.filter(like="alpha")
+        .astype(str)
+        .apply(lambda c: c.str.startswith("not identified"))
+        .any(axis=None)
+    )

@@ -13,8 +13,11 @@ deviation, σ: the seeds', m seeds per size) and df = sizes - parameters. The op
 Each option's cost is the FLOPs of its trials: ``cost`` per trial at each fitted size
 (the trials' ``total_flops``), proportional to the size for a new one (fixed steps). The
 options are ranked by the precision they add, 1/w_after² - 1/w_now², per FLOP.
-τ is estimated as v̂ - σ̂²/m (v̂ the size means' residual variance, σ̂² the seeds' pooled one);
-with no degree of freedom left, v̂ is σ̂²/m (τ taken as 0: a lower bound on the width).
+τ² is estimated as v̂ - σ̂²/m (v̂ the size means' residual variance, σ̂² the seeds' pooled
+one), floored at 0; "now" and every option then use the one v = τ² + σ²/m (a floored τ
+raises v to σ̂²/m for all of them alike), so that one more seed can only narrow the
+interval, by sqrt((τ² + σ²/(m+1)) / (τ² + σ²/m)) as the simulated ladders do. With no
+degree of freedom left, v̂ is σ̂²/m (τ taken as 0: a lower bound on the width).
 """
 
 from __future__ import annotations
@@ -55,8 +58,9 @@ def next_runs(fit, cost: pd.Series) -> pd.DataFrame:
     z = x / fit.z_ref
     m = fit.goodness["seeds"][0]
     seed_var = fit.goodness["seed_sd"] ** 2
-    v = fit.goodness["rel_sd"] ** 2 if fit.goodness["df"] >= 1 else seed_var / m
-    size_var = max(v - seed_var / m, 0.0) if np.isfinite(seed_var) else v
+    residual = fit.goodness["rel_sd"] ** 2 if fit.goodness["df"] >= 1 else seed_var / m
+    size_var = max(residual - seed_var / m, 0.0) if np.isfinite(seed_var) else residual
+    v = size_var + seed_var / m if np.isfinite(seed_var) else residual
     per_trial = cost.reindex(x).to_numpy(dtype=float)
     now = half_width(fit, z, v)
     options = [

@@ -429,8 +429,11 @@ Presets:
            3 seeds, planned on the paper presets' GPU (--gpu to change).
 
 After a finished run it writes the sweep's report to RESULTS/<sweep>/report and prints the
-laws error = E + A x^-alpha per arm on total parameters with 95% bootstrap intervals, and the
-held-out check (fit on the three smaller sizes, predict the largest).""",
+laws error = E + A x^-alpha per arm on total parameters, fitted to each size's mean with
+profile-likelihood intervals printed only where simulation at this design (4 sizes x 3
+seeds) finds them calibrated: at 4 sizes alpha and E say "not identified" or "not
+calibrated at this design", and the held-out check (fit on the three smaller sizes, predict
+the largest) has no degree of freedom for a prediction interval (docs/statistics.md).""",
     {"local": ladder_local, "paper": ladder_paper},
     after=ladder_laws,
 )

@@ -168,7 +168,9 @@ def build_report(
             "full - fpt and pretrained - random, each arm at its own best learning rate, on "
             "the headline seeds (confirmation seeds where run), paired on the seeds both arms "
             "ran: mean difference (percentage points) with its paired-t 95% interval, the "
-            "paired t p-value Benjamini-Hochberg adjusted over the rows of this table, d_z "
+            "paired t p-value Benjamini-Hochberg adjusted within its declared family (with "
+            "the family's rows of the pretrained - random table; a test both show counted "
+            "once; rows on selection seeds are exploratory), d_z "
             "(mean difference / SD of the differences) with its exact noncentral-t interval, "
             "the sign-flip p where its n can reach 0.05 (6 pairs or more; exact to 16 pairs, "
             "beyond Monte Carlo with its SE), and the "
@@ -183,9 +185,10 @@ def build_report(
             out,
             "Pretrained - random",
             "Each setting run with both inits: the accuracy difference paired on shared "
-            "seeds (Welch where none is shared), p-values Benjamini-Hochberg adjusted over "
-            "this table, and steps to each task's threshold as censored data (Kaplan-Meier "
-            "medians, log-rank test: exact, Monte Carlo or normal as each row says).",
+            "seeds (Welch where none is shared), p-values Benjamini-Hochberg adjusted within "
+            "each declared family (with its rows of the LR-fair table), and steps to each "
+            "task's threshold as censored data (Kaplan-Meier medians, log-rank test: exact, "
+            "Monte Carlo or normal as each row says).",
             pd.DataFrame(
                 {
                     "task": differences["task"],

@@ -10,7 +10,15 @@ from dataclasses import dataclass
 import pandas as pd
 
 from scale_fpt.report import tables
-from scale_fpt.report.tables.families import EXPLORATORY, adjust_in_families
+from scale_fpt.report.stats import power_statement
+from scale_fpt.report.tables.differences import DETECTABLE, detectable_text, interval_text
+from scale_fpt.report.tables.families import (
+    EXPLORATORY,
+    Shown,
+    adjust_in_families,
+    adjust_together,
+    family_labels,
+)
 
 
 @dataclass
@@ -26,16 +34,32 @@ class Comparisons:
     def compute(cls, trials, curves, metric, thresholds, plans) -> Comparisons:
         init = tables.init_difference(trials, metric, curves, thresholds)
         contrast = "pretrained - random"
-        init = adjust_in_families(init, plans, "accuracy", "accuracy_p", contrast,
-                                  "accuracy_family")  # fmt: skip
         init = adjust_in_families(init, plans, "steps to threshold", "steps_logrank_p",
                                   contrast, "steps_family")  # fmt: skip
-        lr = adjust_in_families(tables.lr_differences(trials, metric), plans, "accuracy",
-                                "p_t", "contrast", "family")  # fmt: skip
+        lr = tables.lr_differences(trials, metric)
+        if not init.empty:
+            init = init.assign(accuracy_family=family_labels(init, plans, "accuracy", contrast))
+        if not lr.empty:
+            # On selection seeds (no confirmation run) a contrast is exploratory, as its
+            # note says, whatever the plan declared.
+            family = family_labels(lr, plans, "accuracy", "contrast")
+            lr = lr.assign(family=family.where(~lr["note"].str.startswith("exploratory"),
+                                               EXPLORATORY))  # fmt: skip
+        # The family "accuracy: pretrained - random" has rows in both tables: one
+        # adjustment over the family, a test in both tables (same seeds, same rates)
+        # counted once.
+        init, lr = adjust_together([
+            Shown(init, "accuracy_family", "accuracy_p", ("accuracy_diff", "accuracy_p",
+                                                           "accuracy_n_pairs")),
+            Shown(lr, "family", "p_t", ("diff", "p_t", "n")),
+        ])  # fmt: skip
+        init = with_family_power(init, "accuracy_", "accuracy_n_pairs", "accuracy_p")
+        lr = with_family_power(lr, "", "n", "p_t")
         frames = [tables.matched_differences(trials, curves, m) for m in ("flops", "examples")]
         frames = [f for f in frames if not f.empty]
         matched = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
         matched = adjust_in_families(matched, plans, "matched budgets", "p", "contrast", "family")
+        matched = with_family_power(matched, "", "n_pairs", "p")
         return cls(init, lr, matched)
 
     def findings(self, baselines: dict) -> pd.DataFrame:
@@ -72,6 +96,16 @@ class Comparisons:
         return table
 
 
+def with_family_power(frame: pd.DataFrame, prefix: str, n: str, p: str) -> pd.DataFrame:
+    """``frame`` with ``<prefix>detectable_family`` at the level of its family's size
+    (``<p>_family_size``, ``stats.power_statement``)."""
+    if frame.empty:
+        return frame
+    columns = zip(frame[f"{prefix}sd_diff"], frame[n], frame[f"{p}_family_size"], strict=True)
+    family = [power_statement(sd, int(k), int(m))["detectable_family"] for sd, k, m in columns]
+    return frame.assign(**{f"{prefix}detectable_family": family})
+
+
 def same_numbers(row: dict, shown: dict) -> tuple:
     """What makes two findings one: the sweep, task, model and lr of the comparison's ``row``
     and the difference, accuracies and n it ``shown``."""
@@ -95,12 +129,17 @@ def finding(
         "task": row["task"],
         "comparison": contrast,
         "setting": f"{setting} · {row['sweep']}",
-        "difference (pp) [95% CI]": pp_interval_text(get("diff"), get("ci_low"), get("ci_high")),
+        "difference (pp) [95% CI]": interval_text(
+            {k: row.get(keys.get(k, k)) for k in ("diff", "ci_low", "ci_high", "interval_note")},
+            label="",
+        ),
         "accuracies (%)": " · ".join(f"{arm} {value:.1f}" for arm, value in (means or {}).items()),
         "n": int(n) if math.isfinite(n) else "",
         "p (BH)": f"{p:.2g} ({get('p_adjusted'):.2g})" if math.isfinite(p) else "—",
         "detectable at 80% power (pp)": (
-            f"{get('detectable'):.2g}" if math.isfinite(get("detectable")) else "—"
+            detectable_text({k: row.get(keys.get(k, k)) for k in DETECTABLE})
+            if math.isfinite(get("detectable"))
+            else "—"
         ),
         "status": "exploratory" if family == EXPLORATORY else "planned",
         "note": note,
@@ -117,8 +156,9 @@ def pp_interval_text(diff: float, low: float, high: float) -> str:
     return f"{diff:+.1f} [{low:+.1f}, {high:+.1f}]"
 
 
-INIT_KEYS = {k: f"accuracy_{k}" for k in ("diff", "ci_low", "ci_high", "p", "p_adjusted",
-                                           "detectable")} | {"n": "accuracy_n_pairs"}  # fmt: skip
+INIT_KEYS = {k: f"accuracy_{k}" for k in ("diff", "ci_low", "ci_high", "interval_note", "p",
+                                           "p_adjusted", *DETECTABLE)} | {
+    "n": "accuracy_n_pairs"}  # fmt: skip
 
 
 LR_KEYS = {"p": "p_t", "p_adjusted": "p_t_adjusted"}

@@ -25,6 +25,7 @@ fits:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import cache
 
@@ -89,19 +90,23 @@ def scaling_points(trials: pd.DataFrame, metric: str, best_lr: bool = False) -> 
     if "train_examples" not in df:
         df["train_examples"] = 0
     df = df[df["train_examples"].fillna(0) == 0]
-    out = df.assign(error=1 - df["value"] / 100, arm=arm_labels(df, best_lr))
+    setting = setting_labels(df, best_lr)
+    arm = df["init_label"] + " · " + df["finetune_label"] + setting
+    out = df.assign(error=1 - df["value"] / 100, arm=arm, setting=setting)
     out.attrs["unconfirmed"] = unconfirmed
     return out
 
 
-def arm_labels(df: pd.DataFrame, best_lr: bool = False) -> pd.Series:
-    """init · trained groups, plus every setting that varies within a task (so trials of
-    different budgets or rates are never pooled into one law). At the best rate, the rate
-    may vary with size by design."""
-    label = df["init_label"] + " · " + df["finetune_label"]
-    settings = ["batch_size", "max_steps", "weights"] + ([] if best_lr else ["lr"])
+def setting_labels(df: pd.DataFrame, best_lr: bool = False) -> pd.Series:
+    """What an arm's label (init · trained groups) adds: ' · key=value' for every setting
+    that varies within a task: the sweep (two sweeps' seeds may be the same random streams:
+    never one law unless ``--pool`` made them one sweep), budget, batch size, weights and
+    rate (trials of different budgets or rates are never pooled into one law; arms compared
+    agree on all of them). At the best rate, the rate may vary with size by design."""
+    label = pd.Series("", index=df.index, dtype=object)
+    settings = ["sweep", "batch_size", "max_steps", "weights"] + ([] if best_lr else ["lr"])
     for key in settings:
-        varies = df.groupby(["task", "init_label", "finetune_label"])[key].transform("nunique") > 1
+        varies = df.groupby("task")[key].transform("nunique") > 1
         label = label.where(~varies, label + f" · {key}=" + df[key].astype(str))
     return label
 
@@ -213,6 +218,11 @@ def calibration_rows(fits: dict) -> pd.DataFrame:
 
 def interval_text(value: float, interval: tuple[float, float]) -> str:
     return f"{value:.3g} [{interval[0]:.3g}, {interval[1]:.3g}]"
+
+
+def identified(fit, name: str) -> bool:
+    """Whether the law table gives ``name`` an interval's bounds (the data identify it)."""
+    return fit.goodness["df"] >= 1 and bool(fit.identified[name])
 
 
 def parameter_text(fit, name: str) -> str:
@@ -372,12 +382,14 @@ def exponent_table(points: pd.DataFrame, fits: dict, pairs: list[tuple[str, str]
 
 def arm_pairs(points: pd.DataFrame, column: str, first: str, second: str) -> list[tuple[str, str]]:
     """(arm with ``column`` == first, arm with ``column`` == second) pairs of each task that
-    agree on the other arm column (init or finetune)."""
+    agree on the other arm column (init or finetune) and on every other setting (sweep,
+    budget, rate: ``setting_labels``)."""
     other = {"init": "finetune", "finetune": "init"}[column]
-    arms = points.drop_duplicates(["task", "arm"])[["arm", "init", "finetune"]].drop_duplicates()
+    keys = ["arm", "init", "finetune", "setting"]
+    arms = points.drop_duplicates(["task", "arm"])[keys].drop_duplicates()
     a = arms[arms[column] == first]
     b = arms[arms[column] == second]
-    both = a.merge(b, on=other, suffixes=("_a", "_b"))
+    both = a.merge(b, on=[other, "setting"], suffixes=("_a", "_b"))
     return sorted(set(zip(both["arm_a"], both["arm_b"], strict=True)))
 
 
@@ -415,7 +427,13 @@ def holdout_rows(points: pd.DataFrame, form: str = DEFAULT_FORM) -> tuple[pd.Dat
             int(group.groupby("total_params").size().min()),
         )
         ok = calibrated(check.fit, "held-out prediction", whole)
-        checks[(task, arm)] = check
+        # The figure draws what the table prints: no prediction interval where it says
+        # "not calibrated".
+        checks[(task, arm)] = (
+            check
+            if ok
+            else dataclasses.replace(check, rows=check.rows.assign(lo=np.nan, hi=np.nan))
+        )
         rows.append(
             {
                 "task": task,
@@ -451,7 +469,9 @@ def next_run_rows(points: pd.DataFrame, fits: dict) -> pd.DataFrame:
             {
                 "task": task,
                 "arm": arm,
-                "alpha's half-width now": f"{best['half_width_now']:.3g}",
+                "alpha's half-width now": f"{best['half_width_now']:.3g}"
+                if identified(fit, "alpha")
+                else parameter_text(fit, "alpha"),
                 "best next run": best["option"],
                 "half-width after": f"{best['half_width_after']:.3g}",
                 "cost (FLOPs)": f"{best['flops']:.3g}",
@@ -501,8 +521,13 @@ def seed_spread(group: pd.DataFrame, axis: str) -> pd.DataFrame:
 
 
 def curve_frame(fit, xs: np.ndarray) -> pd.DataFrame:
+    """The law at ``xs`` with its 95% band; the band NaN (not drawn) where the band's check
+    fails at the fit's design, as the law table says."""
     frame = pd.DataFrame({fit.x[0]: xs})
-    return pd.concat([frame, fit.predict(frame)], axis=1)
+    curve = pd.concat([frame, fit.predict(frame)], axis=1)
+    if fit.goodness["df"] < 1 or not calibrated(fit, "band"):
+        curve[["band_lo", "band_hi"]] = np.nan
+    return curve
 
 
 def grid(values) -> np.ndarray:

@@ -214,53 +214,75 @@ def findings_section(doc: Document, out: Path, comparisons: Comparisons, baselin
         "Each comparison of arms: the accuracy difference (percentage points, test accuracy "
         "at each seed's best-validation step) with its 95% interval, the seeds it rests on, "
         "the paired t p-value with its Benjamini-Hochberg adjustment within the family the "
-        "analysis plan declared, and the smallest difference its n detects with 80% power "
-        "at the observed spread of the paired differences: a difference below it is not "
-        "evidence of no effect. 'exploratory': outside the sweep's analysis plan. A task's "
-        "accuracy at one of its baselines means the arm did not learn."
+        "analysis plan declared (over every table that shows the family), and the smallest "
+        "difference its n detects with 80% power at the upper 80% bound of the paired "
+        "differences' SD, with its range over the SD's 95% interval (Power): a difference "
+        "below it is not evidence of no effect. 'exploratory': outside the sweep's analysis "
+        "plan, or an LR-fair row on its selection seeds. A task's accuracy at one of its "
+        "baselines means the arm did not learn; where some seeds of an arm did and others "
+        "did not, no interval is printed below 10 seeds (not calibrated there)."
     )
     doc.table(table.set_index(["task", "comparison"]))
     write_text(out / "tables" / "findings.csv", table.to_csv(index=False))
 
 
 def power_section(doc: Document, out: Path, comparisons: Comparisons, seeds_for) -> None:
-    """Per paired comparison: the observed SD of its paired differences, its n, the
-    difference it detects at 80% power and, with ``seeds_for``, the seeds that detect that
-    many pp (``stats.seeds_needed``). Always written to tables/power.csv."""
+    """Per paired comparison: the SD of its paired differences with its 95% interval, its
+    n, the difference it detects at 80% power (``stats.power_statement``: at the SD's upper
+    80% bound, its range over the SD's interval, at the family's BH level) and, with
+    ``seeds_for``, the seeds that detect that many pp in 80% of pilots (``seeds_needed`` at
+    the SD's upper bound). Always written to tables/power.csv."""
     rows = []
     sources = (
-        (comparisons.init, "accuracy_", "pretrained - random"),
-        (comparisons.lr, "", None),
-        (comparisons.matched, "", None),
+        (comparisons.init, "accuracy_", "pretrained - random", "accuracy_p"),
+        (comparisons.lr, "", None, "p_t"),
+        (comparisons.matched, "", None, "p"),
     )
-    for frame, prefix, contrast in sources:
+    for frame, prefix, contrast, p in sources:
         for r in frame.to_dict("records"):
             sd = r.get(f"{prefix}sd_diff", math.nan)
             n = r.get(f"{prefix}n_pairs", r.get("n_pairs", r.get("n")))
             if not (isinstance(sd, float) and sd > 0):
                 continue
+            low, high = tables.sd_interval(sd, int(n))
+            family = int(r.get(f"{p}_family_size", 1))
             row = {
                 "task": r["task"],
                 "comparison": contrast
                 or r["contrast"] + (f" at equal {r['match']}" if "match" in r else ""),
                 "sweep": r["sweep"],
                 "n pairs": int(n),
-                "SD of differences (pp)": round(sd, 3),
-                "detectable at 80% power (pp)": round(r[f"{prefix}detectable"], 3),
+                "SD of differences (pp) [95% CI]": f"{sd:.3g} [{low:.3g}, {high:.3g}]",
+                "detectable at 80% power (pp)": tables.detectable_text(r, prefix),
+                "tests in its family": family,
             }
             if seeds_for is not None:
-                needed = tables.seeds_needed(sd, seeds_for)
-                row[f"seeds to detect {seeds_for:g} pp"] = needed or "more than 10,000"
+                upper = tables.sd_upper(sd, int(n))
+                needed = [tables.seeds_needed(upper, seeds_for, alpha=tables.ALPHA / m)
+                          for m in (1, family)]  # fmt: skip
+                row[f"seeds to detect {seeds_for:g} pp"] = "; ".join(
+                    f"{k or 'more than 10,000'}{' at the family BH level' if i else ''}"
+                    for i, k in enumerate(needed[: 1 + (family > 1)])
+                )
             rows.append(row)
     table = pd.DataFrame(rows)
     if table.empty:
         return
     doc.heading(2, "Power")
     doc.para(
-        "For each paired comparison: the spread of its paired differences, the smallest true "
-        "difference its n pairs detect with 80% power (two-sided paired t, level 0.05) at "
-        "that spread"
-        + (f", and the seeds that detect {seeds_for:g} pp" if seeds_for is not None else "")
+        "For each paired comparison: the spread of its paired differences with its 95% "
+        "interval (chi-square: from 3 pairs it spans 0.5x-6.3x the observed SD), and the "
+        "smallest true difference its n pairs detect with 80% power (two-sided paired t, "
+        "level 0.05) at the SD's upper 80% confidence bound, so that the statement holds in "
+        "at least 80% of pilots; in brackets, the same over the SD's 95% interval; and at "
+        "level 0.05 / (tests in its family), below which Benjamini-Hochberg rejects it "
+        "whatever the family's other p-values"
+        + (
+            f"; the seeds that detect {seeds_for:g} pp with 80% power in at least 80% of "
+            "pilots (planned from the SD's upper bound)"
+            if seeds_for is not None
+            else ""
+        )
         + ". `scale-fpt report RESULTS --seeds-for PP` answers for a difference of PP pp."
     )
     doc.table(table.set_index(["task", "comparison"]))
@@ -333,9 +355,7 @@ def contrasts_display(contrasts: pd.DataFrame) -> pd.DataFrame:
             ],
             "lr (a / b)": [f"{r['lr_a']:.3g} / {r['lr_b']:.3g}" for r in rows],
             "n pairs": contrasts["n"],
-            "difference [95% CI]": [
-                f"{r['diff']:+.1f} [{r['ci_low']:+.1f}, {r['ci_high']:+.1f}]" for r in rows
-            ],
+            "difference [95% CI]": [tables.interval_text(r, label="") for r in rows],
             "d_z [95% CI]": [
                 f"{r['d_z']:.2f} [{r['d_z_low']:.2f}, {r['d_z_high']:.2f}]" for r in rows
             ],
@@ -344,7 +364,9 @@ def contrasts_display(contrasts: pd.DataFrame) -> pd.DataFrame:
                 sign_flip_text(r["p_sign_flip"], r["p_sign_flip_min"], r["n"], r["p_sign_flip_se"])
                 for r in rows
             ],
-            "detectable at 80% power (pp)": contrasts["detectable"].map(lambda d: f"{d:.2g}"),
+            "detectable at 80% power (pp)": [
+                tables.detectable_text(r) if np.isfinite(r["detectable"]) else "—" for r in rows
+            ],
             "seeds": contrasts["headline"],
             "family": contrasts["family"],
             "note": contrasts["note"],

@@ -17,7 +17,9 @@ run (3 seeds an arm; ``benchmarks/calibration.py`` prints every coverage and typ
   risk beyond every observed step). Kaplan-Meier median with its interval, and the log-rank
   test with its permutation p-value (exact up to ``EXACT_PATTERNS`` relabellings, a seeded
   Monte Carlo beyond).
-- ``detectable_difference`` / ``seeds_needed``: power of the paired t-test.
+- ``detectable_difference`` / ``seeds_needed``: power of the paired t-test;
+  ``power_statement``: what a pilot's n pairs detect, at the SD's upper confidence bound
+  (``ASSURANCE``), with the range over the SD's 95% interval and at the family's level.
 
 Every function takes plain sequences; non-finite values (a seed with no score) are dropped,
 and a quantity that needs more seeds than there are is NaN, never a guess. Every one runs from
@@ -44,6 +46,10 @@ many (16 pairs; 9 + 9 seeds); beyond, ``MONTE_CARLO_DRAWS`` drawn at random."""
 MONTE_CARLO_DRAWS = 20_000
 """Random sign patterns or relabellings past ``EXACT_PATTERNS``: the Monte Carlo standard
 error of a p is then at most 0.0035 (0.0015 at p = 0.05), printed beside it."""
+ASSURANCE = 0.8
+"""The share of pilots whose planned seeds must reach ``POWER``: power statements and seed
+plans use the SD's one-sided upper ``ASSURANCE`` confidence bound (``sd_upper``), not the
+pilot's SD itself (from 3 pairs its 95% interval spans 0.5x-6.3x)."""
 PERMUTATION_SEED = 0
 """Seeds the random draws (only past ``EXACT_PATTERNS``): a report is repeatable."""
 LOGRANK_NORMAL_FROM = 200
@@ -97,15 +103,23 @@ def summarize(values) -> dict:
     }
 
 
-def interval(diff: float, low: float, high: float) -> dict:
-    return {"diff": diff, "ci95": (high - low) / 2, "ci_low": low, "ci_high": high}
+def interval(diff: float, low: float, high: float, note: str = "") -> dict:
+    """A difference with its interval; ``note`` says why a finite one is not given."""
+    return {"diff": diff, "ci95": (high - low) / 2, "ci_low": low, "ci_high": high,
+            "interval_note": note}  # fmt: skip
+
+
+def no_spread_note(n: int) -> str:
+    """Why seeds that all tie (a ceiling, steps on an evaluation grid) get no 95% interval:
+    a zero-wide one would claim certainty that n seeds cannot give."""
+    return f"no spread (all {n} seeds equal)"
 
 
 def welch_difference(a, b) -> dict:
     """The difference of means ``mean(a) - mean(b)`` of two independent groups of seeds, with
     Welch's 95% t-interval (``scipy.stats.ttest_ind(equal_var=False)``): {diff, se, df,
-    ci95, ci_low, ci_high, p, n_a, n_b}. The interval is NaN with fewer than two values in a
-    group, and zero wide when neither group varies."""
+    ci95, ci_low, ci_high, interval_note, p, n_a, n_b}. The interval is NaN with fewer than
+    two values in a group, and when neither group varies (``no_spread_note``)."""
     x, y = finite(a), finite(b)
     out = {"n_a": len(x), "n_b": len(y)}
     diff = float(x.mean() - y.mean()) if len(x) and len(y) else math.nan
@@ -114,7 +128,8 @@ def welch_difference(a, b) -> dict:
                 "p": math.nan}  # fmt: skip
     se = math.sqrt(x.var(ddof=1) / len(x) + y.var(ddof=1) / len(y))
     if se == 0:
-        return {**out, **interval(diff, diff, diff), "se": 0.0, "df": math.nan, "p": math.nan}
+        return {**out, **interval(diff, math.nan, math.nan, no_spread_note(len(x) + len(y))),
+                "se": 0.0, "df": math.nan, "p": math.nan}  # fmt: skip
     test = stats.ttest_ind(x, y, equal_var=False)
     ci = test.confidence_interval(CONFIDENCE)
     return {
@@ -237,9 +252,10 @@ def paired_difference(a: dict, b: dict) -> dict:
     {n (pairs), seeds, diff (mean of the paired differences), sd_diff, ci95/ci_low/ci_high
     (paired t, ``scipy.stats.ttest_rel``), p_t, d_z/d_z_low/d_z_high (``effect_size``),
     p_sign_flip and p_sign_flip_se (``sign_flip_p``: its Monte Carlo SE, 0 when exact),
-    p_sign_flip_min (``smallest_sign_flip_p``), detectable
-    (``detectable_difference`` at the observed SD)}. With fewer than two pairs everything but
-    ``diff`` is NaN; with identical differences the interval is zero wide."""
+    p_sign_flip_min (``smallest_sign_flip_p``), detectable, detectable_low, detectable_high,
+    detectable_family (``power_statement``, a family of one)}. With fewer than two pairs
+    everything but ``diff`` is NaN; with identical differences there is no interval, and
+    ``interval_note`` says why (``no_spread_note``)."""
     seeds = sorted(s for s in set(a) & set(b) if np.isfinite(a[s]) and np.isfinite(b[s]))
     x = np.array([a[s] for s in seeds], dtype=float)
     y = np.array([b[s] for s in seeds], dtype=float)
@@ -256,17 +272,51 @@ def paired_difference(a: dict, b: dict) -> dict:
         "p_sign_flip_se": math.nan,
         "p_sign_flip_min": smallest_sign_flip_p(n),
     }
-    out["detectable"] = detectable_difference(out["sd_diff"], n)
+    out.update(power_statement(out["sd_diff"], n))
     if n < 2:
         return {**out, **interval(diff, math.nan, math.nan)}
     if no_spread(d):
-        out.update(interval(diff, diff, diff))
+        out.update(interval(diff, math.nan, math.nan, no_spread_note(n)))
     else:
         test = stats.ttest_rel(x, y)
         ci = test.confidence_interval(CONFIDENCE)
         out.update(interval(diff, float(ci.low), float(ci.high)), p_t=float(test.pvalue))
     out["p_sign_flip"], out["p_sign_flip_se"] = sign_flip_p(d)
     return out
+
+
+def sd_interval(sd: float, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The chi-square interval of a normal SD from a sample SD ``sd`` of ``n`` values."""
+    if n < 2 or not math.isfinite(sd):
+        return math.nan, math.nan
+    df = n - 1
+    tail = (1 - confidence) / 2
+    return (float(sd * math.sqrt(df / stats.chi2.ppf(1 - tail, df))),
+            float(sd * math.sqrt(df / stats.chi2.ppf(tail, df))))  # fmt: skip
+
+
+def sd_upper(sd: float, n: int, assurance: float = ASSURANCE) -> float:
+    """The one-sided upper ``assurance`` confidence bound of a normal SD from a sample SD
+    ``sd`` of ``n`` values: the true SD lies below it in that share of pilots."""
+    if n < 2 or not math.isfinite(sd):
+        return math.nan
+    return float(sd * math.sqrt((n - 1) / stats.chi2.ppf(1 - assurance, n - 1)))
+
+
+def power_statement(sd: float, n: int, family_size: int = 1) -> dict:
+    """What n pairs with paired differences of sample SD ``sd`` detect at ``POWER``:
+    {detectable (at ``sd_upper``: reached in ``ASSURANCE`` of pilots), detectable_low /
+    detectable_high (at the ends of the SD's 95% interval), detectable_family (at
+    ``sd_upper`` and the level 0.05 / ``family_size``, below which Benjamini-Hochberg
+    rejects the test whatever the family's other p-values)}; NaN without a spread."""
+    low, high = sd_interval(sd, n)
+    upper = sd_upper(sd, n)
+    return {
+        "detectable": detectable_difference(upper, n),
+        "detectable_low": detectable_difference(low, n),
+        "detectable_high": detectable_difference(high, n),
+        "detectable_family": detectable_difference(upper, n, alpha=ALPHA / max(family_size, 1)),
+    }
 
 
 def paired_t_power(effect: float, n: int, alpha: float = ALPHA) -> float:
@@ -280,29 +330,32 @@ def paired_t_power(effect: float, n: int, alpha: float = ALPHA) -> float:
     return float(tails.sum())
 
 
-def detectable_difference(sd: float, n: int, power: float = POWER) -> float:
-    """The smallest true mean difference the two-sided paired t-test (level 0.05) detects
-    with probability ``power`` from ``n`` pairs whose differences have SD ``sd`` (the
-    observed one, a pilot's); NaN below two pairs or without a spread."""
+def detectable_difference(sd: float, n: int, power: float = POWER, alpha: float = ALPHA) -> float:
+    """The smallest true mean difference the two-sided paired t-test (level ``alpha``)
+    detects with probability ``power`` from ``n`` pairs whose differences have SD ``sd``;
+    NaN below two pairs or without a spread. A pilot's SD understates it as often as not:
+    ``power_statement`` gives it at the SD's upper bound."""
     if n < 2 or not sd > 0 or not math.isfinite(sd):
         return math.nan
     high = 1.0
-    while paired_t_power(high, n) < power:
+    while paired_t_power(high, n, alpha) < power:
         high *= 2
-    effect = optimize.brentq(lambda e: paired_t_power(e, n) - power, 0.0, high, xtol=1e-10)
+    effect = optimize.brentq(lambda e: paired_t_power(e, n, alpha) - power, 0.0, high, xtol=1e-10)
     return float(effect * sd)
 
 
-def seeds_needed(sd: float, difference: float, power: float = POWER, most: int = 10_000):
-    """The fewest pairs of seeds whose paired t-test (two-sided, level 0.05) detects a true
-    ``difference`` with probability ``power`` when the differences have SD ``sd``; None past
-    ``most``."""
+def seeds_needed(
+    sd: float, difference: float, power: float = POWER, most: int = 10_000, alpha: float = ALPHA
+):
+    """The fewest pairs of seeds whose paired t-test (two-sided, level ``alpha``) detects a
+    true ``difference`` with probability ``power`` when the differences have SD ``sd`` (for
+    a plan from a pilot, its ``sd_upper``); None past ``most``."""
     if not sd > 0 or not difference:
         raise ValueError(f"seeds_needed: need sd > 0 and a non-zero difference (got {sd}, "
                          f"{difference})")  # fmt: skip
     effect = abs(difference) / sd
     for n in range(2, most + 1):
-        if paired_t_power(effect, n) >= power:
+        if paired_t_power(effect, n, alpha) >= power:
             return n
     return None
 

@@ -32,6 +32,8 @@ from scale_fpt.report.stats import (
     KM_INTERVAL_MIN_SEEDS,
     LOGRANK_NORMAL_FROM,
     MONTE_CARLO_DRAWS,
+    sd_interval,
+    sd_upper,
     seeds_needed,
 )
 from scale_fpt.report.tables.budgets import (
@@ -73,8 +75,10 @@ from scale_fpt.report.tables.cells import (
 from scale_fpt.report.tables.differences import (
     PAIR_KEYS,
     accuracy_text,
+    detectable_text,
     difference_text,
     init_difference,
+    interval_text,
     monte_carlo_text,
     steps_bound,
 )
@@ -153,6 +157,7 @@ __all__ = [
     "compare",
     "compute_text",
     "count",
+    "detectable_text",
     "difference_text",
     "disambiguate",
     "empty_table",
@@ -166,6 +171,7 @@ __all__ = [
     "init_difference",
     "init_label",
     "init_rank",
+    "interval_text",
     "lr_differences",
     "lr_fair",
     "lr_points",
@@ -184,6 +190,8 @@ __all__ = [
     "rank",
     "ranks",
     "reference_notes",
+    "sd_interval",
+    "sd_upper",
     "seeds_needed",
     "selected",
     "settings_table",

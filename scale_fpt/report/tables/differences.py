@@ -30,39 +30,134 @@ from scale_fpt.report.stats import (
 )
 from scale_fpt.report.tables.cells import ARM_KEYS, DEFAULT_METRIC, prepare
 from scale_fpt.report.tables.steps import steps_to_threshold, thresholds_for
+from scale_fpt.task_registry import TASKS
 
 PAIR_KEYS = tuple(k for k in ARM_KEYS if k not in ("init", "weights"))
 """Arms that agree on these and differ only in init are compared by ``init_difference``."""
-INTERVAL = ("diff", "ci95", "ci_low", "ci_high")
+DETECTABLE = ("detectable", "detectable_low", "detectable_high", "detectable_family")
+"""``stats.power_statement``'s keys."""
+INTERVAL = ("diff", "ci95", "ci_low", "ci_high", "interval_note")
 PAIRED = ("p_sign_flip", "p_sign_flip_se", "p_sign_flip_min", "d_z", "d_z_low", "d_z_high",
-          "sd_diff", "detectable")  # fmt: skip
+          "sd_diff", *DETECTABLE)  # fmt: skip
 """What a paired comparison adds to the interval and its paired-t p (``stats``)."""
 
 
-def compare_arms(a: pd.DataFrame, b: pd.DataFrame, column: str) -> dict:
+def compare_arms(
+    a: pd.DataFrame, b: pd.DataFrame, column: str, baseline=math.nan, elsewhere: str = ""
+) -> dict:
     """``column`` of arm a minus arm b: paired on shared seeds where there are two or more,
-    else Welch over the two groups. {design, n_pairs, diff, ci95, ci_low, ci_high, p and
-    ``PAIRED`` (NaN under Welch)}."""
+    else Welch over the two groups. {design, n_pairs, diff, ci95, ci_low, ci_high,
+    interval_note, p and ``PAIRED`` (NaN under Welch)}. With the task's ``baseline`` (its
+    accuracy without learning, %), an arm whose seeds learn or not (``learn_or_not``) below
+    ``MIXED_MIN_PAIRS`` pairs gets no interval: the paired t's is not calibrated there."""
     by_seed = [dict(zip(arm["seed"].astype(int), arm[column].astype(float), strict=True))
                for arm in (a, b)]  # fmt: skip
     paired = paired_difference(*by_seed)
     if paired["n"] >= 2:
-        return {
+        out = {
             "design": f"paired over {paired['n']} shared seeds",
             "n_pairs": paired["n"],
             **{k: paired[k] for k in INTERVAL},
             "p": paired["p_t"],
             **{k: paired[k] for k in PAIRED},
         }
-    welch = welch_difference(a[column], b[column])
-    few = min(welch["n_a"], welch["n_b"]) < 2
+    else:
+        welch = welch_difference(a[column], b[column])
+        few = min(welch["n_a"], welch["n_b"]) < 2
+        out = {
+            "design": "too few seeds for an interval" if few else "independent seeds (Welch)",
+            "n_pairs": paired["n"],
+            **{k: welch[k] for k in INTERVAL},
+            "p": welch["p"],
+            **dict.fromkeys(PAIRED, math.nan),
+        }
+    n = max(paired["n"], len(a), len(b))
+    return {**out, **withheld(a[column], b[column], baseline, n, elsewhere)}
+
+
+def withheld(a: pd.Series, b: pd.Series, baseline: float, n: int, elsewhere: str = "") -> dict:
+    """{} where the t interval of a - b stands; where an arm's seeds learn or not
+    (``learn_or_not``; ``elsewhere``: the same seen in the arms' setting, ``mixed_settings``)
+    below ``MIXED_MIN_PAIRS`` seeds, NaN interval keys with an ``interval_note`` saying why
+    it is not calibrated."""
+    mixed = learn_or_not(a, baseline) or learn_or_not(b, baseline) or elsewhere
+    if not mixed or n >= MIXED_MIN_PAIRS:
+        return {}
     return {
-        "design": "too few seeds for an interval" if few else "independent seeds (Welch)",
-        "n_pairs": paired["n"],
-        **{k: welch[k] for k in INTERVAL},
-        "p": welch["p"],
-        **dict.fromkeys(PAIRED, math.nan),
+        **dict.fromkeys(("ci95", "ci_low", "ci_high"), math.nan),
+        "interval_note": f"not calibrated at this design: {mixed}, and the t interval needs "
+        f"{MIXED_MIN_PAIRS}+ seeds there",
     }
+
+
+LEARNED_MARGIN = 10.0
+"""Accuracy points above the task's baseline within which a seed did not learn the task."""
+MIXED_MIN_PAIRS = 10
+"""Seeds below which an arm whose seeds learn or not gets no t interval: a two-point
+mixture of seeds is far from normal, and the paired-t interval covers 0.27-0.74 at 3 seeds
+(``benchmarks/calibration.py``, learn-or-not truths)."""
+
+
+SETTING = ("task", "model", "finetune_label", "max_steps", "lr")
+"""An init's seeds of one setting over its sweeps (a search's selection seeds and its
+confirmation seeds at the same rate): three seeds that happen to agree (all learned, or
+none) hide a task that learns or not there; the setting's other seeds may show it. Never
+over rates: a rate at which nothing learns is no seed's chance."""
+
+
+def mixed_settings(df: pd.DataFrame) -> dict:
+    """{(*SETTING, init_label): reason} of the used rows of ``df`` (``prepare``d) whose seeds
+    learn or not (``learn_or_not``) over the setting's sweeps."""
+    out = {}
+    for key, group in df.groupby([*SETTING, "init_label"], dropna=False, sort=False):
+        reason = learn_or_not(group["value"], task_baseline(key[0]))
+        if reason:
+            out[key] = f"{reason} (this setting's {key[-1]} seeds over its sweeps)"
+    return out
+
+
+def setting_mixed(mixed: dict, row, inits) -> str:
+    """The reason ``mixed_settings`` gives for ``row``'s setting at any of ``inits``, or ''."""
+    keys = [(*(row[k] for k in SETTING), init) for init in inits]
+    return next((mixed[k] for k in keys if k in mixed), "")
+
+
+def task_baseline(task: str) -> float:
+    """The task's accuracy without learning it (%, its registry entry's baseline); NaN if
+    unknown."""
+    entry = TASKS.get(task)
+    return entry.baseline.accuracy if entry is not None else math.nan
+
+
+def learn_or_not(values: pd.Series, baseline: float) -> str:
+    """'2 of 3 seeds at the task's baseline, the rest above' where some seeds of an arm
+    stayed within ``LEARNED_MARGIN`` of ``baseline`` and others learned; '' otherwise (or
+    without a baseline)."""
+    x = values.astype(float).dropna()
+    if not math.isfinite(baseline) or x.empty:
+        return ""
+    stuck = int((x <= baseline + LEARNED_MARGIN).sum())
+    if 0 < stuck < len(x):
+        return f"{stuck} of {len(x)} seeds at the task's baseline, the rest above"
+    return ""
+
+
+def interval_text(row, prefix: str = "", digits: str = "+.1f", label: str = "95% CI ") -> str:
+    """'+14.3 [95% CI +10.1, +18.5]' of ``row``'s diff, ci_low, ci_high after ``prefix``;
+    without a finite interval, its ``interval_note`` ('+0.0 (no spread (all 3 seeds
+    equal))') or '(no interval)': never a zero-wide 95% interval."""
+
+    def get(key):
+        value = row.get(prefix + key, math.nan)
+        return math.nan if value is None else value
+
+    diff, low, high = (float(get(k)) for k in ("diff", "ci_low", "ci_high"))
+    if not math.isfinite(diff):
+        return "—"
+    if math.isfinite(low) and math.isfinite(high):
+        return f"{diff:{digits}} [{label}{low:{digits}}, {high:{digits}}]"
+    note = get("interval_note")
+    return f"{diff:{digits}} ({note if isinstance(note, str) and note else 'no interval'})"
 
 
 def with_task_thresholds(trials: pd.DataFrame, curves: pd.DataFrame, thresholds=None):
@@ -96,13 +191,15 @@ def init_difference(
         trials = with_task_thresholds(trials, curves, thresholds)
     df = prepare(trials, metric)
     df = df[df["used"] & df["init_label"].isin(("pretrained", "random"))]
+    mixed = mixed_settings(df)
     records = []
     for key, group in df.groupby(list(PAIR_KEYS), dropna=False, sort=False):
         arms = {init: g for init, g in group.groupby("init_label")}
         if set(arms) != {"pretrained", "random"}:
             continue
         pre, rnd = arms["pretrained"], arms["random"]
-        accuracy = compare_arms(pre, rnd, "value")
+        elsewhere = setting_mixed(mixed, group.iloc[0], ("pretrained", "random"))
+        accuracy = compare_arms(pre, rnd, "value", task_baseline(group["task"].iloc[0]), elsewhere)
         steps = {s: arms[s]["steps_to_threshold"].astype(float) for s in arms}
         reached = {s: int(v.notna().sum()) for s, v in steps.items()}
         all_reached = all(reached[s] == len(arms[s]) for s in arms)
@@ -218,7 +315,7 @@ def accuracy_text(row, prefix: str = "accuracy_") -> str:
     def get(key):
         return row.get(prefix + key, math.nan)
 
-    text = f"{get('diff'):+.1f} pp [95% CI {get('ci_low'):+.1f}, {get('ci_high'):+.1f}]"
+    text = interval_text(row, prefix).replace(" ", " pp ", 1)
     if np.isfinite(get("d_z")):
         text += f", d_z {get('d_z'):.2g} [{get('d_z_low'):.2g}, {get('d_z_high'):.2g}]"
     if np.isfinite(get("p")):
@@ -229,7 +326,24 @@ def accuracy_text(row, prefix: str = "accuracy_") -> str:
             f"; sign-flip p {monte_carlo_text(get('p_sign_flip'), get('p_sign_flip_se'))}{method}"
         )
     if np.isfinite(get("detectable")):
-        text += f"; detects {get('detectable'):.1f} pp at 80% power"
+        text += f"; detects {detectable_text(row, prefix)}"
+    return text
+
+
+def detectable_text(row, prefix: str = "") -> str:
+    """'21 pp at 80% power [9.4, 97] (SD's upper 80% bound; over its 95% interval), 30 at
+    the family's BH level' (``stats.power_statement``)."""
+
+    def get(key):
+        value = row.get(prefix + key, math.nan)
+        return math.nan if value is None else float(value)
+
+    text = (
+        f"{get('detectable'):.2g} pp at 80% power [{get('detectable_low'):.2g}, "
+        f"{get('detectable_high'):.2g}] (SD's upper 80% bound; over its 95% interval)"
+    )
+    if np.isfinite(get("detectable_family")) and get("detectable_family") > get("detectable"):
+        text += f", {get('detectable_family'):.2g} at the family's BH level"
     return text
 
 
@@ -259,6 +373,5 @@ def difference_text(row) -> str:
             row["steps_logrank_p_se"],
         )  # fmt: skip
     if np.isfinite(row["steps_diff"]):
-        low, high = row["steps_ci_low"], row["steps_ci_high"]
-        return text + f"; difference {row['steps_diff']:+.0f} [95% CI {low:+.0f}, {high:+.0f}]"
+        return text + f"; difference {interval_text(row, 'steps_', '+.0f')}"
     return text + f"; {row['steps_note']}"

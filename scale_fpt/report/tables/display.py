@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from scale_fpt.published import TASK_COLUMNS
+from scale_fpt.report.stats import no_spread_note
 from scale_fpt.report.tables.cells import INIT_ORDER, trial_config
 from scale_fpt.task_registry import TASKS
 
@@ -20,7 +21,7 @@ def cell_text(cell) -> str:
         return f"— {cell['note']}"
     text = f"{cell['mean']:.1f}"
     if cell["n"] > 1:
-        text += f" ± {cell['std']:.1f} (n={cell['n']}, CI ±{cell['ci95']:.1f})"
+        text += f" ± {cell['std']:.1f} (n={cell['n']}, {spread_text(cell, '.1f')})"
     else:
         text += " (n=1)"
     if cell.get("dagger"):
@@ -48,8 +49,16 @@ def steps_text(cell) -> str:
         return f"{steps_number(cell['mean'])} (n=1)" + not_used(cell)
     return (
         f"{steps_number(cell['mean'])} ± {steps_number(cell['std'])} "
-        f"(n={int(cell['n'])}, CI ±{steps_number(cell['ci95'])})"
+        f"(n={int(cell['n'])}, {spread_text(cell, '.0f')})"
     ) + not_used(cell)
+
+
+def spread_text(cell, digits: str) -> str:
+    """'CI ±24.8', or 'no spread (all 3 seeds equal)' where the seeds tie (a ceiling, steps
+    on an evaluation grid): never a zero-wide 95% interval."""
+    if cell["ci95"] == 0:
+        return no_spread_note(int(cell["n"]))
+    return f"CI ±{format(cell['ci95'], digits)}"
 
 
 def steps_number(value: float) -> str:

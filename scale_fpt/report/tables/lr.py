@@ -25,6 +25,12 @@ from scale_fpt.report.tables.cells import (
     prepare,
     rank,
 )
+from scale_fpt.report.tables.differences import (
+    mixed_settings,
+    setting_mixed,
+    task_baseline,
+    withheld,
+)
 from scale_fpt.report.tables.display import cell_text, count
 from scale_fpt.vocabulary import CONFIRM_SUFFIX
 
@@ -220,6 +226,7 @@ def lr_differences(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.Dat
     fair = lr_fair(trials, metric)
     df = prepare(trials, metric)
     values = df[df["used"]].set_index("trial_id")
+    mixed = mixed_settings(df[df["used"]])
     records = []
     for column, a, b in ARM_CONTRASTS:
         keys = [k for k in SEARCH_ARM_KEYS if k != column and k in fair]
@@ -235,6 +242,12 @@ def lr_differences(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.Dat
             seeds = {arm: per_seed(values, arms[arm]["trial_ids"]) for arm in (a, b)}
             if all(confirmed.values()) or not any(confirmed.values()):
                 diff = paired_difference(seeds[a], seeds[b])
+                elsewhere = next(filter(None, (setting_mixed(mixed, arms[arm],
+                                                             (arms[arm]["init_label"],))
+                                                for arm in (a, b))), "")  # fmt: skip
+                baseline = task_baseline(arms[a]["task"])
+                diff.update(withheld(pd.Series(seeds[a]), pd.Series(seeds[b]), baseline,
+                                     diff["n"], elsewhere))  # fmt: skip
             else:
                 diff = paired_difference({}, {})
             records.append(

@@ -21,7 +21,7 @@ import pandas as pd
 
 from scale_fpt.report.stats import adjust_p
 from scale_fpt.report.tables.cells import ARM_KEYS, prepare
-from scale_fpt.report.tables.differences import accuracy_text, compare_arms
+from scale_fpt.report.tables.differences import accuracy_text, compare_arms, task_baseline
 
 MATCHES = {
     "flops": ("flops_per_step", "FLOPs"),
@@ -81,7 +81,7 @@ def matched_differences(
                 for name, arm in arms.items()
             }
             scored = {name: arm[np.isfinite(arm["value"])] for name, arm in scored.items()}
-            diff = compare_arms(scored[a], scored[b], "value")
+            diff = compare_arms(scored[a], scored[b], "value", task_baseline(group["task"].iloc[0]))
             records.append(
                 {
                     **dict(zip(keys, key, strict=True)),
