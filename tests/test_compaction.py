@@ -15,7 +15,9 @@ import pandas as pd
 import pytest
 
 from scale_fpt import compaction
+from scale_fpt.cli import main
 from scale_fpt.results import ResultsWriter, load_results
+from scale_fpt.sweep.lock import driver_lock
 from tests.test_results import SWEEP, curve_row, trial_row
 
 ENDED = {"a": 0.1, "b": 0.2, "c": 0.3}
@@ -207,3 +209,23 @@ def test_symlinks_and_damaged_files_are_never_compacted_or_followed(tmp_path, ca
         results = load_results(tmp_path)
     assert sorted(results.trials["trial_id"]) == sorted(accuracies)
     assert caplog.text.count("skipping damaged results file") == 1
+
+
+def test_results_compact_command(tmp_path, capsys):
+    accuracies = make_sweep(tmp_path)
+    ResultsWriter(tmp_path, "other")  # an empty second sweep
+    (tmp_path / SWEEP / ".trials.next-0123").mkdir()  # what a killed compaction left
+    assert main(["results", "compact", str(tmp_path), "--sweep", "nope"]) == 2
+    assert "no such sweep" in capsys.readouterr().err
+    with driver_lock(tmp_path / SWEEP):  # a driver runs the sweep: refused, nothing moved
+        assert main(["results", "compact", str(tmp_path), "--sweep", SWEEP]) == 2
+    assert "another driver is running" in capsys.readouterr().err
+    assert "a.parquet" in table_files(tmp_path, "trials")
+    assert main(["results", "compact", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "other: 0 trials and 0 curves compacted; trials/ holds 0 files, curves/ 0",
+        f"{SWEEP}: 3 trials and 3 curves compacted; trials/ holds 2 files, curves/ 2",
+    ]
+    assert not (tmp_path / SWEEP / ".trials.next-0123").exists()
+    assert_each_trial_once(tmp_path, accuracies)
