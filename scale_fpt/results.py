@@ -248,6 +248,8 @@ class ResultsWriter:
         }
         """Per table, compacted trials: trial id -> (compacted file, its status or None)."""
         self.can_exchange = True
+        self.part_steps: dict[str, dict[str, set[int]]] = {}
+        """Curve steps by trial of each compacted file read (names are never reused)."""
 
     def prepare(self) -> None:
         """Fail at start-up, not mid-sweep, if the directory is unusable. A directory that
@@ -316,6 +318,25 @@ class ResultsWriter:
         for row in rows:
             curve[row["step"]] = {**row, "sweep": self.sweep, "trial_id": trial_id}
         self.write("curves", trial_id, table([curve[s] for s in sorted(curve)], CURVE_SCHEMA))
+
+    def curve_steps(self, trial_id: str) -> set[int]:
+        """The steps of a trial's curve on disk, without keeping its rows in memory (what a
+        resumed driver checks of every trial): a compacted file's steps are read once."""
+        if trial_id in self.curves:
+            return set(self.curves[trial_id])
+        part = self.compacted["curves"].get(trial_id, (None,))[0]
+        if part is None:
+            found = self.read_rows("curves", trial_id)
+            return set() if found is None else set(found["step"].to_pylist())
+        if part not in self.part_steps:
+            found = read_parquet(self.root / "curves" / part, SCHEMAS["curves"])
+            steps: dict[str, set[int]] = {}
+            if found is not None:
+                ids, numbers = found["trial_id"].to_pylist(), found["step"].to_pylist()
+                for key, step in zip(ids, numbers, strict=True):
+                    steps.setdefault(key, set()).add(step)
+            self.part_steps[part] = steps
+        return self.part_steps[part].get(trial_id, set())
 
     def forget(self, trial_id: str) -> None:
         """Drop a finished trial's curve from memory (a driver of 10^5 trials keeps none)."""

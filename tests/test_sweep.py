@@ -249,6 +249,9 @@ def test_grid_sweep_writes_contract_rows_once(lr_grid):
     assert set(trials["node_id"]) <= {n["NodeID"] for n in ray.nodes()}
     assert (trials["gpu_ids"] == "[]").all() and trials["gpu_model"].isna().all()
     assert [json.loads(r) for r in trials["resources_requested"]] == [[{"CPU": 1}]] * 2
+    # The driver compacted the ended trials when the experiment ended: one file per table.
+    for table in ("trials", "curves"):
+        assert [p.name[:10] for p in (tmp_path / "grid" / table).iterdir()] == ["compacted-"]
 
 
 @pytest.mark.slow

@@ -1,10 +1,15 @@
 """The driver's side of a sweep: the Tune callback that writes each reported evaluation to
-Parquet as it arrives, and the handling of writes that fail."""
+Parquet as it arrives and compacts ended trials' rows as the sweep goes, and the handling of
+writes that fail."""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from pathlib import Path
 
+from scale_fpt.compaction import recover
 from scale_fpt.results import ResultsError, ResultsWriter
 from scale_fpt.sweep.config import SweepConfig
 from scale_fpt.sweep.progress import progress_callback_class, trial_error_text
@@ -12,6 +17,13 @@ from scale_fpt.sweep.tracking import tracking_callback_class
 from scale_fpt.sweep.trainable import config_only_row, tune_members
 from scale_fpt.trial import SEARCH_CONFIG, member_search_configs, without_search_configs
 from scale_fpt.vocabulary import Status, StopReason
+
+log = logging.getLogger(__name__)
+
+COMPACT_EVERY_TRIALS = 256
+COMPACT_EVERY_S = 600.0
+"""The driver compacts in the background once this many trials ended, or this long after
+the last compaction with any ended since; and once more when the experiment ends."""
 
 WRITE_FAILURES: list[ResultsError] = []
 """Results writes that failed in this driver (a full disk, a directory gone read-only). Tune
@@ -46,9 +58,21 @@ def results_callback_class():
 
         @property
         def writer(self) -> ResultsWriter:
+            return self.opened()[0]
+
+        @property
+        def compactor(self) -> Compactor:
+            return self.opened()[1]
+
+        def opened(self) -> tuple[ResultsWriter, Compactor]:
+            """The writer and its compactor, made on first use. Only the driver makes its
+            callbacks, holding the sweep's driver lock: what a killed compaction left is
+            removed first."""
             if self._writer is None:
                 self._writer = ResultsWriter(self.results_dir, self.sweep)
-            return self._writer
+                recover(self._writer.root)
+                self._compactor = Compactor(self._writer)
+            return self._writer, self._compactor
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
             with recording_write_failures():
@@ -57,10 +81,24 @@ def results_callback_class():
         def on_trial_complete(self, iteration, trials, trial, **info):
             with recording_write_failures():
                 self.write_complete(trial)
+            self.ended(trial)
 
         def on_trial_error(self, iteration, trials, trial, **info):
             with recording_write_failures():
                 self.write_error(trial)
+            self.ended(trial)
+
+        def ended(self, trial) -> None:
+            # Nothing of an ended trial stays in memory (a sweep of 10^5 trials).
+            ids = [row["trial_id"] for row in self.reported_rows(trial)]
+            self.last_rows.pop(trial.trial_id, None)
+            self.search_configs.pop(trial.trial_id, None)
+            with recording_write_failures():
+                self.compactor.ended(ids)
+
+        def on_experiment_end(self, trials, **info):
+            with recording_write_failures():
+                self.compactor.finish()
 
         def tagged(self, trial, rows: list[dict]) -> list[dict]:
             """Rows with the search configuration each belongs to (None for grid trials)."""
@@ -111,6 +149,49 @@ def results_callback_class():
                     self.writer.write_trial({**row, **failed})
 
     return ResultsCallback
+
+
+class Compactor:
+    """Compacts a sweep's ended trials (``ResultsWriter.compact``) in a background thread
+    while the driver writes: every ``COMPACT_EVERY_TRIALS`` ended trials or
+    ``COMPACT_EVERY_S`` seconds, and at the end (``finish``). A trial written again while
+    a compaction reads it stays in its own file until the next one (``finish`` takes all)."""
+
+    def __init__(self, writer: ResultsWriter):
+        self.writer = writer
+        self.pending: set[str] = set()
+        self.last = time.monotonic()
+        self.thread: threading.Thread | None = None
+
+    def ended(self, trial_ids: list[str]) -> None:
+        for trial_id in trial_ids:
+            self.writer.forget(trial_id)
+        self.pending.update(trial_ids)
+        due = len(self.pending) >= COMPACT_EVERY_TRIALS or (
+            self.pending and time.monotonic() - self.last >= COMPACT_EVERY_S
+        )
+        if due and (self.thread is None or not self.thread.is_alive()):
+            batch, self.pending = self.pending, set()
+            self.last = time.monotonic()
+            self.thread = threading.Thread(
+                target=self.compact, args=(batch,), name="scale-fpt-compact", daemon=True
+            )
+            self.thread.start()
+
+    def compact(self, trial_ids: set[str] | None) -> None:
+        try:
+            self.writer.compact(trial_ids)
+        except (OSError, ResultsError) as e:
+            # The rows stay in their own files (every trial still once); the next
+            # compaction, or the next run, tries again.
+            log.warning(f"scale-fpt: warning: compacting {self.writer.root} failed: {e}")
+
+    def finish(self) -> None:
+        """Wait for a compaction under way, then compact every ended trial."""
+        if self.thread is not None:
+            self.thread.join()
+        self.pending.clear()
+        self.compact(None)
 
 
 class recording_write_failures:
