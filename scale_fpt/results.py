@@ -2,14 +2,19 @@
 
 Layout (``pandas.read_parquet`` reads each table directory whole)::
 
-    RESULTS_DIR/<sweep>/_schema.json            schema version of this sweep's files
-    RESULTS_DIR/<sweep>/trials/<trial_id>.parquet   one row: the trial's config and outcome
-    RESULTS_DIR/<sweep>/curves/<trial_id>.parquet   one row per evaluation, sorted by step
+    RESULTS_DIR/<sweep>/_schema.json                   schema version of this sweep's files
+    RESULTS_DIR/<sweep>/trials/<trial_id>.parquet      one row: a trial's config and outcome
+    RESULTS_DIR/<sweep>/trials/compacted-<token>.parquet   ended trials' rows (compaction)
+    RESULTS_DIR/<sweep>/curves/<trial_id>.parquet      one row per evaluation, sorted by step
+    RESULTS_DIR/<sweep>/curves/compacted-<token>.parquet   ended trials' curves
 
-Every file is keyed by its trial, and every write replaces the whole file atomically (written
-to a hidden temporary file, fsynced, then renamed; readers skip names starting with '.'/'_').
-So a retried, restored or resumed trial overwrites its own rows instead of adding copies, a
-curve keeps one row per step (the last reported wins), and no reader ever sees half a file.
+Each trial's rows are in exactly one file per table. A trial's own file is replaced whole
+and atomically (written to a hidden temporary file, fsynced, then renamed; readers skip names
+starting with '.'/'_'), so a retried, restored or resumed trial overwrites its own rows
+instead of adding copies, a curve keeps one row per step (the last reported wins), and no
+reader ever sees half a file. Ended trials' rows move into compacted files
+(``ResultsWriter.compact``) and a compacted trial written again moves back into its own file,
+each move a new generation of the directory swapped in at once (``compaction``).
 
 Columns: ``TRIAL_SCHEMA`` and ``CURVE_SCHEMA`` below (every config field of
 ``scale_fpt.config`` is a trials column of the same name).

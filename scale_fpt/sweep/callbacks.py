@@ -4,7 +4,9 @@ writes that fail."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import secrets
 import threading
 import time
 from pathlib import Path
@@ -219,12 +221,68 @@ def fit_reporting_write_failures(tuner):
         raise
 
 
-def sweep_callbacks(sweep: SweepConfig, experiment: str = "", planned_steps: int = 0) -> list:
-    """The driver's callbacks: our own rows first, Tune's result.json (its ResultGrid reads
-    it, and ``recovery`` re-derives lost rows from it), the live progress of ``experiment``
-    (``planned_steps``: its member trial-steps, for the ETA) and the trackers of
-    ``sweep.loggers``. (Tune's own TensorBoard and CSV loggers would only warn about the
-    nested row lists; ``tracking`` logs per member trial instead.)"""
+def driver_callbacks_class():
+    from ray.tune.callback import CallbackList
+
+    class DriverCallbacks(CallbackList):
+        """This driver's callbacks as one Tune callback (``CallbackList`` hands each event
+        to each in turn). Tune pickles its callbacks into the experiment state and
+        ``Tuner.restore`` brings those back (it takes none): this one pickles as a reference
+        (``restored_callbacks``), so a restored experiment writes where the command restoring
+        it says, not where the saved state was written."""
+
+        def __init__(self, results_dir: str, callbacks: list):
+            super().__init__(callbacks)
+            self.results_dir = results_dir
+            self.token = secrets.token_hex(8)
+            LIVE[self.token] = self
+
+        @property
+        def results(self):
+            """The results callback (the first)."""
+            return self[0]
+
+        def __reduce__(self):
+            return restored_callbacks, (self.token, self.results_dir)
+
+    return DriverCallbacks
+
+
+LIVE: dict[str, object] = {}
+"""This process's driver callbacks by token (a copy of one, in this process, is itself)."""
+SERVING: list = []
+"""The driver callbacks of the experiment this process is restoring (``serving``)."""
+RESTORED_FROM: list[str] = []
+"""The results directories the driver callbacks in a restored experiment state wrote to."""
+
+
+def restored_callbacks(token: str, results_dir: str):
+    """What a pickled ``DriverCallbacks`` becomes: itself in the process that made it; in a
+    driver restoring the experiment (``serving``), that driver's callbacks; elsewhere (a
+    reader of the state), callbacks that do nothing."""
+    if token in LIVE:
+        return LIVE[token]
+    RESTORED_FROM.append(str(Path(results_dir).absolute()))
+    return SERVING[-1] if SERVING else driver_callbacks_class()(results_dir, [])
+
+
+@contextlib.contextmanager
+def serving(callbacks):
+    """While restoring a Tune experiment: its saved driver callbacks become ``callbacks``."""
+    SERVING.append(callbacks)
+    RESTORED_FROM.clear()
+    try:
+        yield
+    finally:
+        SERVING.pop()
+
+
+def sweep_callbacks(sweep: SweepConfig, experiment: str = "", planned_steps: int = 0):
+    """The driver's callbacks (``DriverCallbacks``): our own rows first, Tune's result.json
+    (its ResultGrid reads it, and ``recovery`` re-derives lost rows from it), the live
+    progress of ``experiment`` (``planned_steps``: its member trial-steps, for the ETA) and
+    the trackers of ``sweep.loggers``. (Tune's own TensorBoard and CSV loggers would only
+    warn about the nested row lists; ``tracking`` logs per member trial instead.)"""
     from ray.tune.logger import JsonLoggerCallback
 
     results_dir = str(Path(sweep.results_dir).absolute())
@@ -236,23 +294,15 @@ def sweep_callbacks(sweep: SweepConfig, experiment: str = "", planned_steps: int
     if set(sweep.loggers) - {"none"}:
         name = experiment or sweep.name
         callbacks.append(tracking_callback_class()(str(sweep.sweep_dir), sweep.loggers, name))
-    return callbacks
+    return driver_callbacks_class()(results_dir, callbacks)
 
 
-def write_where_told(tuner, sweep: SweepConfig, callbacks: list) -> None:
-    """Give a restored Tuner this command's callbacks. ``Tuner.restore`` brings back the
-    callbacks pickled in the experiment state, whose results directory is the one of the run
-    that made it (another one when the state was copied or moved); ``Tuner.restore`` takes
-    no callbacks, so they are replaced in its run config. A search is refused instead: its
-    restored Optuna searcher keeps the study in the other directory's default database."""
-    run_config = tuner._local_tuner.get_run_config()
-    stored = {
-        str(Path(c.results_dir).absolute())
-        for c in run_config.callbacks
-        if hasattr(c, "results_dir")
-    }
-    here = callbacks[0].results_dir
-    if sweep.search and not sweep.optuna_storage and stored - {here}:
+def refuse_moved_search(sweep: SweepConfig, callbacks) -> None:
+    """After restoring: a search whose saved state wrote to another results directory is
+    refused; its restored Optuna searcher keeps the study in that directory's default
+    database (a grid writes where this command says: ``DriverCallbacks``)."""
+    stored = set(RESTORED_FROM) - {callbacks.results_dir}
+    if sweep.search and not sweep.optuna_storage and stored:
         raise ResultsError(
             [
                 f"--resume: the Ray Tune state in {sweep.ray_storage} belongs to the search "
@@ -260,4 +310,3 @@ def write_where_told(tuner, sweep: SweepConfig, callbacks: list) -> None:
                 f"resume it with --results {', '.join(sorted(stored))}"
             ]
         )
-    run_config.callbacks = callbacks
