@@ -319,10 +319,12 @@ class ResultsWriter:
 
     def write_curve(self, trial_id: str, rows: list[dict]) -> None:
         """Add evaluation rows to a trial's curve; a step seen before is replaced."""
-        curve = self.curve(trial_id)
-        for row in rows:
-            curve[row["step"]] = {**row, "sweep": self.sweep, "trial_id": trial_id}
-        self.write("curves", trial_id, table([curve[s] for s in sorted(curve)], CURVE_SCHEMA))
+        with self.lock:  # its compacted file, if any, stays as read until it is replaced
+            curve = self.curve(trial_id)
+            for row in rows:
+                curve[row["step"]] = {**row, "sweep": self.sweep, "trial_id": trial_id}
+            ordered = table([curve[s] for s in sorted(curve)], CURVE_SCHEMA)
+            self.write("curves", trial_id, ordered)
 
     def curve_steps(self, trial_id: str) -> set[int]:
         """The steps of a trial's curve on disk, without keeping its rows in memory (what a
@@ -358,11 +360,12 @@ class ResultsWriter:
     def read_rows(self, name: str, trial_id: str) -> pa.Table | None:
         """A trial's rows of table ``name`` as on disk (None: no file, or a damaged one)."""
         schema = SCHEMAS[name]
-        part = self.compacted[name].get(trial_id)
-        if part is None:
-            path = self.root / name / f"{trial_id}.parquet"
-            return read_parquet(path, schema) if path.exists() else None
-        found = read_parquet(self.root / name / part[0], schema)
+        with self.lock:  # a compaction beside it may replace the compacted file
+            part = self.compacted[name].get(trial_id)
+            if part is None:
+                path = self.root / name / f"{trial_id}.parquet"
+                return read_parquet(path, schema) if path.exists() else None
+            found = read_parquet(self.root / name / part[0], schema)
         return None if found is None else found.filter(pc.equal(found["trial_id"], trial_id))
 
     def write(self, name: str, trial_id: str, rows: pa.Table) -> None:

@@ -229,3 +229,29 @@ def test_results_compact_command(tmp_path, capsys):
     ]
     assert not (tmp_path / SWEEP / ".trials.next-0123").exists()
     assert_each_trial_once(tmp_path, accuracies)
+
+
+def test_the_driver_compacts_in_the_background_as_trials_end_and_at_the_end(tmp_path, monkeypatch):
+    from scale_fpt.sweep import callbacks
+
+    accuracies = make_sweep(tmp_path)
+    monkeypatch.setattr(callbacks, "COMPACT_EVERY_TRIALS", 2)
+    writer = ResultsWriter(tmp_path, SWEEP)
+    compactor = callbacks.Compactor(writer)
+    writer.curve("a")  # the driver's cache of a running trial's curve
+    compactor.ended(["a"])  # one ended: not due yet
+    assert compactor.thread is None and "a" not in writer.curves
+    compactor.ended(["b"])
+    compactor.thread.join()
+    assert {n for n in table_files(tmp_path, "trials") if not n.startswith("compacted-")} == {
+        "c.parquet",
+        "d.parquet",
+    }
+    assert_each_trial_once(tmp_path, accuracies)
+    compactor.finish()  # every ended trial: c too, not the running d
+    for table in ("trials", "curves"):
+        assert [n for n in table_files(tmp_path, table) if n.endswith(".parquet")][
+            -1
+        ] == "d.parquet"
+        assert len(table_files(tmp_path, table)) == 2
+    assert_each_trial_once(tmp_path, accuracies)

@@ -368,3 +368,36 @@ def test_packed_sweep_rows_match_the_unpacked_sweep(lr_grid, tmp_path):
         assert merged[f"{column}_packed"].to_numpy() == pytest.approx(
             merged[f"{column}_alone"].to_numpy(), rel=1e-4, abs=1e-6
         )
+
+
+def test_a_restored_experiment_state_writes_where_the_restoring_command_says(tmp_path):
+    """Tune pickles its callbacks into the experiment state and ``Tuner.restore`` brings
+    them back: the driver's pickle as a reference that is itself in the process that made
+    it, the restoring driver's callbacks in another, and nothing elsewhere; the results
+    directory it was made for is kept (a moved search is refused on it)."""
+    import cloudpickle
+
+    from scale_fpt.sweep import callbacks as cb
+
+    def made(results: Path):
+        return cb.sweep_callbacks(SweepConfig(name="s", results_dir=str(results), base=TINY))
+
+    first = made(tmp_path / "C")
+    assert first.results.results_dir == str(tmp_path / "C")
+    saved = cloudpickle.dumps([first])
+    assert cloudpickle.loads(saved)[0] is first  # Tune's copies in this process
+    del cb.LIVE[first.token]  # as a new driver process, which never made it
+    here = made(tmp_path / "E")
+    with cb.serving(here):
+        assert cloudpickle.loads(saved)[0] is here
+    assert [str(tmp_path / "C")] == cb.RESTORED_FROM
+    inert = cloudpickle.loads(saved)[0]  # read outside a driver: does nothing
+    assert len(inert) == 0 and inert.results_dir == str(tmp_path / "C")
+    search = SweepConfig(
+        name="s",
+        results_dir=str(tmp_path / "E"),
+        base=TINY,
+        search={"lr": ("loguniform", 1e-4, 1e-2)},
+    )
+    with pytest.raises(ConfigError, match=f"resume it with --results {tmp_path / 'C'}"):
+        cb.refuse_moved_search(search, here)
