@@ -9,6 +9,7 @@ import logging
 import secrets
 import threading
 import time
+import weakref
 from pathlib import Path
 
 from scale_fpt.compaction import recover
@@ -248,7 +249,7 @@ def driver_callbacks_class():
     return DriverCallbacks
 
 
-LIVE: dict[str, object] = {}
+LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 """This process's driver callbacks by token (a copy of one, in this process, is itself)."""
 SERVING: list = []
 """The driver callbacks of the experiment this process is restoring (``serving``)."""
@@ -257,13 +258,16 @@ RESTORED_FROM: list[str] = []
 
 
 def restored_callbacks(token: str, results_dir: str):
-    """What a pickled ``DriverCallbacks`` becomes: itself in the process that made it; in a
-    driver restoring the experiment (``serving``), that driver's callbacks; elsewhere (a
-    reader of the state), callbacks that do nothing."""
+    """What a pickled ``DriverCallbacks`` becomes: in a driver restoring the experiment
+    (``serving``), that driver's callbacks (the same process may have made the saved ones);
+    else itself in the process that made it (a copy); elsewhere (a reader of the state),
+    callbacks that do nothing."""
+    if SERVING:
+        RESTORED_FROM.append(str(Path(results_dir).absolute()))
+        return SERVING[-1]
     if token in LIVE:
         return LIVE[token]
-    RESTORED_FROM.append(str(Path(results_dir).absolute()))
-    return SERVING[-1] if SERVING else driver_callbacks_class()(results_dir, [])
+    return driver_callbacks_class()(results_dir, [])
 
 
 @contextlib.contextmanager
