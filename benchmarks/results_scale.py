@@ -9,7 +9,8 @@ arms as more seeds, up to 1,000 per arm, ``--evals`` evaluations per curve) in b
 ``per-trial`` (one file per trial and table, as a running sweep writes) up to
 ``--per-trial-max`` trials, and ``compacted`` (as the driver or ``scale-fpt results
 compact`` leaves it). Printed per folder: files, ``load_results`` seconds and the peak
-memory of the process that ran it (a fresh one per measurement: ``ru_maxrss``),
+memory of the process that ran it (a fresh one per measurement: ``ru_maxrss``; the median
+wall and CPU seconds of ``--repeats`` loads: on a shared machine CPU seconds are the steadier),
 ``pd.read_parquet`` of each table directory, and, for per-trial folders, the seconds of
 ``scale-fpt results compact`` on it. ``--baseline-code DIR`` also times ``load_results``
 of the checkout at DIR on the same folders (the code before a change). Targets on a
@@ -35,27 +36,32 @@ ROOT = Path(__file__).resolve().parents[1]
 ARMS = 5  # the local scale preset's arms
 
 MEASURE = """
-import json, resource, sys, time
+import json, pathlib, resource, statistics, sys, time
 import pandas as pd
 from scale_fpt.results import load_results
+folder, repeats = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+walls, cpus = [], []
+for _ in range(repeats):
+    wall, cpu = time.perf_counter(), time.process_time()
+    results = load_results(folder)
+    walls.append(time.perf_counter() - wall)
+    cpus.append(time.process_time() - cpu)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 start = time.perf_counter()
-results = load_results(sys.argv[1])
-seconds = time.perf_counter() - start
-start = time.perf_counter()
-for sweep in sorted(p for p in __import__("pathlib").Path(sys.argv[1]).iterdir()):
-    pd.read_parquet(sweep / "trials"); pd.read_parquet(sweep / "curves")
-pandas_s = time.perf_counter() - start
-print(json.dumps({"load_s": seconds, "pandas_s": pandas_s, "trials": len(results.trials),
-    "curves": len(results.curves), "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+for sweep in sorted(p for p in folder.iterdir() if not p.name.startswith("_")):
+    pd.read_parquet(sweep / "trials"), pd.read_parquet(sweep / "curves")
+print(json.dumps({"load_s": statistics.median(walls), "load_cpu_s": statistics.median(cpus),
+    "pandas_s": time.perf_counter() - start, "trials_read": len(results.trials),
+    "curves_read": len(results.curves), "peak_mb": peak}))
 """
 
 
-def measure(folder: Path, code: Path) -> dict:
-    """``load_results`` and pandas on ``folder`` in a fresh process running ``code``."""
+def measure(folder: Path, code: Path, repeats: int) -> dict:
+    """``load_results`` (median wall and CPU seconds of ``repeats``, the peak memory) and
+    pandas on ``folder``, in a fresh process running the checkout ``code``."""
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(folder)], env=env, capture_output=True, text=True
-    )
+    command = [sys.executable, "-c", MEASURE, str(folder), str(repeats)]
+    out = subprocess.run(command, env=env, capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -86,6 +92,7 @@ def main() -> int:
     parser.add_argument("--sweeps", type=int, default=1)
     parser.add_argument("--evals", type=int, default=20)
     parser.add_argument("--baseline-code", default="", help="another checkout to time too")
+    parser.add_argument("--repeats", type=int, default=3, help="loads timed per folder")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sizes = [100, 1000] if args.quick else [int(s) for s in args.sizes.split(",")]
@@ -104,9 +111,11 @@ def main() -> int:
                 row = {"trials": size, "seeds_per_arm": seeds, "layout": layout}
                 row["build_s"] = time.perf_counter() - start
                 row["files"] = files(folder)
-                row.update(measure(folder, ROOT))
+                row.update(measure(folder, ROOT, args.repeats))
                 if args.baseline_code:
-                    row["baseline_load_s"] = measure(folder, Path(args.baseline_code))["load_s"]
+                    baseline = measure(folder, Path(args.baseline_code), args.repeats)
+                    row["baseline_load_s"] = baseline["load_s"]
+                    row["baseline_load_cpu_s"] = baseline["load_cpu_s"]
                 if layout == "per-trial":
                     row["compact_s"] = compact_seconds(folder)
                 rows.append(row)
@@ -116,9 +125,10 @@ def main() -> int:
         return 0
     print(f"python benchmarks/results_scale.py {' '.join(sys.argv[1:])}")
     print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} CPUs")
-    columns = ["trials", "layout", "files", "load_s", "peak_mb", "pandas_s", "compact_s"]
+    columns = ["trials", "layout", "files", "load_s", "load_cpu_s", "peak_mb", "pandas_s"]
+    columns.append("compact_s")
     if args.baseline_code:
-        columns.insert(4, "baseline_load_s")
+        columns[5:5] = ["baseline_load_s", "baseline_load_cpu_s"]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     for row in rows:
