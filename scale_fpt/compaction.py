@@ -162,6 +162,8 @@ def read_files(paths: list[Path], schema: pa.Schema) -> tuple[pa.Table, list[Pat
         pass  # some file is damaged: find which, one at a time
     tables, read = [], []
     for path in paths:
+        if not os.path.lexists(path):  # listed before a generation was swapped in
+            raise FileNotFoundError(errno.ENOENT, "listed, then gone", str(path))
         found = read_parquet(path, schema)
         if found is not None:
             tables.append(found)
@@ -194,11 +196,18 @@ def own_rows(files: dict[str, Path], schema: pa.Schema) -> pa.Table:
     return pa.concat_tables(own) if own else schema.empty_table()
 
 
-def read_table(table_dir: Path, schema: pa.Schema) -> pa.Table:
+def read_table(table_dir: Path, schema: pa.Schema, attempts: int = 3) -> pa.Table:
     """Every trial's rows in a table directory, each trial from one file: a compacted trial
     that also has its own small file (a folder put together by hand) is read from the
-    small file, the one a writer replaces."""
-    files = listing(table_dir)
+    small file, the one a writer replaces. A file listed just before a generation was
+    swapped in is gone when opened: the directory is listed and read again."""
+    for _ in range(attempts - 1):
+        with contextlib.suppress(FileNotFoundError):
+            return read_listed(listing(table_dir), schema)
+    return read_listed(listing(table_dir), schema)
+
+
+def read_listed(files: Listing, schema: pa.Schema) -> pa.Table:
     small, _ = read_files(list(files.small.values()), schema)
     parts, _ = read_files(list(files.parts.values()), schema)
     if small.num_rows and parts.num_rows:

@@ -255,3 +255,21 @@ def test_the_driver_compacts_in_the_background_as_trials_end_and_at_the_end(tmp_
         ] == "d.parquet"
         assert len(table_files(tmp_path, table)) == 2
     assert_each_trial_once(tmp_path, accuracies)
+
+
+def test_a_reader_that_listed_before_a_swap_reads_again(tmp_path, monkeypatch):
+    accuracies = make_sweep(tmp_path)
+    tables = {t: compaction.listing(tmp_path / SWEEP / t) for t in ("trials", "curves")}
+    ResultsWriter(tmp_path, SWEEP).compact()
+    stale = dict(tables)
+    fresh = compaction.listing
+
+    def listed(table_dir):  # the first listing of each table is from before the swap
+        return stale.pop(table_dir.name, None) or fresh(table_dir)
+
+    monkeypatch.setattr(compaction, "listing", listed)
+    results = load_results(tmp_path)
+    assert not stale  # each table was listed stale once, then again
+    assert sorted(results.trials["trial_id"]) == sorted(accuracies)
+    assert not results.curves.duplicated(["trial_id", "step"]).any()
+    assert len(results.curves) == 3 * len(STEPS) + 1
