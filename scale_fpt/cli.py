@@ -130,7 +130,9 @@ def build_parser() -> Parser:
     fetch_module.add_arguments(fetch)
 
     results = commands.add_parser("results", help="maintain a results directory")
-    actions = results.add_subparsers(dest="action", required=True, parser_class=Parser)
+    actions = results.add_subparsers(
+        dest="action", metavar="{compact}", required=True, parser_class=Parser
+    )
     compact = actions.add_parser(
         "compact",
         help="move ended trials' rows into a few Parquet files per sweep and table",
