@@ -99,32 +99,39 @@ def base_field(item: str) -> tuple[str, object]:
 
 
 class TrialsWatcher:
-    """The sweep's trials directory as this process sees it while the command writes it:
-    each ``<trial_id>.parquet`` is replaced atomically, so a file read is a whole row; files
-    are re-read only when their modification time changes (polling stays cheap beside the
-    sweep on the same cores)."""
+    """The sweep's trials directory as this process sees it while the command writes it: a
+    trial's own ``<trial_id>.parquet`` or the compacted file holding it (each replaced or
+    swapped in whole, so a file read holds whole rows); files are re-read only when their
+    modification time changes (polling stays cheap beside the sweep on the same cores)."""
 
     def __init__(self, directory: Path):
         self.directory = directory
-        self.seen: dict[str, tuple[int, str]] = {}  # file -> (mtime_ns, status)
+        self.seen: dict[str, tuple[int, dict[str, str]]] = {}  # file -> (mtime_ns, statuses)
 
     def statuses(self) -> list[str]:
+        """Each trial's status, once per trial whichever file holds it now."""
         import pyarrow.parquet as pq
 
         if not self.directory.is_dir():
             return []
+        present = {}
         for path in self.directory.glob("*.parquet"):
             if path.name.startswith((".", "_")):
                 continue
             try:
                 mtime = path.stat().st_mtime_ns
                 if self.seen.get(path.name, (None,))[0] == mtime:
+                    present[path.name] = self.seen[path.name]
                     continue
-                status = pq.read_table(path, columns=["status"]).column("status")[0].as_py()
+                rows = pq.read_table(path, columns=["trial_id", "status"]).to_pydict()
             except (OSError, ValueError):  # replaced between listing and reading: next poll
                 continue
-            self.seen[path.name] = (mtime, status)
-        return [status for _, status in self.seen.values()]
+            present[path.name] = (mtime, dict(zip(rows["trial_id"], rows["status"], strict=True)))
+        self.seen = present
+        by_trial = {}
+        for _, statuses in present.values():
+            by_trial.update(statuses)
+        return list(by_trial.values())
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The ``scale-fpt`` command line: train, plan, pretrain, sweep, report.
+"""The ``scale-fpt`` command line: train, plan, pretrain, sweep, fetch, results, report.
 
 Trial flags are generated from the config dataclasses (``--batch-size`` is ``batch_size``),
 so the command line, the sweep param space and the Parquet columns share one set of names.
@@ -129,6 +129,21 @@ def build_parser() -> Parser:
     )
     add_sweep_target(fetch, "fetch")
     fetch_module.add_arguments(fetch)
+
+    results = commands.add_parser("results", help="maintain a results directory")
+    actions = results.add_subparsers(
+        dest="action", metavar="{compact}", required=True, parser_class=Parser
+    )
+    compact = actions.add_parser(
+        "compact",
+        help="move ended trials' rows into a few Parquet files per sweep and table",
+        description="Move the rows of ended trials from one Parquet file per trial into a "
+        "few large ones per sweep and table (reading then grows with rows, not files). Safe "
+        "at every moment: pandas reads every trial once throughout. Refused while a driver "
+        "runs the sweep (it compacts itself). docs/usage.md, 'Results layout'.",
+    )
+    compact.add_argument("results_dir", metavar="RESULTS")
+    compact.add_argument("--sweep", default=None, help="only this sweep (default: every one)")
 
     report = commands.add_parser("report", help="the study's tables and figures")
     report.add_argument("results_dir")
@@ -303,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
             if problems:
                 raise ConfigError(problems)
             return fetch_module.main(args, None, values.get("data_root", ""))
+        if args.command == "results":
+            return compact_results(args.results_dir, args.sweep)
         # pretrain and report are imported when dispatched, not at the top: they load torch
         # and pandas, and building the parser (--help) needs neither (start-up time).
         if args.command == "pretrain":
@@ -317,6 +334,36 @@ def main(argv: list[str] | None = None) -> int:
         lines = "\n".join(printable(line) for line in str(e).split("\n"))
         print(f"scale-fpt: error: {lines}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def compact_results(results_dir: str, sweep: str | None) -> int:
+    """``scale-fpt results compact``: each sweep under the driver lock a driver takes."""
+    # pyarrow is imported when dispatched: building the parser (--help) does not need it.
+    from scale_fpt.compaction import listing, recover
+    from scale_fpt.results import ResultsError, ResultsWriter, sweep_dirs
+    from scale_fpt.sweep.lock import driver_lock
+
+    dirs = sweep_dirs(results_dir)
+    if sweep is not None:
+        names = [d.name for d in dirs]
+        dirs = [d for d in dirs if d.name == sweep]
+        if not dirs:
+            raise ResultsError(
+                [f"--sweep {sweep!r}: no such sweep in {results_dir} (sweeps: {names or 'none'})"]
+            )
+    if not dirs:
+        raise ResultsError([f"no scale_fpt results under {results_dir} (no */_schema.json)"])
+    for sweep_dir in dirs:
+        with driver_lock(sweep_dir):
+            recover(sweep_dir)
+            done = ResultsWriter(sweep_dir.parent, sweep_dir.name).compact()
+        files = {table: listing(sweep_dir / table) for table in ("trials", "curves")}
+        counts = {table: len(f.small) + len(f.parts) for table, f in files.items()}
+        print(
+            f"{sweep_dir.name}: {done.trials} trials and {done.curves} curves compacted; "
+            f"trials/ holds {counts['trials']} files, curves/ {counts['curves']}"
+        )
+    return 0
 
 
 def train(args: argparse.Namespace, config: TrialConfig) -> int:

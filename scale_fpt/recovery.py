@@ -66,7 +66,7 @@ def restore_missing_rows(callback, experiment_path: str) -> set[str]:
     for trial in trials:
         curves, last_rows = logged_rows(tune_reports(trial.path))
         for trial_id, logged in curves.items():
-            on_disk = writer.curve(trial_id)
+            on_disk = writer.curve_steps(trial_id)
             missing = [logged[step] for step in sorted(logged) if step not in on_disk]
             if missing:
                 writer.write_curve(trial_id, missing)

@@ -2,14 +2,19 @@
 
 Layout (``pandas.read_parquet`` reads each table directory whole)::
 
-    RESULTS_DIR/<sweep>/_schema.json            schema version of this sweep's files
-    RESULTS_DIR/<sweep>/trials/<trial_id>.parquet   one row: the trial's config and outcome
-    RESULTS_DIR/<sweep>/curves/<trial_id>.parquet   one row per evaluation, sorted by step
+    RESULTS_DIR/<sweep>/_schema.json                   schema version of this sweep's files
+    RESULTS_DIR/<sweep>/trials/<trial_id>.parquet      one row: a trial's config and outcome
+    RESULTS_DIR/<sweep>/trials/compacted-<token>.parquet   ended trials' rows (compaction)
+    RESULTS_DIR/<sweep>/curves/<trial_id>.parquet      one row per evaluation, sorted by step
+    RESULTS_DIR/<sweep>/curves/compacted-<token>.parquet   ended trials' curves
 
-Every file is keyed by its trial, and every write replaces the whole file atomically (written
-to a hidden temporary file, fsynced, then renamed; readers skip names starting with '.'/'_').
-So a retried, restored or resumed trial overwrites its own rows instead of adding copies, a
-curve keeps one row per step (the last reported wins), and no reader ever sees half a file.
+Each trial's rows are in exactly one file per table. A trial's own file is replaced whole
+and atomically (written to a hidden temporary file, fsynced, then renamed; readers skip names
+starting with '.'/'_'), so a retried, restored or resumed trial overwrites its own rows
+instead of adding copies, a curve keeps one row per step (the last reported wins), and no
+reader ever sees half a file. Ended trials' rows move into compacted files
+(``ResultsWriter.compact``) and a compacted trial written again moves back into its own file,
+each move a new generation of the directory swapped in at once (``compaction``).
 
 Columns: ``TRIAL_SCHEMA`` and ``CURVE_SCHEMA`` below (every config field of
 ``scale_fpt.config`` is a trials column of the same name).
@@ -21,6 +26,8 @@ import contextlib
 import json
 import logging
 import os
+import threading
+from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -28,6 +35,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from scale_fpt.compaction import (
+    PART_TRIALS,
+    TABLES,
+    Generation,
+    listing,
+    own_rows,
+    part_index,
+    part_name,
+    read_files,
+    read_parquet,
+    read_table,
+)
 from scale_fpt.config import CONCERNS, FIELD_TYPES
 from scale_fpt.confined import (
     ResultsError,
@@ -39,6 +58,7 @@ from scale_fpt.confined import (
     write_file,
     write_text,
 )
+from scale_fpt.vocabulary import ENDED
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +201,8 @@ CURVE_SCHEMA = pa.schema(
     + [f for f in config_columns() if f.name in CURVE_ARMS]
 )
 
+SCHEMAS = {"trials": TRIAL_SCHEMA, "curves": CURVE_SCHEMA}
+
 
 def table(rows: list[dict], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pylist([{f.name: r.get(f.name) for f in schema} for r in rows], schema)
@@ -202,13 +224,28 @@ def write_atomic(table_: pa.Table, path: Path) -> None:
 
 
 class ResultsWriter:
-    """Writes one sweep's rows; safe to re-create on resume (rows are keyed, not appended)."""
+    """Writes one sweep's rows; safe to re-create on resume (rows are keyed, not appended).
+    Thread-safe: the driver compacts (``compact``) in a thread beside its writes."""
 
     def __init__(self, results_dir: str | os.PathLike, sweep: str):
         self.root = Path(results_dir).absolute() / sweep
         self.sweep = sweep
         self.curves: dict[str, dict[int, dict]] = {}
         self.prepare()
+        self.lock = threading.RLock()
+        self.versions: Counter[str] = Counter()
+        """Writes per trial id, trials and curves alike: a compaction that read a trial's
+        files before a write publishes nothing (its rows would be the old ones)."""
+        self.epoch = 0
+        """Changes of the compacted files; a compaction that read them before one retries."""
+        self.compacted = {
+            name: part_index(self.root / name, "status" if name == "trials" else None)
+            for name in TABLES
+        }
+        """Per table, compacted trials: trial id -> (compacted file, its status or None)."""
+        self.can_exchange = True
+        self.part_steps: dict[str, dict[str, set[int]]] = {}
+        """Curve steps by trial of each compacted file read (names are never reused)."""
 
     def prepare(self) -> None:
         """Fail at start-up, not mid-sweep, if the directory is unusable. A directory that
@@ -255,19 +292,16 @@ class ResultsWriter:
             ) from None
 
     def write_trial(self, row: dict) -> None:
-        path = self.root / "trials" / f"{row['trial_id']}.parquet"
         checkpoint = recorded_checkpoint(row.get("checkpoint"), self.root.parent)
-        write_atomic(
-            table([{**row, "sweep": self.sweep, "checkpoint": checkpoint}], TRIAL_SCHEMA), path
-        )
+        rows = table([{**row, "sweep": self.sweep, "checkpoint": checkpoint}], TRIAL_SCHEMA)
+        self.write("trials", row["trial_id"], rows)
 
     def curve(self, trial_id: str) -> dict[int, dict]:
         """A trial's curve rows on disk by step (read once, then kept current). A damaged
         file counts as empty (with one warning): the rows written from now on replace it,
         and ``--resume`` puts back the earlier ones from Ray Tune's log (``recovery``)."""
         if trial_id not in self.curves:
-            path = self.root / "curves" / f"{trial_id}.parquet"
-            found = read_parquet(path, CURVE_SCHEMA) if path.exists() else None
+            found = self.read_rows("curves", trial_id)
             self.curves[trial_id] = (
                 {r["step"]: r for r in found.to_pylist()} if found is not None else {}
             )
@@ -275,18 +309,180 @@ class ResultsWriter:
 
     def write_curve(self, trial_id: str, rows: list[dict]) -> None:
         """Add evaluation rows to a trial's curve; a step seen before is replaced."""
-        curve = self.curve(trial_id)
-        for row in rows:
-            curve[row["step"]] = {**row, "sweep": self.sweep, "trial_id": trial_id}
-        path = self.root / "curves" / f"{trial_id}.parquet"
-        write_atomic(table([curve[s] for s in sorted(curve)], CURVE_SCHEMA), path)
+        with self.lock:  # its compacted file, if any, stays as read until it is replaced
+            curve = self.curve(trial_id)
+            for row in rows:
+                curve[row["step"]] = {**row, "sweep": self.sweep, "trial_id": trial_id}
+            ordered = table([curve[s] for s in sorted(curve)], CURVE_SCHEMA)
+            self.write("curves", trial_id, ordered)
+
+    def curve_steps(self, trial_id: str) -> set[int]:
+        """The steps of a trial's curve on disk, without keeping its rows in memory (what a
+        resumed driver checks of every trial): a compacted file's steps are read once."""
+        if trial_id in self.curves:
+            return set(self.curves[trial_id])
+        part = self.compacted["curves"].get(trial_id, (None,))[0]
+        if part is None:
+            found = self.read_rows("curves", trial_id)
+            return set() if found is None else set(found["step"].to_pylist())
+        if part not in self.part_steps:
+            found = read_parquet(self.root / "curves" / part, SCHEMAS["curves"])
+            steps: dict[str, set[int]] = {}
+            if found is not None:
+                ids, numbers = found["trial_id"].to_pylist(), found["step"].to_pylist()
+                for key, step in zip(ids, numbers, strict=True):
+                    steps.setdefault(key, set()).add(step)
+            self.part_steps[part] = steps
+        return self.part_steps[part].get(trial_id, set())
+
+    def forget(self, trial_id: str) -> None:
+        """Drop a finished trial's curve from memory (a driver of 10^5 trials keeps none)."""
+        self.curves.pop(trial_id, None)
 
     def status(self, trial_id: str) -> str | None:
         """The status in the trial's row on disk; None without a readable row (a damaged
         file warns once)."""
-        path = self.root / "trials" / f"{trial_id}.parquet"
-        found = read_parquet(path, TRIAL_SCHEMA) if path.exists() else None
+        if trial_id in self.compacted["trials"]:
+            return self.compacted["trials"][trial_id][1]
+        found = self.read_rows("trials", trial_id)
         return found.column("status")[0].as_py() if found is not None and found.num_rows else None
+
+    def read_rows(self, name: str, trial_id: str) -> pa.Table | None:
+        """A trial's rows of table ``name`` as on disk (None: no file, or a damaged one)."""
+        schema = SCHEMAS[name]
+        with self.lock:  # a compaction beside it may replace the compacted file
+            part = self.compacted[name].get(trial_id)
+            if part is None:
+                path = self.root / name / f"{trial_id}.parquet"
+                return read_parquet(path, schema) if path.exists() else None
+            found = read_parquet(self.root / name / part[0], schema)
+        return None if found is None else found.filter(pc.equal(found["trial_id"], trial_id))
+
+    def write(self, name: str, trial_id: str, rows: pa.Table) -> None:
+        """Replace a trial's rows of table ``name``: its own file, or, for a compacted trial
+        (a rerun), a new generation without it in the compacted file and with its own file."""
+        with self.lock:
+            self.versions[trial_id] += 1
+            if trial_id not in self.compacted[name]:
+                write_atomic(rows, self.root / name / f"{trial_id}.parquet")
+                return
+            part = self.compacted[name][trial_id][0]
+            found = read_parquet(self.root / name / part, SCHEMAS[name])
+            if found is None:
+                raise ResultsError(
+                    [
+                        f"cannot replace the rows of trial {trial_id}: their compacted file "
+                        f"{self.root / name / part} is damaged (move it away, then rerun)"
+                    ]
+                )
+            generation = Generation(self.root / name)
+            rest = found.filter(pc.not_equal(found["trial_id"], trial_id))
+            renamed = part_name()
+            if rest.num_rows:
+                generation.write(renamed, rest)
+            generation.write(f"{trial_id}.parquet", rows)
+            if not generation.publish({part}):
+                raise ResultsError(
+                    [f"cannot replace the compacted rows of trial {trial_id} in {self.root}"]
+                )
+            index = self.compacted[name]
+            del index[trial_id]
+            for key, (held, status) in list(index.items()):
+                if held == part:
+                    index[key] = (renamed, status)
+            self.epoch += 1
+
+    def compact(self, finished: set[str] | None = None) -> Compacted:
+        """Move the rows of ended trials (of ``finished`` only, when given) from their own
+        files into compacted ones (``compaction``): trials rows whose status has ended,
+        with their curves. Safe beside this writer's writes (a trial written meanwhile
+        waits for the next call); only one process may compact a sweep (the driver lock)."""
+        with self.lock:
+            if not self.can_exchange:
+                return Compacted(0, 0)
+            small = listing(self.root / "trials").small
+            small_curves = listing(self.root / "curves").small
+            if finished is not None:
+                small = {i: small[i] for i in finished.intersection(small)}
+            seen = {i: self.versions[i] for i in {*small, *small_curves}}
+            epoch = self.epoch
+            compacted = {name: dict(self.compacted[name]) for name in TABLES}
+        trials = own_rows(small, TRIAL_SCHEMA)
+        trials = trials.filter(pc.is_in(trials["status"], pa.array([s.value for s in ENDED])))
+        moved = set(trials.column("trial_id").to_pylist())
+        # Curves follow their trials rows (those compacted before included: a compaction
+        # killed between its two tables left their curves in their own files).
+        with_curves = (moved | set(compacted["trials"])).intersection(small_curves)
+        if not moved and not with_curves:
+            return Compacted(0, 0)
+        curves = own_rows({i: small_curves[i] for i in with_curves}, CURVE_SCHEMA)
+        plans = [
+            self.next_generation(name, rows, compacted[name])
+            for name, rows in (("trials", trials), ("curves", curves))
+            if rows.num_rows
+        ]
+        with self.lock:
+            current = all(self.versions[i] == n for i, n in seen.items())
+            if not current or self.epoch != epoch:
+                for generation, *_ in plans:
+                    generation.discard()
+                return Compacted(0, 0)
+            published = set()
+            for k, (generation, name, remove, index) in enumerate(plans):
+                if not generation.publish(remove):
+                    for later, *_ in plans[k + 1 :]:
+                        later.discard()
+                    self.can_exchange = False
+                    log.warning(
+                        f"scale-fpt: results in {self.root} stay one file per trial: this file "
+                        "system cannot swap directories atomically (Linux renameat2 "
+                        "RENAME_EXCHANGE), and compacting otherwise could show a trial twice"
+                    )
+                    break
+                kept = {i: v for i, v in self.compacted[name].items() if v[0] not in remove}
+                self.compacted[name] = kept | index
+                published.add(name)
+            self.epoch += 1
+        curve_ids = curves.column("trial_id").unique()
+        return Compacted(
+            len(moved) if "trials" in published else 0,
+            len(curve_ids) if "curves" in published else 0,
+        )
+
+    def next_generation(self, name: str, rows: pa.Table, compacted: dict):
+        """A table's next generation, built hidden: ``rows`` and the trials of its compacted
+        files not yet full, in compacted files of ``PART_TRIALS`` trials. (generation,
+        table name, the files it replaces, its compacted trials by id)."""
+        open_parts = {
+            p for p, n in Counter(v[0] for v in compacted.values()).items() if n < PART_TRIALS
+        }
+        merged, read = read_files([self.root / name / p for p in sorted(open_parts)], SCHEMAS[name])
+        merged = pa.concat_tables([merged, rows]).sort_by("trial_id")
+        open_parts = {p.name for p in read}  # a damaged one stays as it is
+        ids = merged.column("trial_id").unique().to_pylist()
+        status = (
+            dict(zip(merged["trial_id"].to_pylist(), merged["status"].to_pylist(), strict=True))
+            if name == "trials"
+            else {}
+        )
+        generation = Generation(self.root / name)
+        index = {}
+        for start in range(0, len(ids), PART_TRIALS):
+            chunk = ids[start : start + PART_TRIALS]
+            rows_of = merged.filter(pc.is_in(merged["trial_id"], pa.array(chunk)))
+            part = part_name()
+            generation.write(part, rows_of)
+            index.update({i: (part, status.get(i)) for i in chunk})
+        moved = set(rows.column("trial_id").to_pylist())
+        return generation, name, {f"{i}.parquet" for i in moved} | open_parts, index
+
+
+@dataclass(frozen=True)
+class Compacted:
+    """What one compaction moved: trials whose rows, and whose curves, left their own files."""
+
+    trials: int
+    curves: int
 
 
 def recorded_checkpoint(path: str | os.PathLike | None, results_dir: Path) -> str | None:
@@ -390,8 +586,8 @@ def load_results(results_dir: str | os.PathLike, sweep: str | None = None) -> Re
                 raise
             note(notes, f"{e}: not read (the other sweeps are)")
             continue
-        trials.append(own_rows(read_table_dir(d / "trials", TRIAL_SCHEMA, notes), d, notes))
-        curves.append(own_rows(read_table_dir(d / "curves", CURVE_SCHEMA, notes), d, notes))
+        trials.append(sweep_rows(sweep_table(d / "trials", TRIAL_SCHEMA, notes), d, notes))
+        curves.append(sweep_rows(sweep_table(d / "curves", CURVE_SCHEMA, notes), d, notes))
     if not trials:
         raise ResultsError([f"no readable sweep under {printable(str(results_dir))}"])
     trial_df = pa.concat_tables(trials).to_pandas()
@@ -406,7 +602,7 @@ SAFE_TRIAL_ID = r"^[A-Za-z0-9_][A-Za-z0-9_.=+-]*$"
 """A trial id as scale_fpt makes them (a content hash, a member's tag): one plain file name."""
 
 
-def own_rows(table_: pa.Table, sweep_dir: Path, notes: list[str]) -> pa.Table:
+def sweep_rows(table_: pa.Table, sweep_dir: Path, notes: list[str]) -> pa.Table:
     """The rows of a sweep folder's table that are its own: rows naming another sweep than
     the folder (a copied or renamed folder, a planted row), or a trial id that is no plain
     name, are left out, with one line in ``notes`` (and a warning) naming the folder."""
@@ -483,40 +679,10 @@ def note(notes: list[str] | None, line: str) -> None:
     log.warning(f"scale-fpt: warning: {line}")
 
 
-def read_table_dir(path: Path, schema: pa.Schema, notes: list[str] | None = None) -> pa.Table:
-    """Every readable file of a table directory; a damaged one is skipped with a warning
-    (and a line in ``notes``)."""
+def sweep_table(path: Path, schema: pa.Schema, notes: list[str]) -> pa.Table:
+    """A sweep's table directory (``compaction.read_table``); a linked one is not read, with
+    a line in ``notes``."""
     if path.is_symlink():
         note(notes, f"{linked(path)}: not read")
         return schema.empty_table()
-    files = []
-    for f in sorted(path.glob("[!._]*.parquet")):
-        if f.is_symlink():
-            note(notes, f"{linked(f)}: not read (a results file is a file of its folder)")
-        else:
-            files.append(f)
-    tables = [read_parquet(f, schema) for f in files]
-    if notes is not None:
-        notes += [
-            f"skipped damaged results file {printable(str(f))}"
-            for f, t in zip(files, tables, strict=True)
-            if t is None
-        ]
-    tables = [t for t in tables if t is not None]
-    return pa.concat_tables(tables) if tables else schema.empty_table()
-
-
-def read_parquet(path: Path, schema: pa.Schema) -> pa.Table | None:
-    """The table in ``path``; None, with one warning line naming the file, when it is not a
-    readable Parquet file of ``schema`` (truncated, garbage, another table's file)."""
-    try:
-        return pq.read_table(path, schema=schema)
-    except (pa.ArrowException, OSError) as e:
-        detail = str(e).split(f"'{path}': ")[-1]  # pyarrow repeats the path first
-        cause = " ".join(f"{type(e).__name__}: {detail}".split())[:160]
-        log.warning(
-            f"scale-fpt: warning: skipping damaged results file {printable(str(path))} "
-            f"({printable(cause)}); "
-            "--resume of its sweep re-derives its rows from Ray Tune's log"
-        )
-        return None
+    return read_table(path, schema)

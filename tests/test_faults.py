@@ -40,6 +40,7 @@ from hypothesis import strategies as st
 from ray_clusters import LocalCluster, wait_until
 
 from scale_fpt import cli
+from scale_fpt.compaction import PART_PREFIX, part_index
 from scale_fpt.config import TrialConfig
 from scale_fpt.recovery import tune_reports  # each report also records the ``pid`` that made it
 from scale_fpt.results import ResultsError, load_results
@@ -445,13 +446,17 @@ def interrupted_after_two_evaluations(sweep: SweepConfig):
     return outcome
 
 
+def holding(table_dir: Path, trial_id: str) -> Path:
+    """The file holding a trial's rows: its own, or (an ended trial's) a compacted one."""
+    own = table_dir / f"{trial_id}.parquet"
+    return own if own.exists() else table_dir / part_index(table_dir)[trial_id][0]
+
+
 def damage(sweep_dir: Path, trial_id: str, curve_id: str) -> list[Path]:
-    """Truncate the trials file of ``trial_id`` and the curves file of ``curve_id``, and
-    put a garbage ``*.parquet`` beside each: the damaged files, as readers must name them."""
-    damaged = [
-        sweep_dir / "trials" / f"{trial_id}.parquet",
-        sweep_dir / "curves" / f"{curve_id}.parquet",
-    ]
+    """Truncate the file holding the trials row of ``trial_id`` and the one holding the
+    curve of ``curve_id``, and put a garbage ``*.parquet`` beside each: the damaged files,
+    as readers must name them."""
+    damaged = [holding(sweep_dir / "trials", trial_id), holding(sweep_dir / "curves", curve_id)]
     for path in damaged:
         truncate(path)
     for table in ("trials", "curves"):
@@ -612,26 +617,28 @@ def test_resumed_copy_of_a_sweep_writes_where_the_command_says(resumed_copy):
 def test_damaged_results_files_of_a_finished_sweep_are_named_then_rederived_by_resume(
     resumed_copy, caplog
 ):
-    """A finished sweep whose files are damaged afterwards (one trial's row and the other's
-    curve truncated, garbage files beside them): load_results, the summary and `scale-fpt
-    report` read the rest and name each damaged file; --resume rewrites the two trials'
-    rows from Tune's log, equal to what was there before. (The finished sweep: E of
-    ``resumed_copy``, finished by resuming a copy of an interrupted sweep's Tune state.)"""
+    """A finished sweep whose files are damaged afterwards (the compacted files holding one
+    trial's row and the other's curve truncated, garbage files beside them): load_results,
+    the summary and `scale-fpt report` read the rest and name each damaged file; --resume
+    rewrites the trials' rows from Tune's log, equal to what was there before; the damaged
+    files, no trial's now, stay named. (The finished sweep: E of ``resumed_copy``, finished
+    by resuming a copy of an interrupted sweep's Tune state.)"""
     sweep = resumed_copy.copy
     before = load_results(sweep.results_dir, sweep.name)
     assert len(before.trials) == 2 and (before.trials["status"] == "completed").all()
     first, second = before.trials["trial_id"]
     damaged = damage(Path(sweep.results_dir) / sweep.name, first, second)
+    # The driver compacted the ended trials: one file holds both rows, one both curves.
+    assert [p.name.startswith(PART_PREFIX) for p in damaged] == [True, True, False, False]
 
     out = resumed_copy.root / "damaged_report"
     skipped = assert_readers_skip_and_name(sweep, damaged, caplog, out)
-    assert skipped.trials["trial_id"].tolist() == [second]
-    assert skipped.curves["trial_id"].unique().tolist() == [first]
+    assert skipped.trials.empty and skipped.curves.empty
 
     assert run_sweep_with_deadline(sweep, resume=True).finished  # names the damaged files too
     caplog.clear()
     after = load_results(sweep.results_dir, sweep.name)
-    assert warned_files(caplog) == sorted(str(p) for p in damaged if p.stem == "stray")
+    assert warned_files(caplog) == sorted(map(str, damaged))
     pd.testing.assert_frame_equal(after.trials, before.trials)
     pd.testing.assert_frame_equal(after.curves, before.curves)
 

@@ -249,6 +249,9 @@ def test_grid_sweep_writes_contract_rows_once(lr_grid):
     assert set(trials["node_id"]) <= {n["NodeID"] for n in ray.nodes()}
     assert (trials["gpu_ids"] == "[]").all() and trials["gpu_model"].isna().all()
     assert [json.loads(r) for r in trials["resources_requested"]] == [[{"CPU": 1}]] * 2
+    # The driver compacted the ended trials when the experiment ended: one file per table.
+    for table in ("trials", "curves"):
+        assert [p.name[:10] for p in (tmp_path / "grid" / table).iterdir()] == ["compacted-"]
 
 
 @pytest.mark.slow
@@ -365,3 +368,36 @@ def test_packed_sweep_rows_match_the_unpacked_sweep(lr_grid, tmp_path):
         assert merged[f"{column}_packed"].to_numpy() == pytest.approx(
             merged[f"{column}_alone"].to_numpy(), rel=1e-4, abs=1e-6
         )
+
+
+def test_a_restored_experiment_state_writes_where_the_restoring_command_says(tmp_path):
+    """Tune pickles its callbacks into the experiment state and ``Tuner.restore`` brings
+    them back: the driver's pickle as a reference that is itself in the process that made
+    it, the restoring driver's callbacks in another, and nothing elsewhere; the results
+    directory it was made for is kept (a moved search is refused on it)."""
+    import cloudpickle
+
+    from scale_fpt.sweep import callbacks as cb
+
+    def made(results: Path):
+        return cb.sweep_callbacks(SweepConfig(name="s", results_dir=str(results), base=TINY))
+
+    first = made(tmp_path / "C")
+    assert first.results.results_dir == str(tmp_path / "C")
+    saved = cloudpickle.dumps([first])
+    assert cloudpickle.loads(saved)[0] is first  # Tune's copies in this process
+    here = made(tmp_path / "E")
+    with cb.serving(here):  # restored by the process that saved it, or by a new one
+        assert cloudpickle.loads(saved)[0] is here
+    assert [str(tmp_path / "C")] == cb.RESTORED_FROM
+    del first  # a new process never made it
+    inert = cloudpickle.loads(saved)[0]  # read outside a driver: does nothing
+    assert len(inert) == 0 and inert.results_dir == str(tmp_path / "C")
+    search = SweepConfig(
+        name="s",
+        results_dir=str(tmp_path / "E"),
+        base=TINY,
+        search={"lr": ("loguniform", 1e-4, 1e-2)},
+    )
+    with pytest.raises(ConfigError, match=f"resume it with --results {tmp_path / 'C'}"):
+        cb.refuse_moved_search(search, here)

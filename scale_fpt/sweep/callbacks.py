@@ -1,10 +1,18 @@
 """The driver's side of a sweep: the Tune callback that writes each reported evaluation to
-Parquet as it arrives, and the handling of writes that fail."""
+Parquet as it arrives and compacts ended trials' rows as the sweep goes, and the handling of
+writes that fail."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import secrets
+import threading
+import time
+import weakref
 from pathlib import Path
 
+from scale_fpt.compaction import recover
 from scale_fpt.results import ResultsError, ResultsWriter
 from scale_fpt.sweep.config import SweepConfig
 from scale_fpt.sweep.progress import progress_callback_class, trial_error_text
@@ -12,6 +20,13 @@ from scale_fpt.sweep.tracking import tracking_callback_class
 from scale_fpt.sweep.trainable import config_only_row, tune_members
 from scale_fpt.trial import SEARCH_CONFIG, member_search_configs, without_search_configs
 from scale_fpt.vocabulary import Status, StopReason
+
+log = logging.getLogger(__name__)
+
+COMPACT_EVERY_TRIALS = 256
+COMPACT_EVERY_S = 600.0
+"""The driver compacts in the background once this many trials ended, or this long after
+the last compaction with any ended since; and once more when the experiment ends."""
 
 WRITE_FAILURES: list[ResultsError] = []
 """Results writes that failed in this driver (a full disk, a directory gone read-only). Tune
@@ -46,9 +61,21 @@ def results_callback_class():
 
         @property
         def writer(self) -> ResultsWriter:
+            return self.opened()[0]
+
+        @property
+        def compactor(self) -> Compactor:
+            return self.opened()[1]
+
+        def opened(self) -> tuple[ResultsWriter, Compactor]:
+            """The writer and its compactor, made on first use. Only the driver makes its
+            callbacks, holding the sweep's driver lock: what a killed compaction left is
+            removed first."""
             if self._writer is None:
                 self._writer = ResultsWriter(self.results_dir, self.sweep)
-            return self._writer
+                recover(self._writer.root)
+                self._compactor = Compactor(self._writer)
+            return self._writer, self._compactor
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
             with recording_write_failures():
@@ -57,10 +84,24 @@ def results_callback_class():
         def on_trial_complete(self, iteration, trials, trial, **info):
             with recording_write_failures():
                 self.write_complete(trial)
+            self.ended(trial)
 
         def on_trial_error(self, iteration, trials, trial, **info):
             with recording_write_failures():
                 self.write_error(trial)
+            self.ended(trial)
+
+        def ended(self, trial) -> None:
+            # Nothing of an ended trial stays in memory (a sweep of 10^5 trials).
+            ids = [row["trial_id"] for row in self.reported_rows(trial)]
+            self.last_rows.pop(trial.trial_id, None)
+            self.search_configs.pop(trial.trial_id, None)
+            with recording_write_failures():
+                self.compactor.ended(ids)
+
+        def on_experiment_end(self, trials, **info):
+            with recording_write_failures():
+                self.compactor.finish()
 
         def tagged(self, trial, rows: list[dict]) -> list[dict]:
             """Rows with the search configuration each belongs to (None for grid trials)."""
@@ -113,6 +154,49 @@ def results_callback_class():
     return ResultsCallback
 
 
+class Compactor:
+    """Compacts a sweep's ended trials (``ResultsWriter.compact``) in a background thread
+    while the driver writes: every ``COMPACT_EVERY_TRIALS`` ended trials or
+    ``COMPACT_EVERY_S`` seconds, and at the end (``finish``). A trial written again while
+    a compaction reads it stays in its own file until the next one (``finish`` takes all)."""
+
+    def __init__(self, writer: ResultsWriter):
+        self.writer = writer
+        self.pending: set[str] = set()
+        self.last = time.monotonic()
+        self.thread: threading.Thread | None = None
+
+    def ended(self, trial_ids: list[str]) -> None:
+        for trial_id in trial_ids:
+            self.writer.forget(trial_id)
+        self.pending.update(trial_ids)
+        due = len(self.pending) >= COMPACT_EVERY_TRIALS or (
+            self.pending and time.monotonic() - self.last >= COMPACT_EVERY_S
+        )
+        if due and (self.thread is None or not self.thread.is_alive()):
+            batch, self.pending = self.pending, set()
+            self.last = time.monotonic()
+            self.thread = threading.Thread(
+                target=self.compact, args=(batch,), name="scale-fpt-compact", daemon=True
+            )
+            self.thread.start()
+
+    def compact(self, trial_ids: set[str] | None) -> None:
+        try:
+            self.writer.compact(trial_ids)
+        except (OSError, ResultsError) as e:
+            # The rows stay in their own files (every trial still once); the next
+            # compaction, or the next run, tries again.
+            log.warning(f"scale-fpt: warning: compacting {self.writer.root} failed: {e}")
+
+    def finish(self) -> None:
+        """Wait for a compaction under way, then compact every ended trial."""
+        if self.thread is not None:
+            self.thread.join()
+        self.pending.clear()
+        self.compact(None)
+
+
 class recording_write_failures:
     """Context manager: a ResultsError raised inside is kept in WRITE_FAILURES (and raised)."""
 
@@ -138,12 +222,71 @@ def fit_reporting_write_failures(tuner):
         raise
 
 
-def sweep_callbacks(sweep: SweepConfig, experiment: str = "", planned_steps: int = 0) -> list:
-    """The driver's callbacks: our own rows first, Tune's result.json (its ResultGrid reads
-    it, and ``recovery`` re-derives lost rows from it), the live progress of ``experiment``
-    (``planned_steps``: its member trial-steps, for the ETA) and the trackers of
-    ``sweep.loggers``. (Tune's own TensorBoard and CSV loggers would only warn about the
-    nested row lists; ``tracking`` logs per member trial instead.)"""
+def driver_callbacks_class():
+    from ray.tune.callback import CallbackList
+
+    class DriverCallbacks(CallbackList):
+        """This driver's callbacks as one Tune callback (``CallbackList`` hands each event
+        to each in turn). Tune pickles its callbacks into the experiment state and
+        ``Tuner.restore`` brings those back (it takes none): this one pickles as a reference
+        (``restored_callbacks``), so a restored experiment writes where the command restoring
+        it says, not where the saved state was written."""
+
+        def __init__(self, results_dir: str, callbacks: list):
+            super().__init__(callbacks)
+            self.results_dir = results_dir
+            self.token = secrets.token_hex(8)
+            LIVE[self.token] = self
+
+        @property
+        def results(self):
+            """The results callback (the first)."""
+            return self[0]
+
+        def __reduce__(self):
+            return restored_callbacks, (self.token, self.results_dir)
+
+    return DriverCallbacks
+
+
+LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+"""This process's driver callbacks by token (a copy of one, in this process, is itself)."""
+SERVING: list = []
+"""The driver callbacks of the experiment this process is restoring (``serving``)."""
+RESTORED_FROM: list[str] = []
+"""The results directories the driver callbacks in a restored experiment state wrote to."""
+
+
+def restored_callbacks(token: str, results_dir: str):
+    """What a pickled ``DriverCallbacks`` becomes: in a driver restoring the experiment
+    (``serving``), that driver's callbacks (the same process may have made the saved ones);
+    else itself in the process that made it (a copy); elsewhere (a reader of the state),
+    callbacks that do nothing."""
+    if SERVING:
+        RESTORED_FROM.append(str(Path(results_dir).absolute()))
+        return SERVING[-1]
+    if token in LIVE:
+        return LIVE[token]
+    return driver_callbacks_class()(results_dir, [])
+
+
+@contextlib.contextmanager
+def serving(callbacks):
+    """While restoring a Tune experiment: its saved driver callbacks become ``callbacks``."""
+    SERVING.append(callbacks)
+    RESTORED_FROM.clear()
+    try:
+        yield
+    finally:
+        SERVING.pop()
+
+
+def sweep_callbacks(sweep: SweepConfig, experiment: str = "", planned_steps: int = 0):
+    """The driver's callbacks (``DriverCallbacks``): our own rows first, Tune's result.json
+    (its ResultGrid reads it, and ``recovery`` re-derives lost rows from it), the live
+    progress of ``experiment`` (``planned_steps``: its member trial-steps, for the ETA) and
+    the trackers of ``sweep.loggers``. (Tune's own TensorBoard and CSV loggers would only
+    warn about the nested row lists; ``tracking`` logs per member trial instead.)"""
     from ray.tune.logger import JsonLoggerCallback
 
     results_dir = str(Path(sweep.results_dir).absolute())
@@ -158,23 +301,15 @@ def sweep_callbacks(sweep: SweepConfig, experiment: str = "", planned_steps: int
         callbacks.append(
             tracking(str(sweep.sweep_dir), sweep.loggers, name, sweep.varying_fields())
         )
-    return callbacks
+    return driver_callbacks_class()(results_dir, callbacks)
 
 
-def write_where_told(tuner, sweep: SweepConfig, callbacks: list) -> None:
-    """Give a restored Tuner this command's callbacks. ``Tuner.restore`` brings back the
-    callbacks pickled in the experiment state, whose results directory is the one of the run
-    that made it (another one when the state was copied or moved); ``Tuner.restore`` takes
-    no callbacks, so they are replaced in its run config. A search is refused instead: its
-    restored Optuna searcher keeps the study in the other directory's default database."""
-    run_config = tuner._local_tuner.get_run_config()
-    stored = {
-        str(Path(c.results_dir).absolute())
-        for c in run_config.callbacks
-        if hasattr(c, "results_dir")
-    }
-    here = callbacks[0].results_dir
-    if sweep.search and not sweep.optuna_storage and stored - {here}:
+def refuse_moved_search(sweep: SweepConfig, callbacks) -> None:
+    """After restoring: a search whose saved state wrote to another results directory is
+    refused; its restored Optuna searcher keeps the study in that directory's default
+    database (a grid writes where this command says: ``DriverCallbacks``)."""
+    stored = set(RESTORED_FROM) - {callbacks.results_dir}
+    if sweep.search and not sweep.optuna_storage and stored:
         raise ResultsError(
             [
                 f"--resume: the Ray Tune state in {sweep.ray_storage} belongs to the search "
@@ -182,4 +317,3 @@ def write_where_told(tuner, sweep: SweepConfig, callbacks: list) -> None:
                 f"resume it with --results {', '.join(sorted(stored))}"
             ]
         )
-    run_config.callbacks = callbacks

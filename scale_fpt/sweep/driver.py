@@ -19,8 +19,9 @@ from scale_fpt.results import ResultsWriter, load_results
 from scale_fpt.storage import JOURNAL_SUFFIX, check_sweep_storage, default_optuna_storage
 from scale_fpt.sweep.callbacks import (
     fit_reporting_write_failures,
+    refuse_moved_search,
+    serving,
     sweep_callbacks,
-    write_where_told,
 )
 from scale_fpt.sweep.config import SweepConfig, arm_label
 from scale_fpt.sweep.confirm import confirmation_arms, confirmation_sweep
@@ -202,9 +203,10 @@ def run_experiment(plan: SweepPlan, resume: bool):
     callbacks = sweep_callbacks(sweep, experiment, plan.planned_steps)
     if resume and tune.Tuner.can_restore(path):
         repoint_trial_generator(path)  # a copied sweep generates its new trials here too
-        tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True)
-        write_where_told(tuner, sweep, callbacks)
-        restore_missing_rows(callbacks[0], path)
+        with serving(callbacks):
+            tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True)
+        refuse_moved_search(sweep, callbacks)
+        restore_missing_rows(callbacks.results, path)
         return fit_reporting_write_failures(tuner), None
 
     if sweep.search:
@@ -243,7 +245,7 @@ def run_experiment(plan: SweepPlan, resume: bool):
         run_config=tune.RunConfig(
             name=experiment,
             storage_path=sweep.ray_storage,
-            callbacks=callbacks,
+            callbacks=[callbacks],
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             verbose=0,
