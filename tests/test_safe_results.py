@@ -25,6 +25,7 @@ from scale_fpt.checkpoints import UnsafeCheckpointError, load_checkpoint_file, w
 from scale_fpt.config import TrialConfig
 from scale_fpt.loop import PROGRESS_FILE
 from scale_fpt.models import build_model
+from scale_fpt.report.render import escape_md
 from scale_fpt.results import (
     ResultsError,
     ResultsWriter,
@@ -125,7 +126,8 @@ def test_report_refuses_a_planted_weights_file_and_a_copy_reads_its_own(tmp_path
     assert not marker.exists()
     section = text[text.index("## Attention maps") :]
     assert "(trial t)" in section
-    assert f"Not analysed: refused to load {planted}: it holds a pickled io.open" in section
+    refused = escape_md(f"refused to load {planted}: it holds a pickled io.open")
+    assert f"Not analysed: {refused}" in section
     assert "Mean share on the relevant inputs" not in section
 
     # The original, moved elsewhere, still reports from its own checkpoint.
