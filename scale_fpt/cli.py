@@ -438,6 +438,7 @@ def plan(config: TrialConfig, placement) -> int:
     # (start-up time).
     from scale_fpt.models import empty_groups, family_name
     from scale_fpt.profile import config_profile
+    from scale_fpt.steps.choice import planned_step
     from scale_fpt.tasks.preprocessing import preprocessing
 
     profile = config_profile(config)
@@ -483,6 +484,8 @@ def plan(config: TrialConfig, placement) -> int:
         f"GPUs needed: {placement.gpus}; ZeRO stage: {placement.zero_stage}; "
         f"trials per GPU: {placement.trials_per_gpu}"
     )
+    step = planned_step(profile.kind, train, placement)
+    print(f"step: {step.describe()}")
     aspects = preprocessing(config)
     print(f"preprocessing of {config.task.task} (* = differs from what the paper's numbers used):")
     for a in aspects:
@@ -507,6 +510,8 @@ def plan(config: TrialConfig, placement) -> int:
         "workers": placement.workers,
         "gpu_bytes": placement.memory.device if placement.memory else None,
         "fits": placement.fits,
+        "step_kind": str(step.kind),
+        "step_mode": step.mode,
     }
     print(json.dumps(summary))
     return 0

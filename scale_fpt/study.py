@@ -296,7 +296,8 @@ def placement_table(sweep) -> str:
     GPU is the declared one (``--gpu``), else ``gpus.DEFAULT_GPU``."""
     # The profile loads torch and placement Ray: imported for --plan (start-up time).
     from scale_fpt.cluster import GPUOffer
-    from scale_fpt.profile import plan_trial
+    from scale_fpt.profile import config_profile, plan_trial
+    from scale_fpt.steps.choice import planned_step
     from scale_fpt.sweep.placement import study_gpu_hours, sweep_gpus
 
     if sweep.gpu or sweep.gpu_memory_gb or sweep.gpus_per_trial == "0":
@@ -320,7 +321,8 @@ def placement_table(sweep) -> str:
                 config.task.task,
                 budget,
                 batch,
-                plan.describe(),
+                f"{plan.describe()}; "
+                + planned_step(config_profile(config).kind, config.train, plan).describe(),
             )
         ] += 1
     per_arm = sweep.search_trials if sweep.search else 1  # an Optuna search runs each arm N times

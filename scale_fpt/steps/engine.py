@@ -36,7 +36,9 @@ from scale_fpt.runtime import (
 )
 from scale_fpt.seeding import seed_streams
 from scale_fpt.steps import MemberMetrics, evaluation_sums, member_losses, model_inputs
+from scale_fpt.steps.choice import Compilation, step_choice
 from scale_fpt.tasks.base import Batch, Task
+from scale_fpt.vocabulary import StepKind
 from scale_fpt.world import SINGLE_PROCESS, World, init_world, leave_world, rank_seed, rows
 
 CHECKPOINT_TAG = "trial"
@@ -206,6 +208,13 @@ class EngineStep:
                 if not p.requires_grad:
                     p.data = p.data.to(self.dtype)
             optimizer = client_optimizer(train, trainable)
+        choice = step_choice(StepKind.ENGINE, train, torch.device(self.device).type)
+        self.compilation = Compilation(choice.mode, "engine step")
+        # The module's forward alone: DeepSpeed's hooks around it and its backward and
+        # optimizer step stay eager (``steps.choice``).
+        # Compiled, the dropout keys are an argument of the forward (``ops.keyed_forward``).
+        if choice.compiled:
+            built.module.forward = self.compilation.wrap(ops.keyed_forward(built.module.forward))
         config = getattr(getattr(built.module, "backbone", None), "config", None)
         if config is not None and hasattr(config, "use_cache"):
             config.use_cache = False  # a KV cache is built per forward otherwise
@@ -249,8 +258,13 @@ class EngineStep:
         if not self.training:
             self.engine.train()
             self.training = True
-        with ops.keyed_by(self.step_keys.at(step)), self.autocast:
-            logits = self.engine(x, lengths)  # (B/N, k, m, C)
+        keys = self.step_keys.at(step)
+        with self.autocast:
+            if self.compilation.mode != "off":  # a copy: the same input layout every step
+                logits = self.engine(x, lengths, step_keys=keys.clone())  # (B/N, k, m, C)
+            else:
+                with ops.keyed_by(keys):
+                    logits = self.engine(x, lengths)
         loss, correct = member_losses(logits[None], y[None])  # (1,), (1,)
         # Every rank's slice has batch_size / workers examples: the mean of the ranks' means
         # is the whole batch's mean, and the correct counts add up.
@@ -323,3 +337,5 @@ class EngineStep:
         self.engine.destroy()
         del self.engine
         leave_world(self.world)
+        if self.compilation.mode != "off":  # its graphs and guards hold this trial's module
+            torch._dynamo.reset()
