@@ -471,8 +471,10 @@ def test_study_plan_lists_placements_and_gpu_hours_without_ray():
     assert cpu == [
         "s: 1 arms x 1 trial(s) on CPUs",
         "  seeds 0",
-        "    1 x gpt2 fpt bit-xor, 1,000 steps, bs 16: CPU",
+        "    1 x gpt2 fpt bit-xor, 1,000 steps, bs 16: CPU; cohort step, eager: on a CPU "
+        "compilation costs more than it saves",
     ]
+    assert table[2].endswith("; cohort step, compiled (reduce-overhead)")  # the GPU's step
 
 
 def test_sweep_yaml_and_study_flags_declare_gpus(tmp_path):
