@@ -25,13 +25,19 @@ step supports it.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
+from filelock import FileLock
 
 from scale_fpt.config import ConfigError, TrainConfig
+from scale_fpt.prebuild import extensions_dir
 from scale_fpt.vocabulary import StepKind
 
 log = logging.getLogger(__name__)
@@ -101,25 +107,79 @@ def planned_step(kind: StepKind, train: TrainConfig, plan) -> StepChoice:
     return step_choice(kind, train, "cuda" if plan.gpus else "cpu")
 
 
+GRAPH_FREE_FIELDS = ("seed", "lr", "max_steps", "eval_every", "log_evals", "patience", "grad_clip")
+"""Config fields a step's graphs do not depend on (values held in tensors, or the loop's)."""
+
+
+def graph_signature(configs: list, device: str) -> str:
+    """What the compiled graphs of a step of ``configs`` on ``device`` depend on: the first
+    config's fields but ``GRAPH_FREE_FIELDS``, every member's trained groups, and K."""
+    flat = {k: v for k, v in configs[0].to_flat().items() if k not in GRAPH_FREE_FIELDS}
+    groups = sorted({c.train.finetune for c in configs})
+    return f"{device} K={len(configs)} {groups} {sorted(flat.items())}"
+
+
 COMPILE_ERRORS = (torch._dynamo.exc.TorchDynamoException,)
 """What compilation raises (dynamo's and inductor's errors: ``InductorError``,
 ``BackendCompilerFailed``, ``Unsupported`` under ``fullgraph``); any other error of a
 compiled call is the step's own and propagates."""
 
 
+def compile_cache() -> Path:
+    """The node's compile cache: ``TORCHINDUCTOR_CACHE_DIR`` when set, else ``inductor/`` in
+    the node's torch extensions directory (``prebuild.extensions_dir``, where the fused CPU
+    kernels are built), set for this process and what it starts. Inductor keeps there its
+    FX graph cache (generated code and compiled kernels per graph, keyed on the graph, its
+    shapes, the device and the versions) and AOTAutograd's cache: a trial compiling a graph
+    that another process of the node compiled loads it instead (both caches are on)."""
+    directory = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(extensions_dir() / "inductor")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
+    torch._inductor.config.fx_graph_cache = True
+    torch._functorch.config.enable_autograd_cache = True
+    return Path(directory)
+
+
+@contextlib.contextmanager
+def first_compile(signature: str) -> Iterator[None]:
+    """Around the first call of a compiled function of ``signature`` (its step's shapes and
+    mode, and the function): the first process of the node to reach it compiles it while
+    holding the node's lock for it and leaves a marker; processes that reach it meanwhile
+    wait, then compile from the warm cache side by side, so trials started together on a
+    fresh node pay one cold compilation, not one each."""
+    directory = compile_cache() / "scale_fpt_first"
+    directory.mkdir(parents=True, exist_ok=True)
+    name = hashlib.sha1(signature.encode()).hexdigest()[:16]
+    marker = directory / f"{name}.done"
+    if marker.exists():
+        yield
+        return
+    with FileLock(directory / f"{name}.lock"):
+        cold = not marker.exists()
+        if cold:
+            yield
+            marker.touch()
+    if not cold:
+        yield
+
+
 class Compilation:
     """The compiled functions of one step (``wrap``). If compiling any of them fails, every
     one runs eagerly from then on, after one warning line; ``compiled`` then says False, and
-    the trial's row records it (``step_compiled``).
+    the trial's row records it (``step_compiled``). The first call of each pays its
+    compilation once per node (``compile_cache``, ``first_compile``); ``signature`` names
+    what the graphs depend on (shapes, dtypes, mode).
 
     A compiled call fails while dynamo compiles a graph, before that graph runs; each of the
     step's functions traces to one graph (no graph breaks: ``tests/test_compile.py``), so
     the eager retry of the call repeats nothing that ran."""
 
-    def __init__(self, mode: str, what: str):
+    def __init__(self, mode: str, what: str, signature: str = ""):
         self.mode = mode
         self.what = what
+        self.signature = f"{torch.__version__} {what} {mode} {signature}"
         self.failure: str | None = None
+        if mode != "off":
+            compile_cache()
 
     @property
     def compiled(self) -> bool:
@@ -132,10 +192,17 @@ class Compilation:
         if mode == "off":
             return function
         compiled = torch.compile(function, mode=mode)
+        name = getattr(function, "__qualname__", type(function).__name__)
+        first = [True]
 
         def call(*args, **kwargs):
             if self.failure is None:
                 try:
+                    if first[0]:
+                        with first_compile(f"{self.signature} {name} {mode}"):
+                            out = compiled(*args, **kwargs)
+                        first[0] = False
+                        return out
                     return compiled(*args, **kwargs)
                 except COMPILE_ERRORS as e:
                     self.fail(e)
@@ -161,7 +228,10 @@ __all__ = [
     "COMPILE_ERRORS",
     "Compilation",
     "StepChoice",
+    "compile_cache",
     "engine_compile_problem",
+    "first_compile",
+    "graph_signature",
     "planned_step",
     "step_choice",
 ]

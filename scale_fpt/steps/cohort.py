@@ -36,7 +36,7 @@ from scale_fpt.runtime import DTYPES, flush_denormals, retain_freed_memory, tria
 from scale_fpt.seeding import seed_streams
 from scale_fpt.steps import MemberMetrics, evaluation_sums, member_losses, model_inputs
 from scale_fpt.steps.adam import PackedAdam
-from scale_fpt.steps.choice import Compilation, step_choice
+from scale_fpt.steps.choice import Compilation, graph_signature, step_choice
 from scale_fpt.tasks.base import Batch, Task
 from scale_fpt.vocabulary import StepKind
 
@@ -74,7 +74,7 @@ class CohortStep:
         # The compile mode is shared by every member (cohort_problems).
         choice = step_choice(StepKind.COHORT, first.train, torch.device(self.device).type)
         mode = choice.mode
-        self.compilation = Compilation(mode, "cohort step")
+        self.compilation = Compilation(mode, "cohort step", graph_signature(configs, self.device))
         self.forward = self.compilation.wrap(self.model)
         self.task = task.to(self.device)  # batches are drawn where the cohort trains
         self.member_seeds = [c.train.seed for c in configs]

@@ -36,7 +36,7 @@ from scale_fpt.runtime import (
 )
 from scale_fpt.seeding import seed_streams
 from scale_fpt.steps import MemberMetrics, evaluation_sums, member_losses, model_inputs
-from scale_fpt.steps.choice import Compilation, step_choice
+from scale_fpt.steps.choice import GRAPH_FREE_FIELDS, Compilation, step_choice
 from scale_fpt.tasks.base import Batch, Task
 from scale_fpt.vocabulary import StepKind
 from scale_fpt.world import SINGLE_PROCESS, World, init_world, leave_world, rank_seed, rows
@@ -209,7 +209,11 @@ class EngineStep:
                     p.data = p.data.to(self.dtype)
             optimizer = client_optimizer(train, trainable)
         choice = step_choice(StepKind.ENGINE, train, torch.device(self.device).type)
-        self.compilation = Compilation(choice.mode, "engine step")
+        shapes = [tuple(p.shape) for p in built.module.parameters()]
+        train_fields = {k: v for k, v in vars(train).items() if k not in GRAPH_FREE_FIELDS}
+        self.compilation = Compilation(
+            choice.mode, "engine step", f"{self.device} {task.spec} {shapes} {train_fields}"
+        )
         # The module's forward alone: DeepSpeed's hooks around it and its backward and
         # optimizer step stay eager (``steps.choice``).
         # Compiled, the dropout keys are an argument of the forward (``ops.keyed_forward``).
