@@ -255,7 +255,7 @@ def inductor_launch_sites(gm: torch.fx.GraphModule, example_inputs) -> Counter[s
     try:
         with inductor_config.patch(fx_graph_cache=False), _disable_current_modes():
             compile_fx_inner(copy.deepcopy(gm), example_inputs)
-    except Exception as e:  # inductor's CPU backend fails on some graphs (docs/performance.md)
+    except Exception:  # inductor's CPU backend fails on some graphs (docs/performance.md)
         if os.environ.get("STEP_OPS_DEBUG"):
             raise
         return None
