@@ -46,6 +46,10 @@ PINNED = {
     # bit-xor, batch 4, bf16; every path draws its batch in one graph (``Task.drawn``)
     ("engine", "fpt"): (174, 0, 1),
     ("cohort-eager", "fpt"): (239, 0, 1),
+    # around its graphs (the draw, the module forward and backward, the loss with the
+    # metrics and its backward, the clipping): the step as a device value, the keys' row
+    # copied, the unit gradient, fused Adam and DeepSpeed's step bookkeeping
+    ("engine-compiled", "fpt"): (11, 0, 6),
     # eager ops around the graphs: the step as a device value for the draw and the metrics,
     # the dropout keys' row copied, the loss's unit gradient; graphs: the draw, forward (with
     # loss and metrics), backward, update

@@ -246,6 +246,9 @@ class EngineStep:
         if world.size > 1:
             torch.manual_seed(dropout_seed)  # what draws from torch's global generator
         self.metrics = MemberMetrics(1, self.engine.device)
+        # Compiled, the loss with the metrics and the gradient clipping are graphs too.
+        self._loss = self.compilation.wrap(self._training_loss)
+        self._clip = self.compilation.wrap(self._clip_gradients)
         self.engine.train()
         self.training = True  # evaluations switch the module to eval mode and back
         flush_denormals()
@@ -269,6 +272,24 @@ class EngineStep:
             else:
                 with ops.keyed_by(keys):
                     logits = self.engine(x, lengths)
+        # Compiled, the step is a device value: one graph for every step, not one per step.
+        at = torch.full((), step, device=y.device) if self.compilation.compiled else step
+        self.engine.backward(self._loss(logits, y, at))
+        if self.lean and self.train_config.grad_clip > 0:
+            self._clip()
+        self.engine.step()
+
+    def _clip_gradients(self) -> None:
+        """DeepSpeed's rule (scale by min(1, clip / (norm + 1e-6))), without host reads."""
+        torch.nn.utils.clip_grad_norm_(
+            self.trainable, self.train_config.grad_clip, foreach=foreach(self.engine.device)
+        )
+
+    def _training_loss(
+        self, logits: torch.Tensor, y: torch.Tensor, step: int | torch.Tensor
+    ) -> torch.Tensor:
+        """The loss to backpropagate (0 once the trial's loss is not finite), the whole
+        batch's metrics recorded at ``step``."""
         loss, correct = member_losses(logits[None], y[None])  # (1,), (1,)
         # Every rank's slice has batch_size / workers examples: the mean of the ranks' means
         # is the whole batch's mean, and the correct counts add up.
@@ -277,13 +298,7 @@ class EngineStep:
         counts = self.metrics.record(
             step, whole_loss, whole_correct, y.numel() * self.world.size, None
         )
-        self.engine.backward(torch.where(counts, loss, 0.0).sum())
-        if self.lean and self.train_config.grad_clip > 0:
-            # DeepSpeed's rule (scale by min(1, clip / (norm + 1e-6))), without host reads.
-            torch.nn.utils.clip_grad_norm_(
-                self.trainable, self.train_config.grad_clip, foreach=foreach(self.engine.device)
-            )
-        self.engine.step()
+        return torch.where(counts, loss, 0.0).sum()
 
     @torch.no_grad()
     def evaluate(self, split: str) -> torch.Tensor:
