@@ -107,7 +107,7 @@ def planned_step(kind: StepKind, train: TrainConfig, plan) -> StepChoice:
     return step_choice(kind, train, "cuda" if plan.gpus else "cpu")
 
 
-GRAPH_FREE_FIELDS = ("seed", "lr", "max_steps", "eval_every", "log_evals", "patience", "grad_clip")
+GRAPH_FREE_FIELDS = ("seed", "lr", "max_steps", "eval_every", "log_evals", "patience")
 """Config fields a step's graphs do not depend on (values held in tensors, or the loop's)."""
 
 
