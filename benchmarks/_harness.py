@@ -260,9 +260,10 @@ def data_note() -> str:
 
 
 IMAGE_TASKS = ("mnist", "cifar10", "cifar10-lra")
-PACKED_COMPILE = "reduce-overhead" if CUDA else "off"
-"""The cohort step's ``--compile`` in the benchmarks: CUDA graphs on a GPU; eager on a CPU,
-where the fused kernels are the fast path and compilation takes minutes."""
+PACKED_COMPILE = "auto"
+"""The cohort step's ``--compile`` in the benchmarks: what a sweep runs (``steps.choice``):
+CUDA graphs on a GPU; eager on a CPU, where the fused kernels are the fast path and
+compilation takes minutes."""
 
 
 def image_dataset(root: str, n_train: int, n_test: int, seed: int = 0) -> str:

@@ -35,7 +35,9 @@ often the host waits for the device, and those counts do not depend on the machi
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
+import re
 import sys
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -47,6 +49,7 @@ import torch.optim.optimizer as optimizer_module
 import torch.utils._foreach_utils as foreach_utils
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
+from torch._inductor.decomposition import select_decomp_table
 from torch._library.custom_ops import OPDEFS
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
@@ -112,6 +115,8 @@ class LaunchCounter(TorchDispatchMode):
         self.regions: Counter[str] = Counter()
         self.nonmatmul_bytes = 0
         self.graph_calls = 0
+        self.launch_sites: Counter[str] = Counter()
+        """Kernel launch sites inside the compiled graphs that ran, by kind (``launch_sites``)."""
         self._paused = 0
         self._counting = 0
         self._region_of = regions
@@ -124,10 +129,12 @@ class LaunchCounter(TorchDispatchMode):
         self._counting -= 1
         return super().__exit__(*exc)
 
-    def graph_called(self) -> None:
-        """A compiled graph ran (its ops uncounted: inductor fuses them into its kernels)."""
+    def graph_called(self, sites: Counter[str]) -> None:
+        """A compiled graph ran (its ops uncounted: inductor fuses them into its kernels),
+        with inductor's kernel launch ``sites`` inside it by kind."""
         if self._counting and not self._paused:
             self.graph_calls += 1
+            self.launch_sites.update(sites)
 
     def host_to_device(self) -> None:
         """A copy of host data to the device from pinned memory: one copy, no wait."""
@@ -199,15 +206,82 @@ class LaunchCounter(TorchDispatchMode):
         return out
 
 
+LAUNCH_SITE = re.compile(
+    r"^\s+(?:\w+ = )?(cpp_fused_\w+|triton_\w+\.run|extern_kernels\.\w+|aten\.\w+|"
+    r"torch\.ops\.\w+\.\w+)(?:\.default)?\(",
+    re.MULTILINE,
+)
+"""A kernel call in the ``call`` function of inductor's generated code: a generated kernel
+(``cpp_fused_*`` on a CPU, ``triton_*.run`` on a GPU), a library kernel
+(``extern_kernels.mm`` ...) or an op inductor falls back to (``aten.*``, ``torch.ops.*``:
+this project's custom ops among them)."""
+
+
+def launch_sites(code: str) -> Counter[str]:
+    """Kernel calls in the ``call`` function of inductor's output ``code``, by callee kind:
+    ``generated``, ``library`` or ``fallback``."""
+    lines, body, indent = code.splitlines(), [], None
+    for line in lines:  # ``call``: a function, or a method of the module's runner
+        stripped = line.lstrip()
+        if indent is None:
+            if stripped.startswith("def call("):
+                indent = len(line) - len(stripped)
+        elif stripped and len(line) - len(stripped) <= indent:
+            break
+        else:
+            body.append(line)
+    kinds: Counter[str] = Counter()
+    for callee in LAUNCH_SITE.findall("\n".join(body)):
+        if callee.startswith(("cpp_fused_", "triton_")):
+            kinds["generated"] += 1
+        elif callee.startswith("extern_kernels."):
+            kinds["library"] += 1
+        else:
+            kinds["fallback"] += 1
+    return kinds
+
+
+def inductor_launch_sites(gm: torch.fx.GraphModule, example_inputs) -> Counter[str] | None:
+    """``launch_sites`` of the code inductor generates for the aten graph ``gm`` on its
+    inputs' device (a CPU here: the CPU proxy of the GPU's kernels; inductor cannot emit
+    CUDA code without a CUDA build of torch). None where inductor fails on the graph."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.graph import GraphLowering
+
+    codes: list[str] = []
+    saved = GraphLowering.save_output_code
+    GraphLowering.save_output_code = codes.append
+    try:
+        with inductor_config.patch(fx_graph_cache=False), _disable_current_modes():
+            compile_fx_inner(copy.deepcopy(gm), example_inputs)
+    except Exception:  # inductor's CPU backend fails on some graphs (docs/performance.md)
+        if os.environ.get("STEP_OPS_DEBUG"):
+            raise
+        return None
+    finally:
+        GraphLowering.save_output_code = saved
+    return launch_sites(codes[-1]) if codes else None
+
+
 class CompiledGraphs:
     """What ``torch.compile`` made while counting: graphs compiled (forward and backward,
-    each), the aten ops inside them before fusion, and dynamo's graph breaks."""
+    each), the aten ops inside them before fusion, dynamo's graph breaks and, with
+    ``sites``, the kernel launch sites inductor generates for each graph (its CPU code: a
+    named proxy), counted per graph call (``LaunchCounter.launch_sites``)."""
 
-    def __init__(self, counter: LaunchCounter):
+    def __init__(self, counter: LaunchCounter, sites: bool = False):
         self.counter = counter
         self.compiled = 0
         self.ops_inside = 0
-        self.backend = aot_autograd(fw_compiler=self._compiler, bw_compiler=self._compiler)
+        self.sites = sites
+        self.uncounted_graphs = 0
+        """Graphs inductor's CPU backend failed on: their launch sites are not counted."""
+        # Inductor lowers graphs decomposed by its own table (as torch.compile gives it them).
+        decompositions = select_decomp_table() if sites else None
+        self.backend = aot_autograd(
+            fw_compiler=self._compiler, bw_compiler=self._compiler, decompositions=decompositions
+        )
 
     def _compiler(self, gm: torch.fx.GraphModule, example_inputs):
         self.compiled += 1
@@ -219,9 +293,12 @@ class CompiledGraphs:
             and node.target.overloadpacket not in NO_KERNEL
             and not node.target.is_view
         )
+        sites = inductor_launch_sites(gm, example_inputs) if self.sites else Counter()
+        if sites is None:
+            self.uncounted_graphs += 1
 
         def run(*args):
-            self.counter.graph_called()
+            self.counter.graph_called(sites or Counter())
             with _disable_current_modes(), self.counter.paused():  # Triton launches too
                 return gm(*args)
 
@@ -243,6 +320,55 @@ class CompiledGraphs:
         return sum(torch._dynamo.utils.counters["graph_break"].values())
 
 
+class _FusedAttention(torch.autograd.Function):
+    """``F.scaled_dot_product_attention`` counted as CUDA runs it: one fused kernel forward
+    and one backward (flash or memory-efficient attention, dropout drawn inside), computed
+    here by torch's CPU kernels with counting paused."""
+
+    @staticmethod
+    def forward(ctx, counter, sdpa, kwargs, q, k, v):
+        counter._count("fused_attention")
+        ctx.counter, ctx.sdpa, ctx.kwargs = counter, sdpa, kwargs
+        ctx.save_for_backward(q, k, v)
+        with counter.paused(), torch.random.fork_rng():
+            ctx.rng = torch.get_rng_state()  # the backward redraws the same mask
+            return sdpa(q, k, v, **kwargs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.counter._count("fused_attention_backward")
+        q, k, v = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+        with ctx.counter.paused(), torch.random.fork_rng(), torch.enable_grad():
+            torch.set_rng_state(ctx.rng)
+            out = ctx.sdpa(q, k, v, **ctx.kwargs)
+            grads = torch.autograd.grad(out, (q, k, v), grad)
+        return (None, None, None, *grads)
+
+
+@contextlib.contextmanager
+def cuda_kernels(counter: LaunchCounter) -> Iterator[None]:
+    """torch's own dropout and attention dispatched as on CUDA: ``F.dropout`` is one
+    ``native_dropout`` (its CPU form is three ops: bernoulli, div, mul) and
+    ``F.scaled_dot_product_attention`` one fused kernel each way (``_FusedAttention``; the
+    CPU's math attention with dropout is ~10 ops). For the plain baseline, so that it is
+    counted along the path a GPU takes, as the steps are."""
+    functional = torch.nn.functional
+    sdpa, dropout = functional.scaled_dot_product_attention, functional.dropout
+
+    def fused_dropout(x, p=0.5, training=True, inplace=False):
+        return torch.native_dropout(x, p, training)[0] if training and p > 0 else x
+
+    def fused_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        kwargs.update(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+        return _FusedAttention.apply(counter, sdpa, kwargs, q, k, v)
+
+    functional.dropout, functional.scaled_dot_product_attention = fused_dropout, fused_attention
+    try:
+        yield
+    finally:
+        functional.dropout, functional.scaled_dot_product_attention = dropout, sdpa
+
+
 def _counting_method(counter: LaunchCounter, method, why: str):
     def counted(self, *args, **kwargs):
         counter.sync(why)
@@ -252,12 +378,13 @@ def _counting_method(counter: LaunchCounter, method, why: str):
 
 
 @contextlib.contextmanager
-def gpu_path(counter: LaunchCounter) -> Iterator[CompiledGraphs]:
+def gpu_path(counter: LaunchCounter, sites: bool = False) -> Iterator[CompiledGraphs]:
     """The CPU takes the GPU's code path (module docstring) and ``counter`` hears of the
-    syncs and Triton launches that dispatch does not show, until the context exits."""
+    syncs and Triton launches that dispatch does not show, until the context exits;
+    ``sites``: also count inductor's launch sites inside the compiled graphs."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    graphs = CompiledGraphs(counter)
+    graphs = CompiledGraphs(counter, sites)
     run_kernel = InterpretedFunction.run
 
     def launch(self, *args, grid, warmup, **kwargs):

@@ -1,30 +1,32 @@
 #!/usr/bin/env bash
-# Issue 20 on a lent GPU: the GPU tests, the speed targets' benchmarks and the whole suite,
-# each a stage under its own time limit, logs written under $OUT (at most 7 files: the
-# device tool returns 8). Run from the repository root, in one device call per line of
-# docs/gpu.md's plan (a call may run 10 minutes), e.g. with carry [".whl"]:
+# The GPU check in one device call (issues 31 item 6 and 35): with carry [".whl"], from the
+# repository root,
 #
-#   bash benchmarks/gpu_session.sh gpu steps      # call 1: pytest -m gpu, step targets
-#   bash benchmarks/gpu_session.sh packing e2e    # call 2: packed K from the plan, 64-trial grid
-#   bash benchmarks/gpu_session.sh suite          # call 3: the whole suite
+#   bash benchmarks/gpu_session.sh          # the default: every stage of "session" below
 #
-# Stages (seconds are each stage's limit, chosen so that each call above ends within ~9.5
-# minutes with the ~30 s install):
-#   gpu      pytest -m gpu                                              (270 s)
-#   steps    step_throughput.py: one unpacked gpt2 bit-xor trial (batch 4), frozen and full
-#            gpt2-medium cifar10-lra (batch 16), data share of each step; step_ops.py: the
-#            kernel ops and syncs per step of each path, for the record   (270 s)
-#   packing  packing.py: gpt2 bit-xor and bit-memory at K = 1 and the memory plan's K (240 s)
-#   e2e      end_to_end.py: 64 gpt2 bit-xor trials x 5,000 steps, command to last row (300 s)
-#   suite    pytest (everything, the GPU tests included)                (560 s)
-#   plumbing every benchmark in its smallest form (for a CPU check of this script)
-# A stage killed at its limit keeps what it wrote; summary.txt lists every stage's exit
-# code, duration and target lines.
+# installs the wheels (.whl/setup.sh, ~30 s) and runs, most valuable first, each stage under
+# its own `timeout` (their limits add up to 480 s: the call ends within 9 minutes), writing
+# its log under $OUT as it goes, so what a stage reached survives any limit:
+#   gpu      pytest -m gpu tests/test_gpu_steps.py tests/test_dropout_kernels.py: several
+#            steps of the engine, compiled engine, eager and compiled cohort under sync-debug
+#            "error"; no recompiles after warm-up; cudagraph_skips == 0; compiled = eager;
+#            the row's step; the Triton dropout kernel compiled             (150 s)
+#   steps    step_throughput.py: steps/s of the default sweep path of one gpt2 bit-xor trial
+#            (batch 4, --compile auto: the K = 1 cohort with CUDA graphs; target >= 300) and
+#            of the engine path; MFU of gpt2-medium cifar10-lra fpt batch 16; step_trace.py:
+#            a profiler trace of the default step and its CUDA kernels per step    (150 s)
+#   packing  packing.py: gpt2 bit-xor at the memory plan's K                  (70 s)
+#   grid     end_to_end.py: a reduced 64-trial grid (8 lrs x 8 seeds x 300 steps of gpt2
+#            bit-xor), command to last Parquet row                            (110 s)
+# Other stages, one call each where time allows: gpu-all (every gpu test, 560 s), suite (the
+# whole suite, 560 s), plumbing (every benchmark above in its smallest form, for a CPU check
+# of this script). summary.txt lists every stage's exit code, duration and target lines.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-session-out}"
 mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
+export OUT
 if [ -f .whl/setup.sh ]; then
   # shellcheck disable=SC1091
   . .whl/setup.sh
@@ -66,25 +68,31 @@ PY
 }
 
 machine
-for what in "${@:-gpu steps}"; do
+for what in "${@:-session}"; do
+  [ "$what" = session ] && what="gpu steps packing grid"
   for name in $what; do
     case "$name" in
       gpu)
-        stage gpu-tests 270 python -m pytest -q -m gpu -p no:cacheprovider --durations=20 ;;
+        stage gpu-tests 150 python -m pytest -q -m gpu -p no:cacheprovider --durations=10 \
+          tests/test_gpu_steps.py tests/test_dropout_kernels.py ;;
       steps)
         # one unpacked trial: the packed path with K = 1 (what a packable trial alone runs)
-        stage steps 270 bash -c '
+        stage steps 150 bash -c '
           python benchmarks/step_throughput.py --models gpt2 --tasks bit-xor --finetune fpt \
-            --batch-size 4 --steps 100 --warmup 20 --peak-seconds 2 &&
+            --paths packed,trial --batch-size 4 --steps 100 --warmup 20 --peak-seconds 1 &&
+          python benchmarks/step_trace.py --model gpt2 --task bit-xor --batch 4 \
+            --out "$OUT/trace-gpt2-bit-xor.json.gz" &&
           python benchmarks/step_throughput.py --models gpt2-medium --tasks cifar10-lra \
-            --finetune fpt,full --batch-size 16 --lra-batch-size 16 --steps 10 --warmup 3 \
-            --images 2000 --peak-seconds 2 &&
-          python benchmarks/step_ops.py --path all --model gpt2 --task bit-xor --batch 4 \
-            --precision bf16 --no-bytes' ;;
+            --finetune fpt --paths packed --batch-size 16 --lra-batch-size 16 --steps 10 \
+            --warmup 3 --images 500 --peak-seconds 1' ;;
       packing)
-        stage packing 240 python benchmarks/packing.py --models gpt2 \
-          --tasks bit-xor,bit-memory --k 1,plan --batch-size 4 --steps 10 --big-steps 10 \
-          --warmup 3 --peak-seconds 2 ;;
+        stage packing 70 python benchmarks/packing.py --models gpt2 --tasks bit-xor \
+          --k plan --batch-size 4 --steps 10 --big-steps 10 --warmup 3 --peak-seconds 1 ;;
+      grid)
+        stage grid 110 python benchmarks/end_to_end.py --lrs 8 --seeds 8 --steps 300 \
+          --repeats 1 ;;
+      gpu-all)
+        stage gpu-all 560 python -m pytest -q -m gpu -p no:cacheprovider --durations=20 ;;
       e2e)
         stage e2e 300 python benchmarks/end_to_end.py --repeats 1 ;;
       suite)
@@ -102,7 +110,7 @@ for what in "${@:-gpu steps}"; do
           python benchmarks/end_to_end.py --model gpt2-tiny --lrs 2 --seeds 1 --steps 20 \
             --batch-size 4 --base dropout=0 --repeats 1' ;;
       *)
-        echo "unknown stage $name (gpu steps packing e2e suite plumbing)" >&2
+        echo "unknown stage $name (session gpu steps packing grid gpu-all e2e suite plumbing)" >&2
         exit 2 ;;
     esac
   done

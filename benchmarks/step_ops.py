@@ -1,13 +1,25 @@
 """Kernel ops and device syncs per training step, counted on a CPU as a CUDA run dispatches
 them (``_launches``: a TorchDispatchMode along the GPU's code path), for each step path:
 
-- ``engine``: the DeepSpeed engine step (``steps.engine.EngineStep``);
+- ``engine`` / ``engine-compiled``: the DeepSpeed engine step (``steps.engine.EngineStep``,
+  ``--compile off`` / ``default``: its module compiled, what ``--compile auto`` runs on a GPU
+  for a world-of-one lean engine);
 - ``cohort-eager`` / ``cohort-compiled``: the cohort step with one member
-  (``steps.cohort.CohortStep``, ``--compile off`` / ``default``); compiled, the count is of
-  what runs eagerly around the graphs, with graphs, graph breaks and recompiles beside;
+  (``steps.cohort.CohortStep``, ``--compile off`` / ``default``; ``auto`` on a GPU is
+  ``reduce-overhead``: the same graphs, replayed as CUDA graphs);
 - ``baseline``: a plain PyTorch loop written here: Hugging Face's GPT2Model between a linear
   (or embedding) input and a linear output, the same trained groups, autocast, fused Adam,
-  ``clip_grad_norm_(foreach=True)``, torch's own dropout and SDPA.
+  ``clip_grad_norm_(foreach=True)``, torch's own dropout and SDPA, counted as CUDA
+  dispatches them (``_launches.cuda_kernels``: one ``native_dropout`` per site, one fused
+  attention kernel each way).
+
+Compiled, ``kernel_ops_per_step`` counts what runs eagerly around the graphs (with graphs,
+graph breaks and recompiles beside) and ``launch_sites_in_graphs_per_step`` the kernel
+calls inside the graphs that ran: read from the code inductor generates for each graph, for
+the CPU (``cpp_fused_*`` kernels, library calls such as ``mm``, fallback ops): a named
+proxy of the GPU's Triton launch sites (inductor emits CUDA code only in a CUDA build of
+torch; the CPU backend fuses at least as much as Triton does, so the proxy may count
+fewer); ``launch_sites_uncounted_graphs`` names graphs inductor's CPU backend failed on.
 
     python benchmarks/step_ops.py --path engine --model gpt2 --task bit-xor --batch 4
     python benchmarks/step_ops.py --path all --json      # every path, one JSON object each
@@ -23,6 +35,7 @@ CPU's own path (median of N steps) against the baseline's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -46,11 +59,12 @@ from scale_fpt.steps import member_losses, model_inputs  # noqa: E402
 from scale_fpt.tasks import build_task  # noqa: E402
 from scale_fpt.tasks.base import Task  # noqa: E402
 
-PATHS = ("engine", "cohort-eager", "cohort-compiled", "baseline")
+PATHS = ("engine", "engine-compiled", "cohort-eager", "cohort-compiled", "baseline")
+COMPILED = ("engine-compiled", "cohort-compiled")
 GENERATED_TASKS = ("bit-memory", "bit-xor", "listops")
 """Tasks a trial generates itself (drawn on the device); the others read datasets, so the
 benchmark trains on ``_harness.SyntheticTask`` data of their shapes."""
-WARMUP = {"cohort-compiled": 3}
+WARMUP = {"cohort-compiled": 3, "engine-compiled": 3}
 """Steps before counting (the first steps build optimiser state and compile); default 2."""
 COUNTED = 2
 BYTES_TASK = "cifar10-lra"  # 1024 tokens per sequence
@@ -77,8 +91,12 @@ TARGETS = {
     ("engine", "fpt"): 700,
     ("engine", "full"): 900,
     ("cohort-compiled", "fpt"): 15,  # eager ops around the graphs
+    ("engine-compiled", "fpt"): 15,
 }
-"""Issue 25: kernel ops per step of gpt2 bit-xor batch 4 bf16 (0 syncs on every path)."""
+"""Issues 25 and 35: kernel ops per step of gpt2 bit-xor batch 4 bf16 (0 syncs on every
+path)."""
+SITE_TARGETS = {("cohort-compiled", "fpt"): 200}
+"""Issue 35: kernel launch sites inside the graphs per step, gpt2 bit-xor batch 4 bf16."""
 DRAW_TARGET = 5
 """Issue 25: kernel launches per training batch of every task."""
 
@@ -140,12 +158,13 @@ def make_step(path: str, config: TrialConfig, task: Task):
     from scale_fpt.steps.cohort import CohortStep
     from scale_fpt.steps.engine import EngineStep
 
-    if path == "engine":
+    mode = "default" if path in COMPILED else "off"
+    config = replace(config, train=replace(config.train, compile=mode))
+    if path.startswith("engine"):
         return EngineStep(config.train, task, build_model(config, task.spec))
     if path == "baseline":
         return BaselineStep(config, task)
-    mode = "default" if path == "cohort-compiled" else "off"
-    return CohortStep([replace(config, train=replace(config.train, compile=mode))], task)
+    return CohortStep([config], task)
 
 
 def count_path(path: str, config: TrialConfig, task: Task, attribute: bool = False) -> dict:
@@ -156,7 +175,9 @@ def count_path(path: str, config: TrialConfig, task: Task, attribute: bool = Fal
     torch._dynamo.utils.counters.clear()
     regions = REGIONS if attribute else None
     counter = _launches.LaunchCounter()
-    with _launches.gpu_path(counter) as graphs:
+    compiled = path in COMPILED
+    baseline = _launches.cuda_kernels(counter) if path == "baseline" else contextlib.nullcontext()
+    with _launches.gpu_path(counter, sites=compiled) as graphs, baseline:
         step = make_step(path, config, task)
         try:
             warmup = WARMUP.get(path, 2)
@@ -174,6 +195,7 @@ def count_path(path: str, config: TrialConfig, task: Task, attribute: bool = Fal
                         counter.device_syncs,
                         counter.nonmatmul_bytes,
                         counter.graph_calls,
+                        sum(counter.launch_sites.values()),
                     )
                 )
         finally:
@@ -196,7 +218,11 @@ def count_path(path: str, config: TrialConfig, task: Task, attribute: bool = Fal
     }
     if attribute:
         row["ops_by_region"] = dict(counter.regions.most_common())
-    if path == "cohort-compiled":
+    if compiled:
+        row["launch_sites_in_graphs_per_step"] = per_step[-1][4]
+        row["launch_sites_by_kind"] = dict(counter.launch_sites)
+        row["launch_sites_of"] = "inductor's CPU code (proxy of the GPU's Triton launches)"
+        row["launch_sites_uncounted_graphs"] = graphs.uncounted_graphs
         row["graphs_compiled"] = compiled_in_warmup
         row["recompiles_after_warmup"] = graphs.compiled - compiled_in_warmup
         row["graph_breaks"] = graphs.graph_breaks()
@@ -370,12 +396,26 @@ def main(argv=None) -> int:
             print(
                 f"  graphs {row['graphs_compiled']}, recompiles after warm-up "
                 f"{row['recompiles_after_warmup']}, graph breaks {row['graph_breaks']}, "
-                f"aten ops inside the graphs before fusion {row['aten_ops_inside_graphs']}"
+                f"aten ops inside the graphs before fusion {row['aten_ops_inside_graphs']}; "
+                f"launch sites inside the graphs {row['launch_sites_in_graphs_per_step']} "
+                f"{row['launch_sites_by_kind']} ({row['launch_sites_of']}; graphs uncounted "
+                f"{row['launch_sites_uncounted_graphs']})"
             )
+        if args.model != "gpt2" or args.task != "bit-xor" or args.batch != 4:
+            continue
         target = TARGETS.get((row["path"], args.finetune))
-        if target and args.model == "gpt2" and args.task == "bit-xor" and args.batch == 4:
+        if target:
             h.print_target(
                 f"{row['path']} kernel ops", row["kernel_ops_per_step"], target, "d", True
+            )
+        target = SITE_TARGETS.get((row["path"], args.finetune))
+        if target:
+            h.print_target(
+                f"{row['path']} launch sites in graphs",
+                row["launch_sites_in_graphs_per_step"],
+                target,
+                "d",
+                True,
             )
     return 0
 

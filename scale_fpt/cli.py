@@ -492,6 +492,7 @@ def plan(config: TrialConfig, placement) -> int:
     # (start-up time).
     from scale_fpt.models import empty_groups, family_name
     from scale_fpt.profile import config_profile
+    from scale_fpt.steps.choice import planned_step
     from scale_fpt.tasks.preprocessing import preprocessing
 
     profile = config_profile(config)
@@ -538,6 +539,8 @@ def plan(config: TrialConfig, placement) -> int:
         f"GPUs needed: {step.gpus}; ZeRO stage: {step.zero_stage}; "
         f"trials per GPU: {step.trials_per_gpu}"
     )
+    choice = planned_step(placement.kind, train, step)
+    print(f"step: {choice.describe()}")
     aspects = preprocessing(config)
     print(f"preprocessing of {config.task.task} (* = differs from what the paper's numbers used):")
     for a in aspects:
@@ -555,7 +558,8 @@ def plan(config: TrialConfig, placement) -> int:
         "activation_bytes": activations,
         "attention_bytes": attention,
         "preprocessing": [dataclasses.asdict(a) for a in aspects],
-        "step": str(placement.kind),
+        "step_kind": str(choice.kind),
+        "step_mode": choice.mode,
         "gpu": step.gpu.name,
         "gpus": step.gpus,
         "zero_stage": step.zero_stage,

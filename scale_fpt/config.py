@@ -30,7 +30,7 @@ FINETUNE_PRESETS = {"fpt": ("input", "output", "ln", "pos"), "full": GROUPS}
 PRECISIONS = ("fp32", "bf16", "fp16")
 ZERO_STAGES = (0, 1, 2, 3)
 ACCELERATORS = ("auto", "cpu", "cuda")
-COMPILE_MODES = ("off", "default", "reduce-overhead")
+COMPILE_MODES = ("auto", "off", "default", "reduce-overhead")
 MNIST_TOKENS = (49, 64)
 HOMOLOGY_LONG = ("drop", "truncate")
 
@@ -283,11 +283,14 @@ class TrainConfig:
     accelerator: str = "auto"
     """Where the trial runs: auto (CUDA if present), cpu or cuda. (The trials column
     ``device`` records the device that actually ran it.)"""
-    compile: str = "off"
-    """``torch.compile`` the model of a frozen-body trial (the cohort step; a trial on a
-    DeepSpeed engine refuses it): off, default (fused kernels) or reduce-overhead (also
-    CUDA graphs on a GPU: a small trial's step becomes a few graph launches instead of
-    hundreds of kernel launches). The first steps pay the compilation."""
+    compile: str = "auto"
+    """``torch.compile`` the trial's step: auto (the fast step where it pays: CUDA graphs for
+    a cohort on a GPU, inductor's kernels for a world-of-one lean engine on a GPU, eager on a
+    CPU; ``steps.choice``), off, default (fused kernels) or reduce-overhead (also CUDA graphs
+    on a GPU: a small trial's step becomes a few graph launches instead of hundreds of kernel
+    launches; cohort steps only). The first steps pay the compilation (cached per node:
+    ``runtime.compile_cache``); a trial whose compilation fails runs eagerly after one warning
+    (its row's ``step_compiled`` says which ran)."""
 
     def problems(self) -> list[str]:
         out = [

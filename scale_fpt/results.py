@@ -151,6 +151,18 @@ TRIAL_OUTCOME = [
         pa.int64(),
         "trials trained together on the trial's step (1: alone; null in rows written before)",
     ),
+    ("step_kind", pa.string(), "the step the trial trained on: cohort or engine"),
+    (
+        "step_mode",
+        pa.string(),
+        "its torch.compile mode (off: eager), --compile auto resolved for the trial's device",
+    ),
+    (
+        "step_compiled",
+        pa.bool_(),
+        "whether the step ran compiled to the end (false: eager, or compilation failed and it "
+        "fell back to eager)",
+    ),
     ("node_id", pa.string(), "Ray node id that ran the trial (last attempt; null outside Ray)"),
     ("gpu_ids", pa.string(), "JSON list of Ray's GPU ids assigned to the trial ([] for none)"),
     ("gpu_model", pa.string(), "CUDA device name the trial saw (null: no CUDA device visible)"),

@@ -313,6 +313,7 @@ def placement_table(sweep) -> str:
     count, and the study's GPU-hours per model (``placement.study_gpu_hours``) on the GPU
     the sweep plans for."""
     # Placement loads torch and Ray: imported for --plan (start-up time).
+    from scale_fpt.steps.choice import planned_step
     from scale_fpt.sweep.placement import study_gpu_hours
     from scale_fpt.sweep.plan import search_cohorts
 
@@ -333,7 +334,8 @@ def placement_table(sweep) -> str:
                 config.task.task,
                 budget,
                 batch,
-                cohort.describe(),
+                f"{cohort.describe()}; "
+                + planned_step(cohort.kind, config.train, cohort.plan).describe(),
             )
         ] += 1
     per_arm = sweep.search_trials if sweep.search else 1  # an Optuna search runs each arm N times

@@ -193,14 +193,6 @@ class TrialRun:
         self.kind = kind or (StepKind.COHORT if len(configs) > 1 else profiles[0].kind)
         if self.kind not in tuple(StepKind) or (self.kind == StepKind.ENGINE and len(configs) > 1):
             raise ValueError(f"step kind {self.kind!r} for {len(configs)} trial(s)")
-        if self.kind == StepKind.ENGINE and first.train.compile != "off":
-            raise ConfigError(
-                [
-                    f"--compile {first.train.compile}: only frozen-body trials (the cohort "
-                    f"step) compile; this one trains on a DeepSpeed engine "
-                    f"({profiles[0].pack_problem or 'asked for'}); use --compile off"
-                ]
-            )
         task = task if task is not None else build_task(first.task, first.train.seed)
         # What draws from torch's global generator (non-GPT-2 and LSTM dropout) starts from
         # the trial's dropout stream; GPT-2 dropout is keyed and does not draw from it.
@@ -262,7 +254,14 @@ class TrialRun:
 
     def trial_rows(self, error: str | None = None) -> list[dict]:
         rows = [r.trial_row(s, error) for r, s in zip(self.records, self.states, strict=True)]
-        return [{**row, "cohort_size": len(rows)} for row in rows]
+        compilation = self.step.compilation
+        ran = {
+            "cohort_size": len(rows),
+            "step_kind": str(self.kind),
+            "step_mode": compilation.mode,
+            "step_compiled": compilation.compiled,
+        }
+        return [{**row, **ran} for row in rows]
 
     def failed_rows(self, error: BaseException) -> list[dict]:
         return self.trial_rows(error=error_text(error))

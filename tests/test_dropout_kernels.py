@@ -32,7 +32,7 @@ KEYS = torch.tensor([123456789, -987654321987], dtype=torch.int64)  # two member
 @pytest.mark.skipif(INTERPRETING, reason="the child itself")
 def test_kernel_in_tritons_interpreter():
     output = run_pytest_child(__file__, {"TRITON_INTERPRET": "1"})
-    assert "\n3 passed, 3 skipped in" in output  # every check ran
+    assert "\n4 passed, 3 skipped in" in output  # every check ran
 
 
 @pytest.fixture
@@ -64,6 +64,35 @@ def test_some_rows_draw_what_the_whole_tensor_draws_there(kernel):
     x = torch.randn(4, 37, generator=torch.Generator().manual_seed(1))
     expected = x * ops.keyed_keep(x, 0.3, KEYS, rows).view(x.shape)
     assert torch.equal(kernel(x, None, KEYS, rows.index, rows.total, 0.3), expected)
+
+
+@interpreted
+def test_compiled_dropout_is_torch_ops_inductor_fuses_with_the_eager_kernels_mask(monkeypatch):
+    """On the GPU's path, eager keyed dropout is the Triton kernel's one launch; compiled, it
+    is the torch-op mask (no opaque custom op in the graph) drawing the same bits."""
+    monkeypatch.setattr(ops, "on_gpu", lambda x: True)
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 5, 300, generator=generator)
+    h = torch.randn(2, 5, 300, generator=generator)
+
+    def step(h, x, keys):
+        return ops.add_dropout(h, x, 0.25, sites=ops.DropoutSites(keys))
+
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    eager = step(h, x, KEYS)
+    torch.compile(step, backend=capture, fullgraph=True)(h, x, KEYS)
+    targets = {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
+    assert not any("keyed_dropout_add" in t for t in targets) and len(graphs) == 1
+    compiled = torch.compile(step, fullgraph=True)(h, x, KEYS)  # inductor
+    assert torch.equal(compiled == h, eager == h)  # the same elements dropped
+    torch.testing.assert_close(compiled, eager)
+    assert (eager == h).float().mean().item() == pytest.approx(0.25, abs=0.05)
 
 
 @pytest.mark.gpu

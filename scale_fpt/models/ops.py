@@ -215,6 +215,34 @@ def keyed_by(keys: torch.Tensor) -> Iterator[None]:
         _KEYS.reset(token)
 
 
+_TRACED_SITES: list[DropoutSites | None] = [None]
+"""The sites of a forward pass run by ``keyed_forward``: a module global, which torch.compile
+traces into its graph (it cannot trace a ContextVar's read)."""
+
+
+def keyed_forward(forward: Callable) -> Callable:
+    """``forward(*args)`` taking ``step_keys`` (``StepKeys.at``) as a keyword: every dropout
+    call inside is keyed as under ``keyed_by(step_keys)``, in a form torch.compile traces
+    whole (a compiled engine's module; ``step_keys=None``: unkeyed, for evaluation)."""
+
+    def call(*args, step_keys: torch.Tensor | None = None):
+        _TRACED_SITES[0] = None if step_keys is None else DropoutSites(step_keys)
+        try:
+            return forward(*args)
+        finally:
+            _TRACED_SITES[0] = None
+
+    return call
+
+
+def _live_sites() -> DropoutSites | None:
+    """The sites of the live ``keyed_forward`` or ``dropout_keys`` (None outside both)."""
+    traced = _TRACED_SITES[0]
+    if traced is not None or torch.compiler.is_compiling():
+        return traced
+    return _KEYS.get()
+
+
 def keyed_checkpoint(function: Callable, *args):
     """torch's non-reentrant activation checkpoint of ``function(*args)`` whose recomputation
     in the backward pass draws the dropout masks its forward pass drew: the forward draws from
@@ -240,7 +268,7 @@ def keyed_checkpoint(function: Callable, *args):
 def _site_keys(sites: DropoutSites | None) -> torch.Tensor | None:
     """The member keys of the next dropout site: of ``sites``, else of the live
     ``dropout_keys``; None outside both."""
-    sites = sites if sites is not None else _KEYS.get()
+    sites = sites if sites is not None else _live_sites()
     return None if sites is None else sites.next()
 
 
@@ -334,7 +362,9 @@ def _dropout_then_add(
         dropped = F.dropout(x, p, training=True)
         return dropped if h is None else h + dropped
     same = h is None or (h.shape == x.shape and h.dtype == x.dtype)
-    if keys is not None and same and on_gpu(x) and TRITON:
+    if keys is not None and same and on_gpu(x) and TRITON and not torch.compiler.is_compiling():
+        # Eager, one launch. Compiled, the torch-op mask below (the same bits): inductor fuses
+        # it into the neighbouring kernels, where the custom op would stay an opaque launch.
         # Triton is optional on a CPU machine, so it is imported where it runs.
         from scale_fpt.models.dropout_kernels import keyed_dropout_add
 
@@ -432,8 +462,8 @@ def causal_attention(
     the (N, H, T, T) probabilities of all queries: chosen queries draw the masks all
     queries draw for them. ``attention_path`` picks the kernel.
     """
-    # (``_KEYS`` is read only when a mask is drawn: torch.compile cannot trace the read.)
-    keyed = dropout_p > 0.0 and (sites is not None or (on_gpu(q) and _KEYS.get() is not None))
+    # (The live keys are read only when a mask is drawn.)
+    keyed = dropout_p > 0.0 and (sites is not None or (on_gpu(q) and _live_sites() is not None))
     path = attention_path(q, dropout_p, keyed, query_positions is not None)
     if path == "sdpa":
         return F.scaled_dot_product_attention(

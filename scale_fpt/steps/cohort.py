@@ -36,7 +36,9 @@ from scale_fpt.runtime import DTYPES, flush_denormals, retain_freed_memory, tria
 from scale_fpt.seeding import seed_streams
 from scale_fpt.steps import MemberMetrics, evaluation_sums, member_losses, model_inputs
 from scale_fpt.steps.adam import PackedAdam
+from scale_fpt.steps.choice import Compilation, graph_signature, step_choice
 from scale_fpt.tasks.base import Batch, Task
+from scale_fpt.vocabulary import StepKind
 
 CHECKPOINT_FILE = "cohort.pt"
 
@@ -69,9 +71,11 @@ class CohortStep:
             backbone, spec, heads, spec.n_tokens, dtype=self.dtype, device=self.device
         )
         del backbone, heads
-        mode = first.train.compile  # shared by every member (cohort_problems)
-        self.compiled = mode != "off"
-        self.forward = self._compile(self.model, mode)
+        # The compile mode is shared by every member (cohort_problems).
+        choice = step_choice(StepKind.COHORT, first.train, torch.device(self.device).type)
+        mode = choice.mode
+        self.compilation = Compilation(mode, "cohort step", graph_signature(configs, self.device))
+        self.forward = self.compilation.wrap(self.model)
         self.task = task.to(self.device)  # batches are drawn where the cohort trains
         self.member_seeds = [c.train.seed for c in configs]
 
@@ -94,13 +98,13 @@ class CohortStep:
         # Compiled, a training step is four graphs (the task's draw, the forward with loss
         # and metrics, its backward, the update) and four eager ops between them: nothing
         # per member, parameter or metric runs eagerly.
-        self._losses = self._compile(self._training_losses, mode)
+        self._losses = self.compilation.wrap(self._training_losses)
         # The update is compiled where inductor emits Triton: its CPU backend fails on this
         # graph (torch 2.13: a KeyError in its outer-loop fusion), and a CPU has no launches
         # to save.
         on_gpu = ops.on_gpu(self.optimizer.flat)
-        self._update = self._compile(self.optimizer.step, mode if on_gpu else "off")
-        if self.compiled:  # updated in place every step: CUDA graphs keep their addresses
+        self._update = self.compilation.wrap(self.optimizer.step, mode if on_gpu else "off")
+        if choice.compiled:  # updated in place every step: CUDA graphs keep their addresses
             for t in (*self.optimizer.state_tensors(), *self.metrics.state_tensors()):
                 torch._dynamo.mark_static_address(t)
         self.set_active(list(range(len(configs))))
@@ -154,15 +158,16 @@ class CohortStep:
         stepping = torch.zeros(self.size, dtype=torch.bool, device=self.device)
         return total, stepping.index_copy_(0, self.index, counts)
 
-    def _compile(self, function, mode: str):
-        """``function`` compiled in ``mode``, or itself with ``--compile off``."""
-        return function if mode == "off" else torch.compile(function, mode=mode)
-
     def _new_graph_step(self) -> None:
         """Under ``--compile reduce-overhead``, tell CUDA graphs a new call begins: its replay
         may then reuse the previous call's output memory, which the step has finished with."""
         if self.compiled:
             torch.compiler.cudagraph_mark_step_begin()
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the step runs compiled (``Compilation.compiled``)."""
+        return self.compilation.compiled
 
     @torch.no_grad()
     def evaluate(self, split: str) -> torch.Tensor:
@@ -208,7 +213,7 @@ class CohortStep:
         """Free the cohort's memory (a reused Ray actor runs the next trial here)."""
         flush_denormals(False)
         del self.model, self.forward, self.optimizer
-        if self.compiled:
+        if self.compilation.mode != "off":
             # Compiled graphs, their guards and CUDA-graph pools hold this cohort's model and
             # memory; the next trial of a reused actor compiles its own.
             torch._dynamo.reset()

@@ -36,7 +36,9 @@ from scale_fpt.runtime import (
 )
 from scale_fpt.seeding import seed_streams
 from scale_fpt.steps import MemberMetrics, evaluation_sums, member_losses, model_inputs
+from scale_fpt.steps.choice import GRAPH_FREE_FIELDS, Compilation, step_choice
 from scale_fpt.tasks.base import Batch, Task
+from scale_fpt.vocabulary import StepKind
 from scale_fpt.world import SINGLE_PROCESS, World, init_world, leave_world, rank_seed, rows
 
 CHECKPOINT_TAG = "trial"
@@ -206,6 +208,17 @@ class EngineStep:
                 if not p.requires_grad:
                     p.data = p.data.to(self.dtype)
             optimizer = client_optimizer(train, trainable)
+        choice = step_choice(StepKind.ENGINE, train, torch.device(self.device).type)
+        shapes = [tuple(p.shape) for p in built.module.parameters()]
+        train_fields = {k: v for k, v in vars(train).items() if k not in GRAPH_FREE_FIELDS}
+        self.compilation = Compilation(
+            choice.mode, "engine step", f"{self.device} {task.spec} {shapes} {train_fields}"
+        )
+        # The module's forward alone: DeepSpeed's hooks around it and its backward and
+        # optimizer step stay eager (``steps.choice``).
+        # Compiled, the dropout keys are an argument of the forward (``ops.keyed_forward``).
+        if choice.compiled:
+            built.module.forward = self.compilation.wrap(ops.keyed_forward(built.module.forward))
         config = getattr(getattr(built.module, "backbone", None), "config", None)
         if config is not None and hasattr(config, "use_cache"):
             config.use_cache = False  # a KV cache is built per forward otherwise
@@ -233,6 +246,9 @@ class EngineStep:
         if world.size > 1:
             torch.manual_seed(dropout_seed)  # what draws from torch's global generator
         self.metrics = MemberMetrics(1, self.engine.device)
+        # Compiled, the loss with the metrics and the gradient clipping are graphs too.
+        self._loss = self.compilation.wrap(self._training_loss)
+        self._clip = self.compilation.wrap(self._clip_gradients)
         self.engine.train()
         self.training = True  # evaluations switch the module to eval mode and back
         flush_denormals()
@@ -249,8 +265,31 @@ class EngineStep:
         if not self.training:
             self.engine.train()
             self.training = True
-        with ops.keyed_by(self.step_keys.at(step)), self.autocast:
-            logits = self.engine(x, lengths)  # (B/N, k, m, C)
+        keys = self.step_keys.at(step)
+        with self.autocast:
+            if self.compilation.mode != "off":  # a copy: the same input layout every step
+                logits = self.engine(x, lengths, step_keys=keys.clone())  # (B/N, k, m, C)
+            else:
+                with ops.keyed_by(keys):
+                    logits = self.engine(x, lengths)
+        # Compiled, the step is a device value: one graph for every step, not one per step.
+        at = torch.full((), step, device=y.device) if self.compilation.compiled else step
+        self.engine.backward(self._loss(logits, y, at))
+        if self.lean and self.train_config.grad_clip > 0:
+            self._clip()
+        self.engine.step()
+
+    def _clip_gradients(self) -> None:
+        """DeepSpeed's rule (scale by min(1, clip / (norm + 1e-6))), without host reads."""
+        torch.nn.utils.clip_grad_norm_(
+            self.trainable, self.train_config.grad_clip, foreach=foreach(self.engine.device)
+        )
+
+    def _training_loss(
+        self, logits: torch.Tensor, y: torch.Tensor, step: int | torch.Tensor
+    ) -> torch.Tensor:
+        """The loss to backpropagate (0 once the trial's loss is not finite), the whole
+        batch's metrics recorded at ``step``."""
         loss, correct = member_losses(logits[None], y[None])  # (1,), (1,)
         # Every rank's slice has batch_size / workers examples: the mean of the ranks' means
         # is the whole batch's mean, and the correct counts add up.
@@ -259,13 +298,7 @@ class EngineStep:
         counts = self.metrics.record(
             step, whole_loss, whole_correct, y.numel() * self.world.size, None
         )
-        self.engine.backward(torch.where(counts, loss, 0.0).sum())
-        if self.lean and self.train_config.grad_clip > 0:
-            # DeepSpeed's rule (scale by min(1, clip / (norm + 1e-6))), without host reads.
-            torch.nn.utils.clip_grad_norm_(
-                self.trainable, self.train_config.grad_clip, foreach=foreach(self.engine.device)
-            )
-        self.engine.step()
+        return torch.where(counts, loss, 0.0).sum()
 
     @torch.no_grad()
     def evaluate(self, split: str) -> torch.Tensor:
@@ -323,3 +356,5 @@ class EngineStep:
         self.engine.destroy()
         del self.engine
         leave_world(self.world)
+        if self.compilation.mode != "off":  # its graphs and guards hold this trial's module
+            torch._dynamo.reset()
