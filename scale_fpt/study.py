@@ -335,7 +335,7 @@ def placement_table(sweep) -> str:
                 budget,
                 batch,
                 f"{cohort.describe()}; "
-                + planned_step(cohort.kind, config.train, cohort.plan).describe(),
+                + planned_step(cohort.kind, config.train, cohort.plan).how(),
             )
         ] += 1
     per_arm = sweep.search_trials if sweep.search else 1  # an Optuna search runs each arm N times

@@ -474,10 +474,10 @@ def test_study_plan_lists_placements_and_gpu_hours_without_ray():
     assert cpu[:2] == ["s: 1 arms x 1 trial(s) on CPUs", "  seeds 0"]
     assert cpu[2].startswith("  Ray trials (of the grid; --pack auto for ")
     assert cpu[3:] == [
-        "    1 x gpt2 fpt bit-xor, 1,000 steps, bs 16: 1 member, cohort step: CPU; cohort step, "
-        "eager: on a CPU compilation costs more than it saves"
+        "    1 x gpt2 fpt bit-xor, 1,000 steps, bs 16: 1 member, cohort step: CPU; eager: on a "
+        "CPU compilation costs more than it saves"
     ]
-    assert table[3].endswith("; cohort step, compiled (reduce-overhead)")  # the GPU's step
+    assert table[3].endswith("; compiled (reduce-overhead)")  # the GPU's step
 
 
 def test_sweep_yaml_and_study_flags_declare_gpus(tmp_path):

@@ -60,10 +60,14 @@ class StepChoice:
     def compiled(self) -> bool:
         return self.mode != "off"
 
-    def describe(self) -> str:
-        """e.g. ``cohort step, compiled (reduce-overhead)`` or ``engine step, eager (...)``."""
+    def how(self) -> str:
+        """e.g. ``compiled (reduce-overhead)`` or ``eager: <why>``."""
         how = f"compiled ({self.mode})" if self.compiled else "eager"
-        return f"{self.kind} step, {how}" + (f": {self.why}" if self.why else "")
+        return how + (f": {self.why}" if self.why else "")
+
+    def describe(self) -> str:
+        """e.g. ``cohort step, compiled (reduce-overhead)`` or ``engine step, eager: ...``."""
+        return f"{self.kind} step, {self.how()}"
 
 
 def engine_compile_problem(train: TrainConfig) -> str | None:
