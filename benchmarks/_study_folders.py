@@ -28,13 +28,8 @@ import pyarrow.parquet as pq
 from scale_fpt.compaction import PART_TRIALS, Generation, part_name
 from scale_fpt.config import parse_trial
 from scale_fpt.recipes import load_study
-from scale_fpt.results import (
-    CURVE_SCHEMA,
-    SCHEMA_VERSION,
-    TRIAL_SCHEMA,
-    ResultsWriter,
-    table,
-)
+from scale_fpt.results import ResultsWriter, table
+from scale_fpt.results_schema import CURVE_SCHEMA, SCHEMA_VERSION, TRIAL_SCHEMA
 
 LR_FACTORS = (1.0, 0.3, 3.0, 0.1, 10.0, 0.03, 30.0, 0.01)
 

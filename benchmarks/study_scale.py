@@ -35,13 +35,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from scale_fpt.results import (
-    CURVE_SCHEMA,
-    TRIAL_SCHEMA,
-    ResultsWriter,
-    load_results,
-    write_atomic,
-)
+from scale_fpt.results import ResultsWriter, load_results, write_atomic
+from scale_fpt.results_schema import CURVE_SCHEMA, TRIAL_SCHEMA
 
 TASKS = ("bit-xor", "bit-memory", "listops")
 LRS = (1e-3, 3e-4, 1e-4, 3e-3)

@@ -13,15 +13,12 @@ the one module of the package that imports the recipes (``scale_fpt.recipes``).
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
 import yaml
-from tqdm import tqdm
 
 from scale_fpt import fetch as fetch_module
 from scale_fpt import planner
@@ -32,26 +29,9 @@ from scale_fpt.gpus import DEFAULT_GPU, GPUS, gpu_with_memory
 from scale_fpt.recipes import STUDY_NAMES, load_study
 from scale_fpt.study import add_study_flags, narrow, run_study, sweep_flag_values
 from scale_fpt.sweep.config import SweepConfig
-from scale_fpt.vocabulary import Status
 
 EXIT_BAD_INPUT = 2
 TRIAL_ALIASES = {"max_steps": ["--steps"]}
-SUMMARY_KEYS = (
-    "trial_id",
-    "status",
-    "steps_done",
-    "stop_reason",
-    "selected_step",
-    "val_accuracy",
-    "test_accuracy",
-    "final_test_accuracy",
-    "best_test_accuracy",
-    "final_test_loss",
-    "steps_to_threshold",
-    "trainable_params",
-    "total_params",
-    "wall_time_s",
-)
 
 
 class Parser(argparse.ArgumentParser):
@@ -303,10 +283,14 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(problems)
         if args.command in ("train", "plan") and args.print_config:
             return print_config(config)
+        if args.command in ("train", "plan"):
+            # The trial stack loads torch: imported when a trial runs or is planned, not for
+            # --help (start-up time).
+            from scale_fpt import trial_commands
         if args.command == "train":
-            return train(args, config)
+            return trial_commands.train(args, config)
         if args.command == "plan":
-            return plan(config, gpu_plan(args, config))
+            return trial_commands.plan(config, gpu_plan(args, config))
         if args.command == "sweep":
             declared, after = declared_sweep(args)
             return run_study(declared, args, after)
@@ -366,61 +350,6 @@ def compact_results(results_dir: str, sweep: str | None) -> int:
     return 0
 
 
-def train(args: argparse.Namespace, config: TrialConfig) -> int:
-    # The trial stack loads torch: imported when a trial runs, not for --help (start-up time).
-    from scale_fpt.loop import CheckpointDir
-    from scale_fpt.results import ResultsError, ResultsWriter
-    from scale_fpt.trial import TrialRun
-
-    trial = TrialRun([config], sweep=args.sweep)
-    (trial_id,) = trial.trial_ids
-    writer = ResultsWriter(args.results, args.sweep)
-    # One subdirectory per trial: a directory reused with other flags never resumes (and
-    # reports) a different trial.
-    checkpoints = (
-        CheckpointDir(str(Path(args.checkpoint_dir) / trial_id)) if args.checkpoint_dir else None
-    )
-    if checkpoints and checkpoints.latest():
-        trial.restore(checkpoints.latest())
-    bar = progress_bar(config, trial.position, disable=args.no_progress)
-
-    def on_eval(curve_rows: list[dict], trial_rows: list[dict]) -> None:
-        for curve_row in curve_rows:
-            writer.write_curve(trial_id, [curve_row])
-            bar.set_postfix(
-                val_acc=f"{curve_row['val_accuracy']:.3f}",
-                train_loss=f"{curve_row['train_loss']:.4f}",
-            )
-        writer.write_trial(trial_rows[0])
-        if checkpoints:
-            checkpoints.save(trial.save, trial.position)
-
-    try:
-        (row,) = trial.run(on_eval=on_eval, progress=lambda position: bar.update(1))
-        code = 0
-    except KeyboardInterrupt:
-        (row,) = trial.trial_rows()
-        row = {**row, "status": Status.STOPPED.value}
-        code = 130
-    except ResultsError:
-        # The results directory failed (full, unwritable), not the trial: say that, once
-        # (exit code 2), instead of recording a "failed" trial on a disk that takes no rows.
-        trial.close()
-        raise
-    except Exception as e:  # recorded as a failed trial, not re-raised: the row is the record
-        (row,) = trial.failed_rows(e)
-        print(f"scale-fpt: trial failed: {row['error']}", file=sys.stderr)
-        code = 1
-    finally:
-        bar.close()
-    if checkpoints and checkpoints.latest():
-        row["checkpoint"] = checkpoints.latest()
-    writer.write_trial(row)
-    trial.close()
-    print(json.dumps({k: row.get(k) for k in SUMMARY_KEYS}))
-    return code
-
-
 def declared_sweep(args: argparse.Namespace) -> tuple[SweepConfig, Callable | None]:
     """(The SweepConfig ``args.target`` declares: the study's preset (``--preset``, default
     local) or the YAML file's sweep, before the narrowing flags; what the study does once a
@@ -442,17 +371,6 @@ def declared_sweep(args: argparse.Namespace) -> tuple[SweepConfig, Callable | No
             [f"--preset {args.preset}: {target} declares its own sweep; presets are the studies'"]
         )
     return SweepConfig.from_yaml(target), None
-
-
-def progress_bar(config: TrialConfig, start: int, disable: bool):
-    return tqdm(
-        total=config.train.max_steps,
-        initial=start,
-        desc=f"{config.task.task} {config.model.model} {config.model.init} {config.train.finetune}",
-        disable=disable,
-        file=sys.stderr,
-        dynamic_ncols=True,
-    )
 
 
 def plan_flag_problems(args: argparse.Namespace) -> list[str]:
@@ -483,93 +401,6 @@ def gpu_plan(args: argparse.Namespace, config: TrialConfig):
     sweep = SweepConfig(name="plan", gpus_per_trial=args.gpus_per_trial)
     offer = GPUOffer(gpu, args.max_gpus, "declared")
     return plan_cohort([config.to_flat()], sweep, offer, planner.gpu_fuses_attention())
-
-
-def plan(config: TrialConfig, placement) -> int:
-    """Counts from the architecture alone (the trial's profile: built on the meta device, no
-    weights loaded)."""
-    # Models, profile and preprocessing load torch: imported for a plan, not for --help
-    # (start-up time).
-    from scale_fpt.models import empty_groups, family_name
-    from scale_fpt.profile import config_profile
-    from scale_fpt.steps.choice import planned_step
-    from scale_fpt.tasks.preprocessing import preprocessing
-
-    profile = config_profile(config)
-    built, spec, train = profile.built, profile.spec, config.train
-    train_flops, eval_flops = profile.flops
-    one = planner.trial_memory(profile.shape, train.precision, train.batch_size, train.zero_stage)
-    memory, activations = one.weights + one.gradients + one.optimizer, one.activations
-    attention = one.attention
-    print(f"{'group':<10}{'trainable':>16}{'frozen':>16}{'total':>16}")
-    for group, count in built.counts.items():
-        frozen = count["total"] - count["trainable"]
-        print(f"{group:<10}{count['trainable']:>16,}{frozen:>16,}{count['total']:>16,}")
-    total, trainable = built.total_params, built.trainable_params
-    print(f"{'all':<10}{trainable:>16,}{total - trainable:>16,}{total:>16,}")
-    print(f"trained groups: {'+'.join(built.trained_groups)} ({100 * trainable / total:.3f}%)")
-    empty = empty_groups(built, config.model.init)
-    print(f"family: {family_name(built, config.model.init)}")
-    for group, why in empty.items():
-        print(f"empty group {group}: {why}")
-    print(f"sequence: {spec.n_tokens} tokens; batch {train.batch_size}")
-    if "pos" in built.counts and built.d_model:
-        rows = built.counts["pos"]["total"] // built.d_model
-        print(f"positions: the task's {min(spec.n_tokens, rows)} of the table's {rows} rows train")
-    print(
-        f"FLOPs per training step: {train_flops:.3e}; per evaluation batch of the same size: {eval_flops:.3e}"
-    )
-    print(
-        f"memory of one process: weights+grads+optimizer {memory / 2**20:,.1f} MiB, "
-        f"activations ~{activations / 2**20:,.1f} MiB, attention with dropout "
-        f"~{attention / 2**20:,.1f} MiB"
-    )
-    step = placement.plan
-    print(f"on {step.gpu.name} ({step.gpu.memory_mib:,} MiB): {placement.describe()}")
-    if step.memory:
-        m = step.memory
-        print(
-            f"  per GPU: weights {m.weights / 2**20:,.1f} MiB, gradients {m.gradients / 2**20:,.1f}"
-            f" MiB, optimizer {m.optimizer / 2**20:,.1f} MiB, activations "
-            f"{m.activations / 2**20:,.1f} MiB, attention {m.attention / 2**20:,.1f} MiB; "
-            "with CUDA context and allocator slack "
-            f"{m.device / 2**20:,.1f} MiB"
-        )
-    print(
-        f"GPUs needed: {step.gpus}; ZeRO stage: {step.zero_stage}; "
-        f"trials per GPU: {step.trials_per_gpu}"
-    )
-    choice = planned_step(placement.kind, train, step)
-    print(f"step: {choice.describe()}")
-    aspects = preprocessing(config)
-    print(f"preprocessing of {config.task.task} (* = differs from what the paper's numbers used):")
-    for a in aspects:
-        mark = " " if a.as_published else "*"
-        print(f"{mark} {a.name}: {a.here} | paper: {a.paper} | reference code: {a.reference}")
-    summary = {
-        "groups": built.counts,
-        "family": family_name(built, config.model.init),
-        "empty_groups": empty,
-        "trainable_params": trainable,
-        "total_params": total,
-        "n_tokens": spec.n_tokens,
-        "train_flops_per_step": train_flops,
-        "state_bytes": memory,
-        "activation_bytes": activations,
-        "attention_bytes": attention,
-        "preprocessing": [dataclasses.asdict(a) for a in aspects],
-        "step_kind": str(choice.kind),
-        "step_mode": choice.mode,
-        "gpu": step.gpu.name,
-        "gpus": step.gpus,
-        "zero_stage": step.zero_stage,
-        "trials_per_gpu": step.trials_per_gpu,
-        "workers": step.workers,
-        "gpu_bytes": placement.device_bytes or None,
-        "fits": step.fits,
-    }
-    print(json.dumps(summary))
-    return 0
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ reader ever sees half a file. Ended trials' rows move into compacted files
 (``ResultsWriter.compact``) and a compacted trial written again moves back into its own file,
 each move a new generation of the directory swapped in at once (``compaction``).
 
-Columns: ``TRIAL_SCHEMA`` and ``CURVE_SCHEMA`` below (every config field of
+Columns: ``results_schema.TRIAL_SCHEMA`` and ``CURVE_SCHEMA`` (every config field of
 ``scale_fpt.config`` is a trials column of the same name).
 """
 
@@ -28,7 +28,7 @@ import logging
 import os
 import threading
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -47,7 +47,6 @@ from scale_fpt.compaction import (
     read_parquet,
     read_table,
 )
-from scale_fpt.config import CONCERNS, FIELD_TYPES
 from scale_fpt.confined import (
     ResultsError,
     inside,
@@ -58,166 +57,17 @@ from scale_fpt.confined import (
     write_file,
     write_text,
 )
+from scale_fpt.results_checks import note, once_each, sweep_rows
+from scale_fpt.results_schema import (
+    CURVE_SCHEMA,
+    SCHEMA_VERSION,
+    SCHEMAS,
+    TRIAL_SCHEMA,
+    table,
+)
 from scale_fpt.vocabulary import ENDED
 
 log = logging.getLogger(__name__)
-
-SCHEMA_VERSION = 2
-
-ARROW_TYPES = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
-
-
-def recorded_config(values: dict) -> dict:
-    """The one allow-list of what any artefact records of a trial's config (the Parquet
-    rows, TensorBoard hparams, W&B config, MLflow params, hence the report): the declared
-    trial config fields (``config.FIELD_TYPES``) with scalar values. Every other key of
-    ``values`` (a sweep setting, a storage URL, anything of the environment) is left out."""
-    return {
-        k: v
-        for k, v in values.items()
-        if k in FIELD_TYPES and isinstance(v, bool | int | float | str) and v == v
-    }
-
-
-def config_columns() -> list[pa.Field]:
-    return [
-        pa.field(f.name, ARROW_TYPES[type(getattr(concern(), f.name))])
-        for concern in CONCERNS
-        for f in fields(concern)
-    ]
-
-
-TRIAL_OUTCOME = [
-    ("status", pa.string(), "completed | diverged | failed | stopped (| running mid-trial)"),
-    (
-        "stop_reason",
-        pa.string(),
-        "why it ended: budget | patience | diverged | scheduler | failed (null while running)",
-    ),
-    ("steps_done", pa.int64(), "gradient steps taken"),
-    ("best_val_accuracy", pa.float64(), "best validation accuracy over all evaluations"),
-    (
-        "selected_step",
-        pa.int64(),
-        "the evaluation with the best validation accuracy (the earliest on ties)",
-    ),
-    ("val_accuracy", pa.float64(), "validation accuracy at selected_step"),
-    ("test_accuracy", pa.float64(), "test accuracy at selected_step (reported, never selected on)"),
-    (
-        "final_test_accuracy",
-        pa.float64(),
-        "test accuracy of the last evaluation (before divergence)",
-    ),
-    (
-        "best_test_accuracy",
-        pa.float64(),
-        "best test accuracy over all evaluations (not a result: "
-        "selecting on test is optimistic; use test_accuracy)",
-    ),
-    ("final_test_loss", pa.float64(), "test loss of the last evaluation"),
-    ("final_train_loss", pa.float64(), "mean train loss since the evaluation before the last"),
-    (
-        "steps_to_threshold",
-        pa.int64(),
-        "first evaluated step with validation accuracy >= accuracy_threshold",
-    ),
-    (
-        "trainable_params",
-        pa.int64(),
-        "parameters trained (positions: the task's sequence-length rows of the table)",
-    ),
-    (
-        "total_params",
-        pa.int64(),
-        "all parameters of the model (the unused word embedding excluded)",
-    ),
-    ("trained_groups", pa.string(), "'+'-joined groups actually trained"),
-    (
-        "group_params",
-        pa.string(),
-        "JSON {group: {total, trainable}} (pos: trainable = used rows, total = whole table)",
-    ),
-    ("n_layer", pa.int64(), "backbone layers"),
-    ("d_model", pa.int64(), "backbone width"),
-    ("n_tokens", pa.int64(), "sequence length"),
-    ("flops_per_step", pa.float64(), "training FLOPs of one step (4N+attention frozen, 6N full)"),
-    ("total_flops", pa.float64(), "flops_per_step x steps_done"),
-    ("samples_seen", pa.int64(), "training examples processed"),
-    ("wall_time_s", pa.float64(), "seconds of training and evaluation, summed over resumes"),
-    ("train_time_s", pa.float64(), "seconds spent in training steps only"),
-    ("device", pa.string(), "cpu, or the CUDA device name"),
-    (
-        "cohort_size",
-        pa.int64(),
-        "trials trained together on the trial's step (1: alone; null in rows written before)",
-    ),
-    ("step_kind", pa.string(), "the step the trial trained on: cohort or engine"),
-    (
-        "step_mode",
-        pa.string(),
-        "its torch.compile mode (off: eager), --compile auto resolved for the trial's device",
-    ),
-    (
-        "step_compiled",
-        pa.bool_(),
-        "whether the step ran compiled to the end (false: eager, or compilation failed and it "
-        "fell back to eager)",
-    ),
-    ("node_id", pa.string(), "Ray node id that ran the trial (last attempt; null outside Ray)"),
-    ("gpu_ids", pa.string(), "JSON list of Ray's GPU ids assigned to the trial ([] for none)"),
-    ("gpu_model", pa.string(), "CUDA device name the trial saw (null: no CUDA device visible)"),
-    (
-        "resources_requested",
-        pa.string(),
-        "JSON list of the Ray placement bundles the trial asked for",
-    ),
-    ("hostname", pa.string(), "node that ran the trial (last attempt)"),
-    ("git_sha", pa.string(), "commit of scale_fpt that ran it ('-dirty' with local changes)"),
-    ("versions", pa.string(), "JSON {package: version} of the stack"),
-    (
-        "search_config",
-        pa.int64(),
-        "the Optuna trial number of the search configuration this seed trains (null: grid)",
-    ),
-    ("error", pa.string(), "error text of a failed trial, else null"),
-    (
-        "checkpoint",
-        pa.string(),
-        "directory of the trial's last checkpoint (trainable weights): relative to the results "
-        "directory when it lies under it (the default storage), else absolute",
-    ),
-    ("finished_at", pa.string(), "UTC time the row was written (ISO 8601)"),
-    ("schema_version", pa.int64(), "version of this schema"),
-]
-
-TRIAL_SCHEMA = pa.schema(
-    [pa.field("sweep", pa.string()), pa.field("trial_id", pa.string())]
-    + config_columns()
-    + [pa.field(name, kind) for name, kind, _ in TRIAL_OUTCOME]
-)
-
-CURVE_ARMS = ("task", "model", "init", "finetune", "lr", "batch_size", "seed")
-CURVE_SCHEMA = pa.schema(
-    [pa.field("sweep", pa.string()), pa.field("trial_id", pa.string())]
-    + [
-        pa.field("step", pa.int64()),
-        pa.field("train_loss", pa.float64()),
-        pa.field("train_accuracy", pa.float64()),
-        pa.field("val_loss", pa.float64()),
-        pa.field("val_accuracy", pa.float64()),
-        pa.field("test_loss", pa.float64()),
-        pa.field("test_accuracy", pa.float64()),
-        pa.field("samples_per_s", pa.float64()),
-        pa.field("wall_time_s", pa.float64()),
-    ]
-    + [f for f in config_columns() if f.name in CURVE_ARMS]
-)
-
-SCHEMAS = {"trials": TRIAL_SCHEMA, "curves": CURVE_SCHEMA}
-
-
-def table(rows: list[dict], schema: pa.Schema) -> pa.Table:
-    return pa.Table.from_pylist([{f.name: r.get(f.name) for f in schema} for r in rows], schema)
 
 
 def write_atomic(table_: pa.Table, path: Path) -> None:
@@ -608,87 +458,6 @@ def load_results(results_dir: str | os.PathLike, sweep: str | None = None) -> Re
     trial_df, curve_df = once_each(trial_df, curve_df, notes)
     curve_df = curve_df.sort_values(["sweep", "trial_id", "step"], ignore_index=True)
     return Results(trials=trial_df, curves=curve_df, notes=notes)
-
-
-SAFE_TRIAL_ID = r"^[A-Za-z0-9_][A-Za-z0-9_.=+-]*$"
-"""A trial id as scale_fpt makes them (a content hash, a member's tag): one plain file name."""
-
-
-def sweep_rows(table_: pa.Table, sweep_dir: Path, notes: list[str]) -> pa.Table:
-    """The rows of a sweep folder's table that are its own: rows naming another sweep than
-    the folder (a copied or renamed folder, a planted row), or a trial id that is no plain
-    name, are left out, with one line in ``notes`` (and a warning) naming the folder."""
-    sweep_ok = pc.equal(table_.column("sweep"), sweep_dir.name)
-    id_ok = pc.match_substring_regex(table_.column("trial_id"), SAFE_TRIAL_ID)
-    ok = pc.fill_null(pc.and_(sweep_ok, id_ok), False)
-    dropped = len(table_) - pc.sum(ok).as_py() if len(table_) else 0
-    if dropped:
-        claimed = sorted(
-            {printable(str(s)) for s in table_.filter(pc.invert(ok))["sweep"].to_pylist()}
-        )
-        note(
-            notes,
-            f"{printable(str(sweep_dir))}: {dropped} row(s) claiming sweep(s) "
-            f"{', '.join(claimed[:5])}{' ...' * (len(claimed) > 5)} or a trial id that is no "
-            "plain name, not this folder's "
-            f"sweep {printable(sweep_dir.name)!r}: not used (a copied or renamed sweep folder?)",
-        )
-    return table_.filter(ok)
-
-
-CONFIG_COLUMNS = [f.name for f in config_columns()]
-
-
-def repeated(trials, key: list[str]):
-    """(Rows whose ``key`` an earlier row of another sweep holds, that sweep per row): within
-    a sweep the trial id is the config's hash, so only copies across sweeps count."""
-    first = trials.groupby(key, dropna=False, sort=False)["sweep"].transform("first")
-    return trials.duplicated(key) & (first != trials["sweep"]), first
-
-
-def repeated_configs(trials):
-    """Rows whose config and seed a row of an earlier sweep (by name) holds: the same trial
-    run twice, which pooled sweeps (``--pool``) count once."""
-    return repeated(trials, CONFIG_COLUMNS)[0]
-
-
-def once_each(trials, curves, notes: list[str]):
-    """Each trial counted once. The same trial id under two sweeps (rows copied and edited)
-    keeps its first copy (sweeps in name order), its curves too; the same config and seed
-    under two sweeps (the same trial run twice) stays in each sweep's own cells, once each,
-    and is counted once where sweeps are pooled (``repeated_configs``). One line in
-    ``notes`` per pair of sweeps names both and how many."""
-    by_id, id_first = repeated(trials, ["trial_id"])
-    by_config, config_first = repeated(trials, CONFIG_COLUMNS)
-    twice = by_id | by_config
-    if not twice.any():
-        return trials, curves
-    copies = trials.loc[twice, ["sweep", "trial_id"]].assign(
-        first=id_first.where(by_id, config_first)[twice], same_id=by_id[twice]
-    )
-    for (sweep, first, same_id), group in copies.groupby(["sweep", "first", "same_id"]):
-        how = (
-            "the same trial ids: counted once, in the first"
-            if same_id
-            else "the same configs and seeds: the same trials run twice; each sweep's cells "
-            "hold them once, pooled sweeps (--pool) count them once"
-        )
-        note(
-            notes,
-            f"{len(group)} trial(s) of sweep {printable(sweep)!r} (e.g. "
-            f"{printable(group['trial_id'].iloc[0])}) and of sweep {printable(first)!r} have "
-            f"{how}",
-        )
-    key = ["sweep", "trial_id"]
-    dropped = curves.set_index(key).index.isin(copies[copies["same_id"]].set_index(key).index)
-    return trials[~by_id].reset_index(drop=True), curves[~dropped]
-
-
-def note(notes: list[str] | None, line: str) -> None:
-    """A problem of a results folder: kept for the report (``notes``) and warned once."""
-    if notes is not None:
-        notes.append(line)
-    log.warning(f"scale-fpt: warning: {line}")
 
 
 def sweep_table(path: Path, schema: pa.Schema, notes: list[str]) -> pa.Table:

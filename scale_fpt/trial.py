@@ -29,7 +29,7 @@ from scale_fpt.loop import Evaluation, TrialState, fit, restore_checkpoint, save
 from scale_fpt.models import build_model
 from scale_fpt.profile import TrialProfile, config_profile
 from scale_fpt.provenance import git_sha
-from scale_fpt.results import SCHEMA_VERSION, recorded_config
+from scale_fpt.results_schema import SCHEMA_VERSION, recorded_config
 from scale_fpt.seeding import seed_streams
 from scale_fpt.steps.cohort import CohortStep
 from scale_fpt.steps.engine import EngineStep

@@ -311,7 +311,7 @@ def fake_hub_cache(cache, repo: str, revisions: dict[str, torch.nn.Module]) -> N
 def test_revision_picks_that_pretraining_checkpoint_from_the_cache(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    from scale_fpt.results import config_columns
+    from scale_fpt.results_schema import config_columns
 
     torch.manual_seed(0)
     early, late = tiny("gpt-neox"), tiny("gpt-neox")

@@ -21,7 +21,8 @@ import torch
 
 from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.loop import Evaluation, TrialState, evaluation_steps
-from scale_fpt.results import TRIAL_SCHEMA, ResultsWriter, load_results
+from scale_fpt.results import ResultsWriter, load_results
+from scale_fpt.results_schema import TRIAL_SCHEMA
 from scale_fpt.steps import member_losses
 from scale_fpt.steps.engine import CHECKPOINT_TAG
 from scale_fpt.trial import TrialRun

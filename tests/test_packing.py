@@ -14,7 +14,8 @@ import torch
 from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.packing import cohorts
 from scale_fpt.profile import pack_problem, profile_of, step_kind
-from scale_fpt.results import CURVE_SCHEMA, TRIAL_SCHEMA, table
+from scale_fpt.results import table
+from scale_fpt.results_schema import CURVE_SCHEMA, TRIAL_SCHEMA
 from scale_fpt.trial import TrialRun, trial_id_for
 
 RTOL = 1e-4

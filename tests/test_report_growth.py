@@ -12,7 +12,8 @@ import pyarrow as pa
 from scale_fpt.config import TrialConfig
 from scale_fpt.report.build import build_report
 from scale_fpt.report.figures import MAX_SEED_LINES
-from scale_fpt.results import CURVE_SCHEMA, TRIAL_SCHEMA, ResultsWriter, write_atomic
+from scale_fpt.results import ResultsWriter, write_atomic
+from scale_fpt.results_schema import CURVE_SCHEMA, TRIAL_SCHEMA
 
 SEEDS = 1_000
 STEPS = np.arange(100, 2_001, 100)  # 20 evaluations a curve

@@ -25,14 +25,8 @@ from hypothesis import strategies as st
 
 from scale_fpt import config as cfgmod
 from scale_fpt.config import CONCERNS, ConfigError, TrialConfig, flag
-from scale_fpt.results import (
-    CURVE_SCHEMA,
-    SCHEMA_VERSION,
-    TRIAL_SCHEMA,
-    ResultsError,
-    ResultsWriter,
-    load_results,
-)
+from scale_fpt.results import ResultsError, ResultsWriter, load_results
+from scale_fpt.results_schema import CURVE_SCHEMA, SCHEMA_VERSION, TRIAL_SCHEMA
 
 SWEEP = "s"
 

@@ -6,7 +6,7 @@ MLflow file store; Optuna's storage; Ray Tune's storage), of ``scale-fpt report`
 sweep's ``--plan``; then every byte of every file they wrote (results, Ray's session files,
 the home and temporary folders they ran with) and everything they printed is searched for
 each marker. What artefacts may record of a trial is an allow-list
-(``scale_fpt.results.recorded_config`` and the Parquet schemas): this shows that nothing
+(``scale_fpt.results_schema.recorded_config`` and the Parquet schemas): this shows that nothing
 outside it slips through a logger, a tracker or a library's own files.
 """
 
@@ -24,7 +24,7 @@ import pytest
 from helpers import torch_extensions_dir
 from ray.tune.execution.class_cache import ENV_VARS_TO_PROPAGATE
 
-from scale_fpt.results import recorded_config
+from scale_fpt.results_schema import recorded_config
 
 SECRET_VARIABLES = (
     "WANDB_API_KEY",

@@ -19,7 +19,8 @@ from helpers import TINY_TRIAL as TINY
 
 from scale_fpt.config import ConfigError
 from scale_fpt.recipes import load_study
-from scale_fpt.results import CURVE_SCHEMA, TRIAL_SCHEMA, checkpoint_dir, load_results
+from scale_fpt.results import checkpoint_dir, load_results
+from scale_fpt.results_schema import CURVE_SCHEMA, TRIAL_SCHEMA
 from scale_fpt.study import study_main
 from scale_fpt.sweep import SweepConfig, plan_cohort
 

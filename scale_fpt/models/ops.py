@@ -43,6 +43,10 @@ Unkeyed calls (``pretrain``, other callers) take their seed from torch's default
 Kept elements are scaled by the exact ``1 / (1 - p_quantised)``, so the expected activation
 is unchanged. GPT-2's ``0.5 x (1 + tanh(z))`` is exactly ``x sigmoid(2z)``: the sigmoid form
 is the same function. ``SCALE_FPT_FUSED_CPU=0`` turns the fused kernels off.
+
+Over 500 lines: each element-wise op's three forms (the fused CPU kernel, the torch-op
+composition, the GPU's kernel) and the one dispatch that picks between them stay together,
+so that a change to an op's semantics (its dropout keys, its mask) reaches every form at once.
 """
 
 from __future__ import annotations

@@ -41,7 +41,8 @@ from scale_fpt.report.sections import (
     table_section,
     trials_section,
 )
-from scale_fpt.results import ResultsError, load_results, repeated_configs, results_root
+from scale_fpt.results import ResultsError, load_results, results_root
+from scale_fpt.results_checks import repeated_configs
 
 
 def all_tables(results, metric: str = tables.DEFAULT_METRIC, thresholds=None) -> dict:

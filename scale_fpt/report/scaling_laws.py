@@ -21,6 +21,10 @@ fits:
 - ``next_run_table``: which next run most narrows each exponent's interval per FLOP;
 - ``transfer_table``: effective data transferred where trials ran at several
   ``train_examples``.
+
+Over 500 lines: the section's tables (laws, exponent differences, held-out checks, next runs,
+transfer) share its arm labels, fits and calibration gate, computed once here; apart, each
+would re-derive them.
 """
 
 from __future__ import annotations

@@ -25,6 +25,10 @@ Every function takes plain sequences; non-finite values (a seed with no score) a
 and a quantity that needs more seeds than there are is NaN, never a guess. Every one runs from
 2 to 10,000 seeds in bounded time and memory: no enumeration past ``EXACT_PATTERNS``, Monte
 Carlo draws made ``DRAW_BATCH`` cells at a time, least p-values in log space.
+
+Over 500 lines: every test and interval the report prints sits here beside the constants that
+set their exact, Monte Carlo and normal regimes (``EXACT_PATTERNS``, ``MONTE_CARLO_DRAWS``,
+``LOGRANK_NORMAL_FROM``) and the level, so that one limit changes every test alike.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The driver already receives every evaluation (``ResultsCallback``); ``Trackers``
 same rows to each logger of ``SweepConfig.loggers`` through one interface (``TrialLogger``):
 a member trial starts with its run name (``run_name``: its values of the fields that vary in
 the sweep, ``bit-xor pretrained lr=0.001 seed=0``), its trial id and arm, and its flat config
-as ``results.recorded_config`` allows it (TensorBoard hparams, W&B config, MLflow params;
+as ``results_schema.recorded_config`` allows it (TensorBoard hparams, W&B config, MLflow params;
 nothing of the environment), gets the curve scalars at each evaluated step
 (``CURVE_SCALARS`` as ``<split>/<metric>``, and ``val/best_accuracy``), and finishes with
 its status and final metrics (the trials table's columns, ``FINAL_COLUMNS``). Where they
@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from scale_fpt.results import recorded_config
+from scale_fpt.results_schema import recorded_config
 from scale_fpt.sweep.progress import arm_of
 from scale_fpt.vocabulary import ARM_LABEL_FIELDS, ENDED, Status
 
