@@ -25,11 +25,13 @@ from test_safe_results import ROOT, trained_results
 from scale_fpt import cli
 from scale_fpt.checkpoints import DamagedCheckpointError, UnsafeCheckpointError, weights_file
 from scale_fpt.config import ConfigError, TrialConfig
+from scale_fpt.confined import ResultsError
 from scale_fpt.loop import PROGRESS_FILE
 from scale_fpt.models import build_model
 from scale_fpt.report.render import escape_md
 from scale_fpt.results import ResultsWriter, load_results
 from scale_fpt.sweep.lock import driver_lock
+from scale_fpt.sweep.tracking import MlflowLogger, TensorBoardLogger, WandbLogger
 from scale_fpt.tasks import build_task
 
 COMMAND = "touch /tmp/scale-fpt-pwned"
@@ -87,6 +89,23 @@ def report(results: Path, capsys, *flags: str) -> tuple[int, str]:
 
 
 # ------------------------------------------------------------------ 1. writes through links
+def test_a_tracker_folder_linked_out_is_refused_not_written_through(tmp_path, home):
+    """A trial's TensorBoard folder (tensorboard/<run name>), the W&B folder or an MLflow
+    experiment planted as links to the decoy home: each logger refuses in one line (the
+    tracking callback drops it with a warning) and writes nothing there."""
+    sweep_dir = tmp_path / "results" / "s"
+    (sweep_dir / "tensorboard").mkdir(parents=True)
+    (sweep_dir / "tensorboard" / "bit-xor seed=0").symlink_to(home / "project")
+    with pytest.raises(ResultsError, match="never writes through a link"):
+        TensorBoardLogger(sweep_dir, "s").start("t0", "bit-xor seed=0", {"lr": 0.1}, "arm")
+    (sweep_dir / "wandb").symlink_to(home / "project")
+    with pytest.raises(ResultsError, match="never writes through a link"):
+        WandbLogger(sweep_dir, "s")
+    (sweep_dir / "mlruns").mkdir()
+    (sweep_dir / "mlruns" / "1").symlink_to(home / "project")
+    with pytest.raises(ResultsError, match="never writes through a link"):
+        MlflowLogger(sweep_dir, "s")
+    assert sorted(p.name for p in (home / "project").iterdir()) == ["notes.txt"]
 
 
 def test_a_report_file_linked_to_bashrc_is_replaced_not_written_through(tmp_path, home, capsys):

@@ -36,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+from scale_fpt.confined import make_folders, refuse_links
 from scale_fpt.results_schema import recorded_config
 from scale_fpt.sweep.progress import arm_of
 from scale_fpt.vocabulary import ARM_LABEL_FIELDS, ENDED, Status
@@ -138,6 +139,7 @@ class TensorBoardLogger(TrialLogger):
     def start(self, trial_id, name, config, arm):
         from torch.utils.tensorboard.summary import hparams
 
+        make_folders(self.root, name)  # a planted link there is refused, never written through
         writer = self.writers[trial_id] = self.new_writer(log_dir=str(self.root / name))
         # The hparams' session records the config; the metric itself is the scalar
         # HPARAM_METRIC, written with every report.
@@ -164,6 +166,7 @@ class WandbLogger(TrialLogger):
     def __init__(self, sweep_dir: Path, experiment: str):
         import wandb
 
+        make_folders(sweep_dir, "wandb")  # W&B writes its runs there: a link is refused
         self.wandb, self.dir, self.group = wandb, sweep_dir, experiment
         self.project = os.environ.get("WANDB_PROJECT") or experiment
         self.runs: dict = {}
@@ -216,7 +219,10 @@ class MlflowLogger(TrialLogger):
             # store needs no server or database migrations (a SQLite store takes seconds
             # to create) and is safe on a shared file system.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-            uri = (sweep_dir / "mlruns").absolute().as_uri()
+            store = sweep_dir / "mlruns"
+            make_folders(store)  # the file store and its experiments: links are refused
+            refuse_links(*store.iterdir())
+            uri = store.absolute().as_uri()
         self.client = MlflowClient(uri)
         found = self.client.get_experiment_by_name(experiment)
         self.experiment_id = (
