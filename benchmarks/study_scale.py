@@ -25,6 +25,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -170,8 +171,10 @@ def report(folder: Path, out: Path, attention: bool = False) -> tuple[float, flo
     )
     command = [sys.executable, "-m", "scale_fpt.cli", "report", str(folder), "--out", str(out)]
     command += [] if attention else ["--no-attention"]
-    done = subprocess.run([sys.executable, "-c", script, *command], check=True,
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", script, *command], capture_output=True,
+                          text=True)  # fmt: skip
+    if done.returncode:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
     seconds, cpu, peak = done.stdout.split()
     return float(seconds), float(cpu), float(peak)
 
@@ -207,7 +210,8 @@ def many_sweeps(work: Path, largest: int, seeds: int, row, curve, layout: str) -
     build_folder(both, design, row, curve, layout, sizes=[arms] + [small] * 9)
     alone = work / "largest-alone"
     alone.mkdir()
-    (alone / "sweep00").symlink_to(both / "sweep00", target_is_directory=True)
+    # A copy, not a link: the loader never follows a link in a results folder.
+    shutil.copytree(both / "sweep00", alone / "sweep00")
     ten, ten_cpu, _ = report(both, work / "report-ten")
     one, one_cpu, _ = report(alone, work / "report-one")
     return {"largest_trials": arms * seeds, "other_trials": 9 * small * seeds,
