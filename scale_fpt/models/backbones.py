@@ -53,6 +53,7 @@ def local_backbone_dir(preset: str, corpus: str = "language") -> Path:
 
 
 def gpt2_config(size: GPT2Size, dropout: float):
+    # transformers takes seconds to import: only when a preset's config is built
     from transformers import GPT2Config
 
     return GPT2Config(

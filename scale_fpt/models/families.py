@@ -102,7 +102,8 @@ class Family:
 
 def neox_config(size: FamilySize, dropout: float):
     """A GPT-NeoX size with Pythia's settings."""
-    from transformers import GPTNeoXConfig  # TRANSFORMERS
+    # transformers takes seconds to import: only when a preset's config is built
+    from transformers import GPTNeoXConfig
 
     return GPTNeoXConfig(
         vocab_size=size.vocab_size,
@@ -124,7 +125,8 @@ def neox_config(size: FamilySize, dropout: float):
 
 def llama_config(size: FamilySize, dropout: float):
     """A Llama-style size (grouped-query attention where ``n_kv_head`` says)."""
-    from transformers import LlamaConfig  # TRANSFORMERS
+    # transformers takes seconds to import: only when a preset's config is built
+    from transformers import LlamaConfig
 
     return LlamaConfig(
         vocab_size=size.vocab_size,
@@ -140,7 +142,6 @@ def llama_config(size: FamilySize, dropout: float):
     )
 
 
-TRANSFORMERS = "transformers takes seconds to import: only when a preset's config is built"
 PACKED_ROTARY = "scale_fpt.models.packed_families:PackedRotaryFPT"
 NEOX_LLAMA_NORMS = r"^layers\.\d+\.(input_layernorm|post_attention_layernorm)\."
 
