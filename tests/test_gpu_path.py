@@ -178,4 +178,9 @@ def test_a_long_mask_drawn_in_blocks_is_the_one_draw_and_holds_a_block_of_tempor
     mask_bytes = whole_block * 2
     assert whole.peak <= keyed_random.DRAW_BYTES_PER_ELEMENT * whole_block
     assert whole.peak > 10 * mask_bytes  # int64 temporaries over every element at once
-    assert blocks.peak <= mask_bytes + keyed_random.DRAW_BYTES_PER_ELEMENT * whole_block // 8
+    # mallinfo2 counts the whole heap: Python's own allocations meanwhile (a few KB in a long
+    # session of tests, another test's thread) ride on the bound, 256 KiB at most.
+    slack = 2**18
+    assert (
+        blocks.peak <= mask_bytes + keyed_random.DRAW_BYTES_PER_ELEMENT * whole_block // 8 + slack
+    )

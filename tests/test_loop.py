@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from scale_fpt.checkpoints import DamagedCheckpointError
 from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.loop import Evaluation, TrialState, evaluation_steps
 from scale_fpt.results import ResultsWriter, load_results
@@ -252,7 +253,7 @@ def test_checkpoint_holds_trainable_state_only(tmp_path, zero_stage):
 def test_restore_from_an_empty_directory_says_so(tmp_path, kind):
     trial = trial_run(config(max_steps=2, eval_every=2), kind)
     try:
-        with pytest.raises(RuntimeError, match="no trial checkpoint"):
+        with pytest.raises(DamagedCheckpointError, match="no trial checkpoint"):
             trial.restore(str(tmp_path))
     finally:
         trial.close()
@@ -267,7 +268,7 @@ def test_restore_of_another_trial_is_refused(tmp_path):
         first.close()
     other = trial_run(config(max_steps=2, eval_every=2, lr=0.05))
     try:
-        with pytest.raises(RuntimeError, match="belongs to other trials"):
+        with pytest.raises(DamagedCheckpointError, match="belongs to other trials"):
             other.restore(str(tmp_path / "ckpt"))
     finally:
         other.close()
