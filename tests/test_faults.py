@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -408,21 +409,23 @@ def test_killed_trial_process_is_retried_from_its_checkpoint(killed_trials_sweep
 
 
 @pytest.mark.slow
-def test_corrupt_checkpoint_exhausts_retries_and_records_failed(killed_trials_sweep):
-    """Overwrite a trial's checkpoint files with garbage, then SIGKILL it: the retry cannot
-    restore, retries run out (max_failures=1), the row says failed with the error naming the
-    checkpoint, the curve keeps what was reported; the other trial completes."""
+def test_corrupt_checkpoint_fails_the_trial_without_retry(killed_trials_sweep):
+    """Overwrite a trial's checkpoint files with garbage, then SIGKILL it: the retry finds
+    the checkpoint damaged and fails the trial at once (a damaged file stays damaged: no
+    further retry, no training), the row says failed with the error naming the file, the
+    curve keeps what was reported; the other trial completes."""
     outcome, trials = killed_trials_sweep.outcome, killed_trials_sweep.trials
     curves = killed_trials_sweep.curves
     trial_dir, pid, corrupted = killed_trials_sweep.corrupt
     assert outcome.finished and corrupted
     (killed_pid, before), *retries = steps_by_pid(trial_dir).items()
-    assert killed_pid == pid and retries == []  # the retry restored nothing, reported nothing
-    assert before == list(range(5, before[-1] + 1, 5)) and before[-1] < 60
+    assert killed_pid == pid and before == list(range(5, before[-1] + 1, 5)) and before[-1] < 60
+    assert [steps for _, steps in retries] == [[0]]  # one retry: its failed row, no step
 
     failed, healthy = trials.loc[3e-3], trials.loc[1e-3]
-    assert (failed["status"], failed["steps_done"]) == ("failed", before[-1])
-    assert "cannot restore the trial checkpoint" in failed["error"]
+    assert failed["status"] == "failed"
+    assert "not a torch checkpoint (damaged or truncated" in failed["error"]
+    assert re.search(r"cannot read \S+\.pt: not a torch checkpoint", failed["error"])
     assert curves[failed["trial_id"]]["step"].tolist() == before
     assert (healthy["status"], healthy["steps_done"]) == ("completed", 60)
     assert curves[healthy["trial_id"]]["step"].tolist() == list(range(5, 61, 5))
