@@ -408,7 +408,7 @@ def arm_summary(trials):
     only follows the task, as the presets' per-task lr, is no column), so configurations are
     never pooled into one mean; ``test_accuracy`` over the arm's seeds: its mean with the
     Student-t 95% interval of ``report.stats`` (``-`` for a single seed) and n."""
-    from scale_fpt.report.stats import t_half_width  # scipy: start-up time
+    from scale_fpt.report.stats import no_spread_note, t_half_width  # scipy: start-up time
 
     label = list(ARM_LABEL_FIELDS)
     others = [f for f in FIELD_TYPES if f in trials and f not in (*label, "seed")]
@@ -427,9 +427,12 @@ def arm_summary(trials):
     low = (cells["mean"] - half).map("{:.3f}".format)
     high = (cells["mean"] + half).map("{:.3f}".format)
     shown["test acc"] = cells["mean"].map("{:.3f}".format).to_numpy()
-    shown["95% interval"] = (
-        ("[" + low + ", " + high + "]").where(cells["count"] > 1, "-").to_numpy()
-    )
+    interval = ("[" + low + ", " + high + "]").where(cells["count"] > 1, "-")
+    # Seeds that all tie (a ceiling) get no zero-wide "95% interval": it would claim a
+    # certainty that n seeds cannot give (report.stats.no_spread_note).
+    tied = (cells["count"] > 1) & (cells["std"] == 0)
+    notes = cells["count"].map(no_spread_note)
+    shown["95% interval"] = interval.where(~tied, notes).to_numpy()
     shown["n"] = cells["count"].to_numpy()
     return shown
 

@@ -70,13 +70,14 @@ def test_the_study_summary_is_per_learning_rate_and_its_finding_is_paired(tmp_pa
     writer.write_trial({**never_built, "trial_id": "f3", "seed": 3, "status": "failed"})
     text = summary_table(SweepConfig(name="scale-local", results_dir=str(tmp_path)))
     # One row per arm and learning rate: lr tells bit-xor's random arms apart; max_steps only
-    # follows the task and the batch size never varies: no column for either.
+    # follows the task and the batch size never varies: no column for either. Seeds that all
+    # tie get no zero-wide interval.
     assert text.splitlines()[2:7] == [
-        "      task     model       init finetune     lr test acc   95% interval  n",
-        "bit-memory gpt2-tiny pretrained      fpt   0.01    0.500 [0.500, 0.500]  3",
-        "   bit-xor gpt2-tiny pretrained      fpt  0.001    0.993 [0.965, 1.022]  3",
-        "   bit-xor gpt2-tiny     random      fpt 0.0001    0.600 [0.600, 0.600]  3",
-        "   bit-xor gpt2-tiny     random      fpt  0.001    0.850 [0.726, 0.974]  3",
+        "      task     model       init finetune     lr test acc                  95% interval  n",
+        "bit-memory gpt2-tiny pretrained      fpt   0.01    0.500 no spread (all 3 seeds equal)  3",
+        "   bit-xor gpt2-tiny pretrained      fpt  0.001    0.993                [0.965, 1.022]  3",
+        "   bit-xor gpt2-tiny     random      fpt 0.0001    0.600 no spread (all 3 seeds equal)  3",
+        "   bit-xor gpt2-tiny     random      fpt  0.001    0.850                [0.726, 0.974]  3",
     ]
     trials = load_results(tmp_path).trials
     per_task = arm_summary(trials[~trials["trial_id"].str.startswith("q")])
