@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from scale_fpt import cli, scaling
+from scale_fpt import cli, scaling, trial_commands
 from scale_fpt.config import ConfigError
 
 TRIAL_COLUMNS = [
@@ -106,7 +106,7 @@ def test_train_prints_summary_writes_parquet_and_repeats_exactly(capsys, tmp_pat
     code, out, _ = run_main(capsys, "train", *args, "--results", tmp_path / "a")
     assert code == 0
     summary = last_json(out)
-    assert list(summary) == list(cli.SUMMARY_KEYS)
+    assert list(summary) == list(trial_commands.SUMMARY_KEYS)
     assert summary["status"] == "completed" and summary["steps_done"] == 150
 
     trials = pd.read_parquet(tmp_path / "a" / "train" / "trials")
