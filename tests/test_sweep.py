@@ -402,3 +402,13 @@ def test_a_restored_experiment_state_writes_where_the_restoring_command_says(tmp
     )
     with pytest.raises(ConfigError, match=f"resume it with --results {tmp_path / 'C'}"):
         cb.refuse_moved_search(search, here)
+
+
+def test_a_half_written_trial_generator_state_is_left_to_tune(tmp_path):
+    """A driver killed while Tune saved its trial generator leaves the file empty: repointing
+    the saved generators skips it (Tune reads the states it saved whole) instead of failing
+    the resume."""
+    from scale_fpt.sweep.resume import repoint_trial_generator
+
+    (tmp_path / "basic-variant-state-2026-11-27_13-00-00.json").write_bytes(b"")
+    assert repoint_trial_generator(str(tmp_path)) == 0

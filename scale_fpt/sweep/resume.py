@@ -5,6 +5,7 @@ sweep resumes from."""
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 
 from scale_fpt.config import parse_trial
@@ -83,7 +84,10 @@ def repoint_trial_generator(experiment_path: str) -> int:
     rewritten = 0
     for pattern in GENERATOR_STATE_FILES:
         for path in sorted(folder.glob(pattern)):
-            state = cloudpickle.loads(path.read_bytes())
+            try:
+                state = cloudpickle.loads(path.read_bytes())
+            except (EOFError, pickle.UnpicklingError):
+                continue  # left half-written by a killed driver: Tune reads the saved ones
             stale = [
                 context
                 for context in reachable(state)
