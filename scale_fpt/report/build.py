@@ -169,7 +169,8 @@ def build_report(
             "full - fpt and pretrained - random, each arm at its own best learning rate, on "
             "the headline seeds (confirmation seeds where run), paired on the seeds both arms "
             "ran: mean difference (percentage points) with its paired-t 95% interval, the "
-            "paired t p-value Benjamini-Hochberg adjusted within its declared family (with "
+            "paired t p-value and, in brackets, its Benjamini-Hochberg adjustment within its "
+            "declared family (with "
             "the family's rows of the pretrained - random table; a test both show counted "
             "once; rows on selection seeds are exploratory), d_z "
             "(mean difference / SD of the differences) with its exact noncentral-t interval, "
@@ -178,6 +179,7 @@ def build_report(
             "smallest difference the n pairs detect at 80% power from their observed SD.",
             contrasts_display(contrasts),
             ["task", "contrast"],
+            long=contrasts,
         )
     differences = comparisons.init
     if not differences.empty:
@@ -209,6 +211,7 @@ def build_report(
                 }
             ),
             ["task", "setting"],
+            long=differences,
         )
     matched_section(doc, out, comparisons.matched)
     if absent:

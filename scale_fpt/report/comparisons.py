@@ -34,8 +34,8 @@ class Comparisons:
     def compute(cls, trials, curves, metric, thresholds, plans) -> Comparisons:
         init = tables.init_difference(trials, metric, curves, thresholds)
         contrast = "pretrained - random"
-        init = adjust_in_families(init, plans, "steps to threshold", "steps_logrank_p",
-                                  contrast, "steps_family")  # fmt: skip
+        init = adjust_in_families(init, plans, "steps to threshold", "steps_p", contrast,
+                                  "steps_family")  # fmt: skip
         lr = tables.lr_differences(trials, metric)
         if not init.empty:
             init = init.assign(accuracy_family=family_labels(init, plans, "accuracy", contrast))
@@ -50,35 +50,38 @@ class Comparisons:
         # counted once.
         init, lr = adjust_together([
             Shown(init, "accuracy_family", "accuracy_p", ("accuracy_diff", "accuracy_p",
-                                                           "accuracy_n_pairs")),
-            Shown(lr, "family", "p_t", ("diff", "p_t", "n")),
+                                                           "accuracy_n")),
+            Shown(lr, "family", "p", ("diff", "p", "n")),
         ])  # fmt: skip
-        init = with_family_power(init, "accuracy_", "accuracy_n_pairs", "accuracy_p")
-        lr = with_family_power(lr, "", "n", "p_t")
+        init = with_family_power(init, "accuracy_")
+        lr = with_family_power(lr)
         frames = [tables.matched_differences(trials, curves, m) for m in ("flops", "examples")]
         frames = [f for f in frames if not f.empty]
         matched = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
         matched = adjust_in_families(matched, plans, "matched budgets", "p", "contrast", "family")
-        matched = with_family_power(matched, "", "n_pairs", "p")
+        matched = with_family_power(matched)
         return cls(init, lr, matched)
 
     def findings(self, baselines: dict) -> pd.DataFrame:
-        """One row per accuracy comparison: what, difference [95% CI], each arm's accuracy, n,
-        p (BH within its family), the difference its n detects at 80% power, the task's
-        baselines (``tables.baselines``), planned or exploratory."""
+        """One row per accuracy comparison, in the report's column vocabulary
+        (``report.columns``): what (``comparison``, ``setting``), ``diff`` with its
+        interval, each arm's accuracy (``accuracies (%)``), ``n``, ``p`` and ``p_adjusted``
+        (BH within its ``family``), ``test``, the difference its n detects at 80% power
+        (``detectable``...), the task's baselines (``tables.baselines``), ``status``
+        (planned or exploratory) and ``note``. ``findings_display`` shows it."""
         rows, by_numbers, repeated = [], {}, {}
         for r in self.init.to_dict("records"):
             means = {"pretrained": r["accuracy_pretrained"], "random": r["accuracy_random"]}
-            rows.append(finding(r, INIT_KEYS, "pretrained - random", r["accuracy_family"],
+            rows.append(finding(r, "accuracy_", "pretrained - random",
                                 f"{r['model']} · {r['finetune_label']} · lr {r['lr']:g}",
                                 means=means))  # fmt: skip
             by_numbers[same_numbers(r, rows[-1])] = rows[-1]
         for r in self.lr.to_dict("records"):
-            rows.append(finding(r, LR_KEYS, f"{r['contrast']} (each at its best lr)", r["family"],
+            rows.append(finding(r, "", f"{r['contrast']} (each at its best lr)",
                                 f"{r['model']} · {r['headline']}", r.get("note", "")))  # fmt: skip
         for r in self.matched.to_dict("records"):
             means = dict(zip(r["contrast"].split(" - "), (r["mean_a"], r["mean_b"]), strict=True))
-            row = finding(r, MATCHED_KEYS, f"{r['contrast']} at equal {r['match']}", r["family"],
+            row = finding(r, "", f"{r['contrast']} at equal {r['match']}",
                           f"{r['model']} · lr {r['lr']:g}", means=means)  # fmt: skip
             # Arms that ran the same steps at the same cost compare the same at equal FLOPs or
             # examples: one row, with a note, instead of the same numbers three times.
@@ -92,76 +95,70 @@ class Comparisons:
             same["note"] = "; ".join(filter(None, (same["note"], said)))
         table = pd.DataFrame(rows)
         if not table.empty:
+            table["n"] = table["n"].astype("Int64")
             table.insert(table.columns.get_loc("status"), "baselines", table["task"].map(baselines))
         return table
 
 
-def with_family_power(frame: pd.DataFrame, prefix: str, n: str, p: str) -> pd.DataFrame:
+def findings_display(findings: pd.DataFrame) -> pd.DataFrame:
+    """The findings (``Comparisons.findings``) as the report shows them: the difference
+    with its interval, 'p (BH)' and the detectable difference as text."""
+    rows = findings.to_dict("records")
+    texts = {
+        "difference (pp) [95% CI]": [interval_text(r, label="") for r in rows],
+        "p (BH)": [
+            f"{r['p']:.2g} ({r['p_adjusted']:.2g})" if math.isfinite(r["p"]) else "—" for r in rows
+        ],
+        "detectable at 80% power (pp)": [
+            detectable_text(r) if math.isfinite(r["detectable"]) else "—" for r in rows
+        ],
+    }
+    shown = ("task", "comparison", "setting", "difference (pp) [95% CI]", "accuracies (%)",
+             "n", "p (BH)", "detectable at 80% power (pp)", "baselines", "status", "note")  # fmt: skip
+    return findings.assign(**texts).loc[:, list(shown)]
+
+
+def with_family_power(frame: pd.DataFrame, prefix: str = "") -> pd.DataFrame:
     """``frame`` with ``<prefix>detectable_family`` at the level of its family's size
-    (``<p>_family_size``, ``stats.power_statement``)."""
+    (``<prefix>p_family_size``, ``stats.power_statement``)."""
     if frame.empty:
         return frame
-    columns = zip(frame[f"{prefix}sd_diff"], frame[n], frame[f"{p}_family_size"], strict=True)
+    columns = zip(frame[f"{prefix}sd_diff"], frame[f"{prefix}n"],
+                  frame[f"{prefix}p_family_size"], strict=True)  # fmt: skip
     family = [power_statement(sd, int(k), int(m))["detectable_family"] for sd, k, m in columns]
     return frame.assign(**{f"{prefix}detectable_family": family})
 
 
-def same_numbers(row: dict, shown: dict) -> tuple:
+def same_numbers(row: dict, found: dict) -> tuple:
     """What makes two findings one: the sweep, task, model and lr of the comparison's ``row``
-    and the difference, accuracies and n it ``shown``."""
-    return (row["sweep"], row["task"], row["model"], row["lr"],
-            *(shown[k] for k in ("difference (pp) [95% CI]", "accuracies (%)", "n")))  # fmt: skip
+    and the difference, interval, accuracies and n of its finding ``found``, as shown."""
+    shown = (f"{found[k]:.1f}" for k in ("diff", "ci_low", "ci_high"))
+    return (row["sweep"], row["task"], row["model"], row["lr"], *shown,
+            found["accuracies (%)"], found["n"])  # fmt: skip
 
 
-def finding(
-    row: dict, keys: dict, contrast: str, family: str, setting: str, note="", means=None
-) -> dict:
-    """A row of the findings: ``keys`` maps diff, ci_low, ci_high, n, p, p_adjusted and
-    detectable to ``row``'s columns; ``means``: each arm's mean accuracy (%), shown beside
-    the task's baselines."""
+def finding(row: dict, prefix: str, contrast: str, setting: str, note="", means=None) -> dict:
+    """A row of the findings from a comparison's ``row`` (its columns after ``prefix``:
+    ``report.columns``); ``means``: each arm's mean accuracy (%), shown beside the task's
+    baselines."""
 
     def get(key):
-        value = row.get(keys.get(key, key), math.nan)
-        return math.nan if value is None else float(value)
+        value = row.get(prefix + key, math.nan)
+        return math.nan if value is None else value
 
-    p, n = get("p"), get("n")
+    n = float(get("n"))
     return {
         "task": row["task"],
         "comparison": contrast,
         "setting": f"{setting} · {row['sweep']}",
-        "difference (pp) [95% CI]": interval_text(
-            {k: row.get(keys.get(k, k)) for k in ("diff", "ci_low", "ci_high", "interval_note")},
-            label="",
-        ),
+        **{k: float(get(k)) for k in ("diff", "ci_low", "ci_high")},
+        "interval_note": get("interval_note") if isinstance(get("interval_note"), str) else "",
         "accuracies (%)": " · ".join(f"{arm} {value:.1f}" for arm, value in (means or {}).items()),
-        "n": int(n) if math.isfinite(n) else "",
-        "p (BH)": f"{p:.2g} ({get('p_adjusted'):.2g})" if math.isfinite(p) else "—",
-        "detectable at 80% power (pp)": (
-            detectable_text({k: row.get(keys.get(k, k)) for k in DETECTABLE})
-            if math.isfinite(get("detectable"))
-            else "—"
-        ),
-        "status": "exploratory" if family == EXPLORATORY else "planned",
+        "n": int(n) if math.isfinite(n) else None,
+        **{k: float(get(k)) for k in ("p", "p_adjusted")},
+        "test": get("test") if isinstance(get("test"), str) else "",
+        **{k: float(get(k)) for k in DETECTABLE},
+        "family": get("family"),
+        "status": get("status"),
         "note": note,
     }
-
-
-def pp_interval_text(diff: float, low: float, high: float) -> str:
-    """A difference in pp with its interval, '+1.8 [+0.9, +2.7]'; '+1.8 (no interval)' where the
-    seeds give none (one pair)."""
-    if not math.isfinite(diff):
-        return "—"
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return f"{diff:+.1f} (no interval)"
-    return f"{diff:+.1f} [{low:+.1f}, {high:+.1f}]"
-
-
-INIT_KEYS = {k: f"accuracy_{k}" for k in ("diff", "ci_low", "ci_high", "interval_note", "p",
-                                           "p_adjusted", *DETECTABLE)} | {
-    "n": "accuracy_n_pairs"}  # fmt: skip
-
-
-LR_KEYS = {"p": "p_t", "p_adjusted": "p_t_adjusted"}
-
-
-MATCHED_KEYS = {"n": "n_pairs"}

@@ -12,8 +12,9 @@ import pandas as pd
 
 from scale_fpt.confined import write_text
 from scale_fpt.report import tables
-from scale_fpt.report.comparisons import Comparisons
+from scale_fpt.report.comparisons import Comparisons, findings_display
 from scale_fpt.report.render import Document, escape_md
+from scale_fpt.report.tables.differences import DETECTABLE
 
 MAX_LISTED_IDS = 30
 
@@ -193,14 +194,19 @@ def baselines_line(tasks, baselines: dict) -> str:
     )
 
 
-def frame_section(doc, out: Path, title: str, text: str, frame: pd.DataFrame, index) -> None:
-    """A titled table of the report (and ``tables/<title>.csv``); nothing when empty."""
+def frame_section(
+    doc, out: Path, title: str, text: str, frame: pd.DataFrame, index, long=None
+) -> None:
+    """A titled table of the report and ``tables/<title>.csv``: ``long``, the table's
+    statistics in the column vocabulary (``report.columns``), where ``frame`` shows them as
+    text; nothing when empty."""
     if frame.empty:
         return
     doc.heading(2, title)
     doc.para(text)
     doc.table(frame.set_index(index))
-    write_text(out / "tables" / f"{title.lower()}.csv", frame.to_csv(index=False))
+    csv = frame if long is None else long
+    write_text(out / "tables" / f"{title.lower()}.csv", csv.to_csv(index=False))
 
 
 def findings_section(doc: Document, out: Path, comparisons: Comparisons, baselines: dict) -> None:
@@ -222,7 +228,7 @@ def findings_section(doc: Document, out: Path, comparisons: Comparisons, baselin
         "baselines means the arm did not learn; where some seeds of an arm did and others "
         "did not, no interval is printed below 10 seeds (not calibrated there)."
     )
-    doc.table(table.set_index(["task", "comparison"]))
+    doc.table(findings_display(table).set_index(["task", "comparison"]))
     write_text(out / "tables" / "findings.csv", table.to_csv(index=False))
 
 
@@ -231,43 +237,47 @@ def power_section(doc: Document, out: Path, comparisons: Comparisons, seeds_for)
     n, the difference it detects at 80% power (``stats.power_statement``: at the SD's upper
     80% bound, its range over the SD's interval, at the family's BH level) and, with
     ``seeds_for``, the seeds that detect that many pp in 80% of pilots (``seeds_needed`` at
-    the SD's upper bound). Always written to tables/power.csv."""
+    the SD's upper bound). Always written to tables/power.csv, in the column vocabulary
+    (``report.columns``)."""
     rows = []
     sources = (
-        (comparisons.init, "accuracy_", "pretrained - random", "accuracy_p"),
-        (comparisons.lr, "", None, "p_t"),
-        (comparisons.matched, "", None, "p"),
+        (comparisons.init, "accuracy_", "pretrained - random"),
+        (comparisons.lr, "", None),
+        (comparisons.matched, "", None),
     )
-    for frame, prefix, contrast, p in sources:
+    for frame, prefix, contrast in sources:
         for r in frame.to_dict("records"):
             sd = r.get(f"{prefix}sd_diff", math.nan)
-            n = r.get(f"{prefix}n_pairs", r.get("n_pairs", r.get("n")))
+            n = int(r[f"{prefix}n"])
             if not (isinstance(sd, float) and sd > 0):
                 continue
-            low, high = tables.sd_interval(sd, int(n))
-            family = int(r.get(f"{p}_family_size", 1))
+            low, high = tables.sd_interval(sd, n)
+            family = int(r.get(f"{prefix}p_family_size", 1))
             row = {
                 "task": r["task"],
                 "comparison": contrast
                 or r["contrast"] + (f" at equal {r['match']}" if "match" in r else ""),
                 "sweep": r["sweep"],
-                "n pairs": int(n),
-                "SD of differences (pp) [95% CI]": f"{sd:.3g} [{low:.3g}, {high:.3g}]",
-                "detectable at 80% power (pp)": tables.detectable_text(r, prefix),
-                "tests in its family": family,
+                "n": n,
+                "sd_diff": sd,
+                "sd_diff_low": low,
+                "sd_diff_high": high,
+                **{k: r[f"{prefix}{k}"] for k in DETECTABLE},
+                "p_family_size": family,
             }
             if seeds_for is not None:
-                upper = tables.sd_upper(sd, int(n))
+                upper = tables.sd_upper(sd, n)
                 needed = [tables.seeds_needed(upper, seeds_for, alpha=tables.ALPHA / m)
                           for m in (1, family)]  # fmt: skip
-                row[f"seeds to detect {seeds_for:g} pp"] = "; ".join(
-                    f"{k or 'more than 10,000'}{' at the family BH level' if i else ''}"
-                    for i, k in enumerate(needed[: 1 + (family > 1)])
-                )
+                row.update(seeds_for_pp=seeds_for, seeds_needed=needed[0],
+                           seeds_needed_family=needed[1])  # fmt: skip
             rows.append(row)
     table = pd.DataFrame(rows)
     if table.empty:
         return
+    if seeds_for is not None:  # None: more than 10,000
+        needed = ["seeds_needed", "seeds_needed_family"]
+        table[needed] = table[needed].astype("Int64")
     doc.heading(2, "Power")
     doc.para(
         "For each paired comparison: the spread of its paired differences with its 95% "
@@ -285,8 +295,39 @@ def power_section(doc: Document, out: Path, comparisons: Comparisons, seeds_for)
         )
         + ". `scale-fpt report RESULTS --seeds-for PP` answers for a difference of PP pp."
     )
-    doc.table(table.set_index(["task", "comparison"]))
+    doc.table(power_display(table, seeds_for).set_index(["task", "comparison"]))
     write_text(out / "tables" / "power.csv", table.to_csv(index=False))
+
+
+def power_display(table: pd.DataFrame, seeds_for) -> pd.DataFrame:
+    """The power table (``power_section``'s long form) as the report shows it."""
+    rows = table.to_dict("records")
+    shown = pd.DataFrame(
+        {
+            "task": table["task"],
+            "comparison": table["comparison"],
+            "sweep": table["sweep"],
+            "n": table["n"],
+            "SD of differences (pp) [95% CI]": [
+                f"{r['sd_diff']:.3g} [{r['sd_diff_low']:.3g}, {r['sd_diff_high']:.3g}]"
+                for r in rows
+            ],
+            "detectable at 80% power (pp)": [tables.detectable_text(r) for r in rows],
+            "tests in its family": table["p_family_size"],
+        }
+    )
+    if seeds_for is not None:
+        shown[f"seeds to detect {seeds_for:g} pp"] = [
+            "; ".join(
+                ("more than 10,000" if pd.isna(k) else f"{int(k)}")
+                + (" at the family BH level" if i else "")
+                for i, k in enumerate(
+                    (r["seeds_needed"], r["seeds_needed_family"])[: 1 + (r["p_family_size"] > 1)]
+                )
+            )
+            for r in rows
+        ]
+    return shown
 
 
 def plan_section(doc: Document, sweeps: list[str], plans: dict) -> None:
@@ -339,6 +380,7 @@ def matched_section(doc: Document, out: Path, matched: pd.DataFrame) -> None:
         "(Benjamini-Hochberg over each match's rows).",
         shown,
         ["task", "model"],
+        long=matched,
     )
 
 
@@ -354,12 +396,15 @@ def contrasts_display(contrasts: pd.DataFrame) -> pd.DataFrame:
                 for r in rows
             ],
             "lr (a / b)": [f"{r['lr_a']:.3g} / {r['lr_b']:.3g}" for r in rows],
-            "n pairs": contrasts["n"],
+            "n": contrasts["n"],
             "difference [95% CI]": [tables.interval_text(r, label="") for r in rows],
             "d_z [95% CI]": [
                 f"{r['d_z']:.2f} [{r['d_z_low']:.2f}, {r['d_z_high']:.2f}]" for r in rows
             ],
-            "p (t, BH)": contrasts["p_t_adjusted"].map(lambda p: f"{p:.3g}"),
+            "p (BH)": [
+                f"{r['p']:.2g} ({r['p_adjusted']:.2g})" if np.isfinite(r["p"]) else "—"
+                for r in rows
+            ],
             "p (sign-flip; exact to 16 pairs)": [
                 sign_flip_text(r["p_sign_flip"], r["p_sign_flip_min"], r["n"], r["p_sign_flip_se"])
                 for r in rows

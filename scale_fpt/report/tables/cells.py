@@ -284,7 +284,7 @@ def compare(cell: dict, table: str, paper_row: str | None) -> dict:
         "published": math.nan,
         "published_diverged": False,
         "like_for_like": False,
-        "diff": math.nan,
+        "published_diff": math.nan,
         "comparison": "",
     }
     if found is None:
@@ -321,7 +321,7 @@ def compare(cell: dict, table: str, paper_row: str | None) -> dict:
         out["comparison"] = "reference only: " + "; ".join(mismatches)
     elif cell["n"]:
         out["like_for_like"] = True
-        out["diff"] = cell["mean"] - found["value"]
+        out["published_diff"] = cell["mean"] - found["value"]
         out["comparison"] = f"like-for-like except the evaluation protocol ({PROTOCOL})"
     return out
 

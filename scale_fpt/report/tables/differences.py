@@ -46,8 +46,9 @@ def compare_arms(
     a: pd.DataFrame, b: pd.DataFrame, column: str, baseline=math.nan, elsewhere: str = ""
 ) -> dict:
     """``column`` of arm a minus arm b: paired on shared seeds where there are two or more,
-    else Welch over the two groups. {design, n_pairs, diff, ci95, ci_low, ci_high,
-    interval_note, p and ``PAIRED`` (NaN under Welch)}. With the task's ``baseline`` (its
+    else Welch over the two groups. {design, n (pairs; 0 or 1 under Welch), diff, ci95,
+    ci_low, ci_high, interval_note, p, test and ``PAIRED`` (NaN under Welch)}
+    (``report.columns``). With the task's ``baseline`` (its
     accuracy without learning, %), an arm whose seeds learn or not (``learn_or_not``) below
     ``MIXED_MIN_PAIRS`` pairs gets no interval: the paired t's is not calibrated there."""
     by_seed = [dict(zip(arm["seed"].astype(int), arm[column].astype(float), strict=True))
@@ -56,9 +57,10 @@ def compare_arms(
     if paired["n"] >= 2:
         out = {
             "design": f"paired over {paired['n']} shared seeds",
-            "n_pairs": paired["n"],
+            "n": paired["n"],
             **{k: paired[k] for k in INTERVAL},
             "p": paired["p_t"],
+            "test": "paired t",
             **{k: paired[k] for k in PAIRED},
         }
     else:
@@ -66,9 +68,10 @@ def compare_arms(
         few = min(welch["n_a"], welch["n_b"]) < 2
         out = {
             "design": "too few seeds for an interval" if few else "independent seeds (Welch)",
-            "n_pairs": paired["n"],
+            "n": paired["n"],
             **{k: welch[k] for k in INTERVAL},
             "p": welch["p"],
+            "test": "" if few else "Welch t",
             **dict.fromkeys(PAIRED, math.nan),
         }
     n = max(paired["n"], len(a), len(b))
@@ -181,10 +184,11 @@ def init_difference(
     trained groups, lr, batch size, budget and every other setting): the accuracy difference
     (percentage points; ``accuracy_*``: ``compare_arms``'s keys, ``accuracy_design``), and
     steps to the accuracy threshold (``steps_to_threshold``; ``seed_outcomes``): Kaplan-Meier
-    medians (``steps_median_*`` with intervals), the exact log-rank p (``steps_logrank_p``,
-    its least possible value ``steps_logrank_p_min``) and, when every
-    seed of both arms reached it, the (paired) difference of steps (``steps_diff``...).
-    ``*_p_adjusted``: Benjamini-Hochberg over the rows of the table. With ``curves``, steps
+    medians (``steps_median_*`` with intervals), the log-rank test (``steps_p``, its least
+    possible value ``steps_p_min``, ``steps_test``: 'exact log-rank', ...) and, when every
+    seed of both arms reached it, the (paired) difference of steps with its interval
+    (``steps_diff``, ``steps_ci_low``...). ``*_p_adjusted``: Benjamini-Hochberg over the rows
+    of the table. Column names: ``report.columns``. With ``curves``, steps
     are read at each task's threshold (``with_task_thresholds``); without, the trials' own
     ``steps_to_threshold`` (their ``accuracy_threshold``)."""
     if curves is not None and len(curves):
@@ -218,7 +222,7 @@ def init_difference(
                 "accuracy_pretrained": float(pre["value"].mean()),
                 "accuracy_random": float(rnd["value"].mean()),
                 **{f"accuracy_{k}": v for k, v in accuracy.items()},
-                **{f"steps_{k}": step_diff.get(k, math.nan) for k in (*INTERVAL, "p")},
+                **{f"steps_{k}": step_diff.get(k, math.nan) for k in INTERVAL},
                 "steps_pretrained": float(steps["pretrained"].mean()),
                 "steps_random": float(steps["random"].mean()),
                 **{
@@ -226,17 +230,17 @@ def init_difference(
                     for s in ("pretrained", "random")
                     for suffix in ("", "_low", "_high")
                 },
-                "steps_logrank_p": logrank["p"],
-                "steps_logrank_p_min": logrank["p_min"],
-                "steps_logrank_p_se": logrank["p_se"],
-                "steps_logrank_method": logrank["p_method"],
+                "steps_p": logrank["p"],
+                "steps_p_min": logrank["p_min"],
+                "steps_p_se": logrank["p_se"],
+                "steps_test": f"{logrank['p_method']} log-rank" if logrank["p_method"] else "",
                 **{f"steps_never_{s}": survival[s]["never"] for s in ("pretrained", "random")},
                 "steps_note": "" if all_reached else steps_bound(arms, steps, reached),
             }
         )
     out = pd.DataFrame(records)
     if not out.empty:
-        for column in ("accuracy_p", "steps_logrank_p"):
+        for column in ("accuracy_p", "steps_p"):
             out[f"{column}_adjusted"] = adjust_p(out[column])
     return out
 
@@ -367,11 +371,10 @@ def difference_text(row) -> str:
              if row.get(f"steps_never_{s}", 0)]  # fmt: skip
     if never:
         text += f" ({' and '.join(never)} seeds diverged or stopped on patience: never reached)"
-    if np.isfinite(row["steps_logrank_p"]):
-        text += f", {row['steps_logrank_method']} log-rank " + p_text(
-            row["steps_logrank_p"], row["steps_logrank_p_adjusted"], row["steps_logrank_p_min"],
-            row["steps_logrank_p_se"],
-        )  # fmt: skip
+    if np.isfinite(row["steps_p"]):
+        text += f", {row['steps_test']} " + p_text(
+            row["steps_p"], row["steps_p_adjusted"], row["steps_p_min"], row["steps_p_se"]
+        )
     if np.isfinite(row["steps_diff"]):
         return text + f"; difference {interval_text(row, 'steps_', '+.0f')}"
     return text + f"; {row['steps_note']}"

@@ -74,7 +74,7 @@ def published_text(cell) -> str:
     if cell.get("table") == "T4" and str(cell.get("row", "")).startswith("speed-up"):
         text += "x"
     if cell.get("like_for_like"):
-        return f"{text} (Δ {cell['diff']:+.1f})"
+        return f"{text} (Δ {cell['published_diff']:+.1f})"
     return f"{text} (ref.)"
 
 

@@ -46,8 +46,9 @@ class Shown:
 def adjust_together(tables: list[Shown]) -> list[pd.DataFrame]:
     """Each table's frame with ``<p>_adjusted``: Benjamini-Hochberg within each family over
     the rows of every table at once, a test shown in two tables counted once; exploratory
-    rows only among those of their own table; and ``<p>_family_size``: the tests of its
-    family (the power statements' level, 0.05 / size)."""
+    rows only among those of their own table; ``<p>_family_size``: the tests of its
+    family (the power statements' level, 0.05 / size); and ``<outcome>status``: 'planned' or
+    'exploratory' (``report.columns``: ``accuracy_p`` -> ``accuracy_status``)."""
     parts = [
         pd.DataFrame(
             {
@@ -84,9 +85,15 @@ def adjust_together(tables: list[Shown]) -> list[pd.DataFrame]:
             t.frame.assign(**{
                 f"{t.p}_adjusted": mine["adjusted"].reindex(t.frame.index),
                 f"{t.p}_family_size": mine["size"].reindex(t.frame.index),
+                f"{t.p.removesuffix('p')}status": status(t.frame[t.family]),
             })
         )  # fmt: skip
     return out
+
+
+def status(families: pd.Series) -> pd.Series:
+    """'exploratory' or 'planned' per row of ``families`` (``family_labels``)."""
+    return families.eq(EXPLORATORY).map({True: "exploratory", False: "planned"})
 
 
 def test_keys(shown: Shown, table: int) -> list[tuple]:

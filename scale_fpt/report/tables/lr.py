@@ -218,8 +218,9 @@ def lr_differences(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.Dat
     confirmation seeds: the mean paired difference over the seeds both arms ran (the same
     seed gives both the same heads, data and dropout streams) with its paired-t 95%
     interval and p, d_z with its exact interval, the exact sign-flip p, the smallest
-    difference detectable at 80% power (``stats.paired_difference``), and Benjamini-Hochberg
-    adjusted p-values over the table's family (``p_t_adjusted``). ``note`` says why a
+    difference detectable at 80% power (``stats.paired_difference``; its paired t p as
+    ``p``, ``test`` 'paired t'), and Benjamini-Hochberg adjusted p-values over the table's
+    family (``p_adjusted``; column names: ``report.columns``). ``note`` says why a
     contrast has no numbers (an arm without confirmation rows: its selection seeds chose
     its rate, so they would flatter it) or why they are exploratory (neither arm was
     confirmed: both on their selection seeds)."""
@@ -257,14 +258,16 @@ def lr_differences(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.Dat
                     "lr_a": arms[a]["best_lr"],
                     "lr_b": arms[b]["best_lr"],
                     "headline": f"{arms[a]['headline']} / {arms[b]['headline']}",
-                    **{k: v for k, v in diff.items() if k != "seeds"},
+                    **{k: v for k, v in diff.items() if k not in ("seeds", "p_t")},
+                    "p": diff["p_t"],
+                    "test": "paired t",
                     "seeds": ",".join(map(str, diff["seeds"])),
                     "note": contrast_note(confirmed, diff["n"]),
                 }
             )
     out = pd.DataFrame(records)
     if not out.empty:
-        out["p_t_adjusted"] = adjust_p(out["p_t"])
+        out["p_adjusted"] = adjust_p(out["p"])
     return out
 
 
