@@ -44,7 +44,7 @@ from scale_fpt.config import TrialConfig
 from scale_fpt.recipes.studies import STUDIES
 from scale_fpt.report import scaling_laws as laws
 from scale_fpt.report import stats, tables
-from scale_fpt.report.comparisons import Comparisons
+from scale_fpt.report.comparisons import Comparisons, findings_display
 from scale_fpt.report.sections import contrasts_display
 from scale_fpt.report.tables.differences import LEARNED_MARGIN, task_baseline
 from scale_fpt.results import ResultsWriter, load_results
@@ -444,16 +444,16 @@ def folder_checks(design: Design, n_studies: int, rng, truths=FOLDER_TRUTHS) -> 
             if "[" in tables.interval_text(r, prefix):
                 low, high = r[f"{prefix}ci_low"], r[f"{prefix}ci_high"]
                 cover[truth.name].append(low <= truth.difference <= high)
-            p = r[f"{prefix}p" if prefix else "p_t"]
+            p = r[f"{prefix}p"]
             if truth.difference == 0 and truth.learns == 1 and np.isfinite(p):
                 null_p.append(p < stats.ALPHA)
             if np.isfinite(truth.sd_difference) and np.isfinite(r[f"{prefix}detectable"]):
-                n = int(r[f"{prefix}n_pairs" if prefix else "n"])
+                n = int(r[f"{prefix}n"])
                 true = stats.detectable_difference(truth.sd_difference, n)
                 power.append(r[f"{prefix}detectable"] >= true)
         shown = [tables.difference_text(r) for r in init.to_dict("records")]
         findings = found.findings({})
-        shown += list(findings["difference (pp) [95% CI]"])
+        shown += list(findings_display(findings)["difference (pp) [95% CI]"])
         if not lr.empty:
             shown += list(contrasts_display(lr)["difference [95% CI]"])
         zero += zero_wide(shown)
@@ -462,7 +462,7 @@ def folder_checks(design: Design, n_studies: int, rng, truths=FOLDER_TRUTHS) -> 
         family = f"{SEARCH}: {FAMILY}"
         members = [(r["accuracy_p"], r["accuracy_p_adjusted"]) for r in init.to_dict("records")
                    if r["accuracy_family"] == family]  # fmt: skip
-        members += [(r["p_t"], r["p_t_adjusted"]) for r in lr.to_dict("records")
+        members += [(r["p"], r["p_adjusted"]) for r in lr.to_dict("records")
                     if r["family"] == family]  # fmt: skip
         tested = [(p, a) for p, a in members if np.isfinite(p)]
         unique = sorted({p for p, _ in tested})

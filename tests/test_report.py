@@ -12,7 +12,7 @@ import torch
 
 from scale_fpt import cli, report
 from scale_fpt.config import ConfigError, TaskConfig, TrialConfig
-from scale_fpt.report import attention, tables
+from scale_fpt.report import attention, columns, tables
 from scale_fpt.results import ResultsWriter, load_results
 
 T975_2 = 4.302652729749464  # t(0.975, 2): the 95% interval of three seeds
@@ -203,13 +203,15 @@ def test_table2_cells_spread_exclusions_and_published(results):
     assert pre["wall_time_s"] == 600 and pre["samples_seen"] == 48_000
     assert pre["total_flops"] == 3e12
     # gpt2-tiny is not the paper's gpt2: published shown for reference, no difference.
-    assert pre["published"] == 100 and not pre["like_for_like"] and math.isnan(pre["diff"])
+    assert (
+        pre["published"] == 100 and not pre["like_for_like"] and math.isnan(pre["published_diff"])
+    )
     assert "model gpt2-tiny (paper gpt2)" in pre["comparison"]
     rnd = cell(t2, model="gpt2-tiny", init="random", task="bit-xor")
     assert (rnd["n"], rnd["mean"], rnd["n_trials"]) == (3, pytest.approx(50), 4)
     assert rnd["excluded"] == "1 stopped"
     gpt2 = cell(t2, model="gpt2", task="bit-xor")
-    assert gpt2["like_for_like"] and gpt2["diff"] == pytest.approx(-2.0)
+    assert gpt2["like_for_like"] and gpt2["published_diff"] == pytest.approx(-2.0)
     assert gpt2["n"] == 1 and math.isnan(gpt2["std"])
     failed = cell(t2, task="mnist")
     assert failed["n"] == 0 and failed["note"] == "all 1 failed" and math.isnan(failed["mean"])
@@ -243,7 +245,7 @@ def test_table1_and_table3_rows(results):
     lstm = cell(t3, model="lstm")
     assert lstm["row"] == "LSTM · lstm 768x3" and lstm["mean"] == pytest.approx(51)
     # the paper's LSTM, but 1000 steps where the paper's random arms converged in 2e4
-    assert not lstm["like_for_like"] and math.isnan(lstm["diff"])
+    assert not lstm["like_for_like"] and math.isnan(lstm["published_diff"])
     assert lstm["comparison"] == "reference only: budget 1,000 steps (paper converged in 20,000)"
     transformer = cell(t3, model="gpt2-tiny", task="bit-xor")
     assert transformer["paper_row"] == "transformer" and transformer["mean"] == pytest.approx(50)
@@ -252,7 +254,7 @@ def test_table1_and_table3_rows(results):
 def test_like_for_like_rule():
     base = {"task": "bit-xor", "kind": "transformer", "model": "gpt2", "model_label": "gpt2"}
     base.update(init_label="pretrained", weights="", lr=1e-3, n=3, mean=99.0, max_steps=100_000)
-    assert tables.compare(base, "T2", "language (FPT)")["diff"] == pytest.approx(-1.0)
+    assert tables.compare(base, "T2", "language (FPT)")["published_diff"] == pytest.approx(-1.0)
     short = tables.compare({**base, "max_steps": 400}, "T2", "language (FPT)")
     assert short["comparison"] == "reference only: budget 400 steps (paper converged in 500)"
     other = tables.compare({**base, "preprocessing": "split: x (published: y)"}, "T2", "random")
@@ -308,7 +310,7 @@ def test_table6_sizes_and_parameter_counts(results):
     # validation slice held out of train: reference only, saying both
     c10 = cell(t6, task="cifar10")
     assert c10["paper_row"] == "small FPT" and not c10["like_for_like"]
-    assert c10["published"] == 68.2 and math.isnan(c10["diff"])
+    assert c10["published"] == 68.2 and math.isnan(c10["published_diff"])
     assert c10["comparison"] == (
         "reference only: budget 1,000 steps (paper converged in 400,000); split: train minus "
         "a fixed 10% validation slice; test split (published: full train split; test split)"
@@ -572,6 +574,19 @@ def test_cli_report_writes_every_table_and_figure(results_dir, tmp_path, capsys,
         assert f"figures/{name}.png" in text
     for key in ("T1", "T2", "T3", "T4", "T6", "T8", "LR"):
         assert len(pd.read_csv(out / "tables" / f"{key}.csv"))
+    # Every CSV beside report.md names its p-values, intervals and n in one vocabulary.
+    written = {csv.stem: pd.read_csv(csv) for csv in (out / "tables").glob("*.csv")}
+    expected = {
+        "findings": {"diff", "ci_low", "ci_high", "n", "p", "p_adjusted", "status"},
+        "power": {"n", "sd_diff", "sd_diff_low", "detectable", "p_family_size"},
+        "lr-fair differences": {"diff", "ci_low", "n", "p", "p_adjusted", "test", "status"},
+        "pretrained - random": {"accuracy_diff", "accuracy_n", "accuracy_p", "steps_p"},
+        "matched budgets": {"diff", "n", "p", "p_adjusted"},
+    }
+    for name, names in expected.items():
+        assert names <= set(written[name]), name
+    for name, frame in written.items():
+        assert columns.problems(frame.columns) == [], name
     assert "data:image/png;base64," in (out / "report.html").read_text()
 
 
@@ -643,7 +658,7 @@ def test_init_difference_pairs_shared_seeds(results):
     # Kaplan-Meier: every seed reached it; medians 200 and 600 (no interval at 3 seeds:
     # not calibrated); the exact log-rank p: 2 of the 20 relabellings are as extreme.
     assert (xor["steps_median_pretrained"], xor["steps_median_random"]) == (200, 600)
-    assert xor["steps_logrank_p"] == pytest.approx(0.1) == xor["steps_logrank_p_min"]
+    assert xor["steps_p"] == pytest.approx(0.1) == xor["steps_p_min"]
     assert tables.difference_text(xor).startswith(
         "pretrained - random, paired over 3 shared seeds: accuracy +10.0 pp (not calibrated "
         "at this design: 2 of 3 seeds at the task's baseline, the rest above, and the t "
@@ -660,7 +675,7 @@ def test_init_difference_pairs_shared_seeds(results):
     )
     # One family: Benjamini-Hochberg over the table's rows.
     np.testing.assert_allclose(
-        diffs["steps_logrank_p_adjusted"], sp.false_discovery_control(diffs["steps_logrank_p"])
+        diffs["steps_p_adjusted"], sp.false_discovery_control(diffs["steps_p"])
     )
 
 

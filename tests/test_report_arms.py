@@ -153,7 +153,7 @@ def test_compute_and_examples_matched_differences(tmp_path):
               **common)  # fmt: skip
     results = load_results(tmp_path)
     (flops,) = matched_differences(results.trials, results.curves, "flops").to_dict("records")
-    assert (flops["contrast"], flops["horizon"], flops["n_pairs"]) == ("full - fpt", 400, 3)
+    assert (flops["contrast"], flops["horizon"], flops["n"]) == ("full - fpt", 400, 3)
     assert (flops["mean_a"], flops["mean_b"]) == (pytest.approx(80), pytest.approx(95))
     assert flops["diff"] == pytest.approx(-15)
     # Seed 2 of full still at bit-xor's chance, the others learned: no t interval at 3 seeds.
@@ -182,7 +182,7 @@ def test_full_minus_fpt_is_matched_within_each_init(tmp_path):
     assert sorted(full.index) == ["pretrained", "random"]
     assert full.loc["pretrained", "diff"] == pytest.approx(45)
     assert full.loc["random", "diff"] == pytest.approx(-45)
-    assert set(full["n_pairs"]) == {3}
+    assert set(full["n"]) == {3}
 
 
 def test_one_early_diverged_trial_does_not_set_the_matched_horizon(tmp_path):

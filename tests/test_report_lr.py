@@ -75,13 +75,13 @@ def test_full_minus_fpt_is_paired_on_the_confirmation_seeds(trials):
     ci = test.confidence_interval(0.95)
     assert row["diff"] == pytest.approx((full - fpt).mean())
     assert (row["ci_low"], row["ci_high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
-    assert row["p_t"] == pytest.approx(test.pvalue)
+    assert row["p"] == pytest.approx(test.pvalue)
     flips = sp.permutation_test((full - fpt,), np.mean, permutation_type="samples")
     assert row["p_sign_flip"] == pytest.approx(flips.pvalue)
     assert row["p_sign_flip_min"] == pytest.approx(2 / 32)
     d = full - fpt
     assert row["d_z"] == pytest.approx(d.mean() / d.std(ddof=1)) and row["note"] == ""
-    assert row["p_t_adjusted"] == pytest.approx(test.pvalue)  # a family of one
+    assert row["p_adjusted"] == pytest.approx(test.pvalue)  # a family of one
     assert (row["lr_a"], row["lr_b"]) == (pytest.approx(1e-4), pytest.approx(1e-3))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -14,7 +15,7 @@ from test_report import write
 from scale_fpt import analysis_plan
 from scale_fpt.recipes.studies import STUDIES
 from scale_fpt.report import tables
-from scale_fpt.report.comparisons import Comparisons
+from scale_fpt.report.comparisons import Comparisons, findings_display
 from scale_fpt.report.stats import adjust_p
 from scale_fpt.report.tables.families import EXPLORATORY
 from scale_fpt.results import ResultsWriter, load_results
@@ -85,7 +86,9 @@ def test_a_matched_comparison_that_repeats_the_plain_one_is_a_note(tmp_path):
     findings = found.findings({})
     assert list(findings["comparison"]) == ["pretrained - random"]
     # Every pair differs by 45 points: no spread, and no zero-wide 95% interval.
-    assert findings["difference (pp) [95% CI]"].iloc[0] == "+45.0 (no spread (all 3 seeds equal))"
+    assert findings["diff"].iloc[0] == 45 and math.isnan(findings["ci_low"].iloc[0])
+    shown = findings_display(findings)
+    assert shown["difference (pp) [95% CI]"].iloc[0] == "+45.0 (no spread (all 3 seeds equal))"
     assert findings["note"].iloc[0] == "the same at equal examples (Matched budgets)"
 
 
@@ -113,7 +116,7 @@ def test_listops_baseline_is_the_measured_majority_class_of_its_test_set(tmp_pat
 def test_power_section_says_how_many_seeds_detect_a_difference(tmp_path):
     from scale_fpt.report import stats
     from scale_fpt.report.render import Document
-    from scale_fpt.report.sections import power_section
+    from scale_fpt.report.sections import power_display, power_section
 
     writer = ResultsWriter(tmp_path, "s")
     for seed, (pre, rnd) in enumerate([(0.9, 0.6), (0.95, 0.7), (0.85, 0.5)]):
@@ -126,15 +129,23 @@ def test_power_section_says_how_many_seeds_detect_a_difference(tmp_path):
     (row,) = pd.read_csv(tmp_path / "tables" / "power.csv").to_dict("records")
     sd = np.std([30.0, 25.0, 35.0], ddof=1)
     low, high = stats.sd_interval(sd, 3)
-    assert row["n pairs"] == 3 and row["tests in its family"] == 1
-    assert row["SD of differences (pp) [95% CI]"] == f"{sd:.3g} [{low:.3g}, {high:.3g}]"
+    assert row["n"] == 3 and row["p_family_size"] == 1
+    assert (row["sd_diff"], row["sd_diff_low"], row["sd_diff_high"]) == pytest.approx(
+        (sd, low, high)
+    )
     # Stated at the SD's upper 80% bound, with its range over the SD's 95% interval.
     upper = stats.sd_upper(sd, 3)
-    assert row["detectable at 80% power (pp)"].startswith(
+    assert (row["detectable"], row["detectable_low"], row["detectable_high"]) == pytest.approx(
+        [stats.detectable_difference(s, 3) for s in (upper, low, high)]
+    )
+    assert row["seeds_for_pp"] == 5 and row["seeds_needed"] == stats.seeds_needed(upper, 5.0)
+    shown = power_display(pd.DataFrame([row]), 5.0).iloc[0]
+    assert shown["SD of differences (pp) [95% CI]"] == f"{sd:.3g} [{low:.3g}, {high:.3g}]"
+    assert shown["detectable at 80% power (pp)"].startswith(
         f"{stats.detectable_difference(upper, 3):.2g} pp at 80% power "
         f"[{stats.detectable_difference(low, 3):.2g}, {stats.detectable_difference(high, 3):.2g}]"
     )
-    assert row["seeds to detect 5 pp"] == stats.seeds_needed(upper, 5.0)
+    assert shown["seeds to detect 5 pp"] == str(stats.seeds_needed(upper, 5.0))
     assert stats.seeds_needed(upper, 5.0) > stats.seeds_needed(sd, 5.0)
 
 
@@ -170,10 +181,10 @@ def test_a_declared_family_is_adjusted_whole_across_tables(tmp_path):
     lr = found.lr.set_index("contrast").loc["pretrained - random"]
     assert lr["family"] == family and lr["headline"] == "confirmation / confirmation"
     confirmed = found.init.set_index("sweep").loc["s-confirm"]
-    assert lr["p_t"] == pytest.approx(confirmed["accuracy_p"])  # one test, two tables
+    assert lr["p"] == pytest.approx(confirmed["accuracy_p"])  # one test, two tables
     adjusted = adjust_p(found.init["accuracy_p"])  # the family: 3 tests, not 4, not 3 + 1
     assert found.init["accuracy_p_adjusted"].to_numpy() == pytest.approx(adjusted)
-    assert lr["p_t_adjusted"] == pytest.approx(confirmed["accuracy_p_adjusted"])
+    assert lr["p_adjusted"] == pytest.approx(confirmed["accuracy_p_adjusted"])
     rows = found.findings({})
     assert set(rows["status"]) == {"planned"}
 
