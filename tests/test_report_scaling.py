@@ -6,7 +6,7 @@ import pytest
 
 from scale_fpt.analysis import fit_scaling_law
 from scale_fpt.config import TrialConfig
-from scale_fpt.report import build_report, scaling_laws, tables
+from scale_fpt.report import build_report, columns, scaling_laws, tables
 from scale_fpt.results import ResultsWriter, load_results
 from scale_fpt.vocabulary import CONFIRM_SUFFIX
 
@@ -117,7 +117,9 @@ def test_scaling_section_fits_checks_and_draws(report_dir, monkeypatch):
     assert len(next_run) == 3 and next_run["best next run"].str.startswith("a new size").all()
     transfer = pd.read_csv(out / "tables" / "effective_data.csv")
     assert transfer["D_F"].tolist() == [100, 200, 400, 800]
-    assert transfer["D_T_lo"].iloc[0] <= 300 <= transfer["D_T_hi"].iloc[0]
+    assert transfer["D_T_low"].iloc[0] <= 300 <= transfer["D_T_high"].iloc[0]
+    for csv in (out / "tables").glob("*.csv"):  # the report's column vocabulary
+        assert columns.problems(pd.read_csv(csv).columns) == [], csv.name
     for name in ("law_bit-xor", "gap_bit-xor", "effective_data"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 10_000
     assert "## Scaling laws" in text and "Held-out prediction of the largest size" in text

@@ -256,7 +256,7 @@ def test_effective_data_transferred_recovers_a_planted_head_start():
     # D_E = D_F + 2000 lies beyond the scratch arm's largest size, 8000, at D_F = 8000 only
     assert table["extrapolated"].tolist() == [False] * 5 + [True]
     small = table.iloc[0]
-    assert small["D_T_lo"] <= 2000 <= small["D_T_hi"] and small["D_T"] == pytest.approx(
+    assert small["D_T_low"] <= 2000 <= small["D_T_high"] and small["D_T"] == pytest.approx(
         2000, rel=0.25
     )
     assert (

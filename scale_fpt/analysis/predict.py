@@ -192,7 +192,8 @@ def effective_data(
     interval covers both arms' seed noise. D_E is inf where the pretrained value is below
     the scratch law's floor E: no amount of data from scratch reaches it.
 
-    Columns: D_F, n_obs, pretrained (mean y), D_E, D_E_lo, D_E_hi, D_T, D_T_lo, D_T_hi,
+    Columns (the report's vocabulary, ``report.columns``): D_F, n (its seeds), pretrained
+    (mean y), D_E, D_E_low, D_E_high, D_T, D_T_low, D_T_high,
     fraction (D_T / D_E: the share of the effective data that pretraining supplied),
     extrapolated (D_E beyond the largest ``data`` the scratch arm ran: the law is read where
     it was not fitted)."""
@@ -222,14 +223,14 @@ def effective_data(
         rows.append(
             {
                 "D_F": float(size),
-                "n_obs": len(values),
+                "n": len(values),
                 "pretrained": observed,
                 "D_E": d_e,
-                "D_E_lo": float(lo),
-                "D_E_hi": float(hi),
+                "D_E_low": float(lo),
+                "D_E_high": float(hi),
                 "D_T": d_e - size,
-                "D_T_lo": float(lo) - size,
-                "D_T_hi": float(hi) - size,
+                "D_T_low": float(lo) - size,
+                "D_T_high": float(hi) - size,
                 "fraction": (d_e - size) / d_e if np.isfinite(d_e) else 1.0,
                 "extrapolated": bool(d_e > fit.goodness["x_range"][data][1]),
             }

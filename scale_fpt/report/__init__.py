@@ -16,6 +16,7 @@ Files:
     tables/       Tables 1, 2, 3, 4, 6, 8 and the LR-fair comparison (DataFrames)
     figures.py    scaling curve, learning curves, accuracy vs lr, steps bars, attention maps
     attention.py  attention maps of trained bit-task checkpoints
+    columns.py    the one column vocabulary of every table and CSV (docs/report.md)
     comparisons.py  every comparison of arms, adjusted in its declared family; the findings
     render.py     the document's blocks as Markdown and HTML
     sections.py, figure_sections.py  the report's sections

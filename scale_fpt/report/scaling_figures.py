@@ -138,8 +138,8 @@ def transfer_figure(table: pd.DataFrame):
     ax = axes[0]
     for colour, (key, group) in enumerate(table.groupby(["task", "model", "finetune"])):
         finite = group[np.isfinite(group["D_T"]) & (group["D_T"] > 0)]
-        low = np.clip(finite["D_T"] - finite["D_T_lo"], 0, None)
-        high = np.where(np.isfinite(finite["D_T_hi"]), finite["D_T_hi"] - finite["D_T"], 0)
+        low = np.clip(finite["D_T"] - finite["D_T_low"], 0, None)
+        high = np.where(np.isfinite(finite["D_T_high"]), finite["D_T_high"] - finite["D_T"], 0)
         ax.errorbar(
             finite["D_F"],
             finite["D_T"],
@@ -147,7 +147,7 @@ def transfer_figure(table: pd.DataFrame):
             fmt="o-",
             capsize=3,
             color=f"C{colour}",
-            label=" · ".join(key) + f" (seeds {int(group['n_obs'].min())}+)",
+            label=" · ".join(key) + f" (seeds {int(group['n'].min())}+)",
         )
     ax.set_xscale("log")
     ax.set_yscale("log")
