@@ -112,6 +112,7 @@ def findings_display(findings: pd.DataFrame) -> pd.DataFrame:
         "detectable at 80% power (pp)": [
             detectable_text(r) if math.isfinite(r["detectable"]) else "—" for r in rows
         ],
+        "n": findings["n"].astype(object).where(findings["n"].notna(), ""),
     }
     shown = ("task", "comparison", "setting", "difference (pp) [95% CI]", "accuracies (%)",
              "n", "p (BH)", "detectable at 80% power (pp)", "baselines", "status", "note")  # fmt: skip
@@ -132,9 +133,8 @@ def with_family_power(frame: pd.DataFrame, prefix: str = "") -> pd.DataFrame:
 def same_numbers(row: dict, found: dict) -> tuple:
     """What makes two findings one: the sweep, task, model and lr of the comparison's ``row``
     and the difference, interval, accuracies and n of its finding ``found``, as shown."""
-    shown = (f"{found[k]:.1f}" for k in ("diff", "ci_low", "ci_high"))
-    return (row["sweep"], row["task"], row["model"], row["lr"], *shown,
-            found["accuracies (%)"], found["n"])  # fmt: skip
+    return (row["sweep"], row["task"], row["model"], row["lr"],
+            interval_text(found, label=""), found["accuracies (%)"], found["n"])  # fmt: skip
 
 
 def finding(row: dict, prefix: str, contrast: str, setting: str, note="", means=None) -> dict:
