@@ -575,7 +575,8 @@ def test_cli_report_writes_every_table_and_figure(results_dir, tmp_path, capsys,
     for key in ("T1", "T2", "T3", "T4", "T6", "T8", "LR"):
         assert len(pd.read_csv(out / "tables" / f"{key}.csv"))
     # Every CSV beside report.md names its p-values, intervals and n in one vocabulary.
-    written = {csv.stem: pd.read_csv(csv) for csv in (out / "tables").glob("*.csv")}
+    written = {csv.stem: pd.read_csv(csv) for csv in out.glob("*/*.csv")}
+    assert {"findings", "power", "law_bit-xor", "gap_bit-xor", "curves_bit-xor"} <= set(written)
     expected = {
         "findings": {"diff", "ci_low", "ci_high", "n", "p", "p_adjusted", "status"},
         "power": {"n", "sd_diff", "sd_diff_low", "detectable", "p_family_size"},

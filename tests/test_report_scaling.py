@@ -118,8 +118,14 @@ def test_scaling_section_fits_checks_and_draws(report_dir, monkeypatch):
     transfer = pd.read_csv(out / "tables" / "effective_data.csv")
     assert transfer["D_F"].tolist() == [100, 200, 400, 800]
     assert transfer["D_T_low"].iloc[0] <= 300 <= transfer["D_T_high"].iloc[0]
-    for csv in (out / "tables").glob("*.csv"):  # the report's column vocabulary
+    for csv in out.glob("*/*.csv"):  # tables and figures' data: the report's column vocabulary
         assert columns.problems(pd.read_csv(csv).columns) == [], csv.name
+    law = pd.read_csv(out / "figures" / "law_bit-xor.csv")
+    assert {"seeds", "fit", "held-out"} <= set(law["kind"])
+    bounded = law.dropna(subset=["ci_low", "ci_high"])  # a band not calibrated is not drawn
+    assert set(bounded["kind"]) >= {"seeds", "fit"}
+    assert (bounded["ci_low"] <= bounded["mean"]).all()
+    assert (bounded["mean"] <= bounded["ci_high"]).all()
     for name in ("law_bit-xor", "gap_bit-xor", "effective_data"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 10_000
     assert "## Scaling laws" in text and "Held-out prediction of the largest size" in text

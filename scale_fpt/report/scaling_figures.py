@@ -27,12 +27,26 @@ AXIS_UNITS = {
 }
 
 
+SEED_BOUNDS = {"lo": "ci_low", "hi": "ci_high"}
+"""A size's t interval over its seeds, and a held-out size's prediction interval."""
+BAND_BOUNDS = {"band_lo": "ci_low", "band_hi": "ci_high"}
+"""A fitted law's band."""
+
+
+def as_drawn(frame: pd.DataFrame, bounds: dict) -> pd.DataFrame:
+    """``frame``'s rows as a figure's data in the report's column vocabulary
+    (``report.columns``): its ``mean`` with the interval drawn around it (``bounds``) as
+    ``ci_low``/``ci_high``, the others left out (not drawn)."""
+    others = [c for c in (*SEED_BOUNDS, *BAND_BOUNDS) if c in frame and c not in bounds]
+    return frame.drop(columns=others).rename(columns={**bounds, "n_obs": "n"})
+
+
 def law_figure(points: pd.DataFrame, fits: dict, checks: dict, task: str, title: str):
     """One panel per axis fitted for ``task``; see the module docstring."""
     fitted = [a for a in AXES if any(k[0] == task and k[2] == a for k in fits)]
     drawn_axes = fitted or list(AXES)[:2]
     fig, axes = panels(len(drawn_axes), width=4.6, height=3.8)
-    drawn = []
+    data = []
     rows = points[points["task"] == task]
     for ax, axis in zip(axes, drawn_axes, strict=True):
         for colour, (arm, group) in enumerate(rows.groupby("arm", sort=True)):
@@ -51,7 +65,8 @@ def law_figure(points: pd.DataFrame, fits: dict, checks: dict, task: str, title:
                 capsize=3,
                 label=f"{arm} (n={len(group)})",
             )
-            drawn.append(spread.assign(task=task, arm=arm, axis=axis, kind="seeds"))
+            data.append(as_drawn(spread, SEED_BOUNDS).assign(task=task, arm=arm, axis=axis,
+                                                          kind="seeds"))  # fmt: skip
             fit, _ = fits.get((task, arm, axis), (None, None))
             if fit is not None:
                 curve = curve_frame(fit, grid(group[axis]))
@@ -59,7 +74,8 @@ def law_figure(points: pd.DataFrame, fits: dict, checks: dict, task: str, title:
                 ax.fill_between(
                     curve[axis], curve["band_lo"], curve["band_hi"], color=c, alpha=0.15
                 )
-                drawn.append(curve.assign(task=task, arm=arm, axis=axis, kind="fit"))
+                data.append(as_drawn(curve, BAND_BOUNDS).assign(task=task, arm=arm, axis=axis,
+                                                             kind="fit"))  # fmt: skip
             check = checks.get((task, arm)) if axis == "total_params" else None
             if check is not None:
                 held = check.rows.iloc[0]
@@ -75,7 +91,8 @@ def law_figure(points: pd.DataFrame, fits: dict, checks: dict, task: str, title:
                 )
                 partial = curve_frame(check.fit, grid(group[axis]))
                 ax.plot(partial[axis], partial["mean"], color=c, ls="--", lw=1)
-                drawn.append(check.rows.assign(task=task, arm=arm, axis=axis, kind="held-out"))
+                data.append(as_drawn(check.rows, SEED_BOUNDS).assign(task=task, arm=arm, axis=axis,
+                                                                  kind="held-out"))  # fmt: skip
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide within a decade
@@ -85,7 +102,7 @@ def law_figure(points: pd.DataFrame, fits: dict, checks: dict, task: str, title:
         ax.set_ylabel("test error (1 - accuracy, log)")
         ax.set_title(f"{TASK_TITLES.get(task, task)}: {title}", fontsize=9)
     axes[0].legend(fontsize=7)
-    return fig, pd.concat(drawn, ignore_index=True) if drawn else pd.DataFrame()
+    return fig, pd.concat(data, ignore_index=True) if data else pd.DataFrame()
 
 
 def gap_figure(points: pd.DataFrame, fits: dict, task: str, pairs: list[tuple[str, str]]):
@@ -95,14 +112,22 @@ def gap_figure(points: pd.DataFrame, fits: dict, task: str, pairs: list[tuple[st
     drawn = []
     rows = points[points["task"] == task]
     for colour, (pretrained, random) in enumerate(pairs):
-        a = seed_spread(rows[rows["arm"] == pretrained], "total_params")
-        b = seed_spread(rows[rows["arm"] == random], "total_params")
-        both = a.merge(b, on="total_params", suffixes=("_p", "_r"))
+        # Each arm's columns after its init (``report.columns``): pretrained_mean, random_n.
+        a, b = (
+            seed_spread(rows[rows["arm"] == arm], "total_params")[
+                ["total_params", "n", "mean", "std"]
+            ]
+            .set_index("total_params")
+            .add_prefix(f"{init}_")
+            for arm, init in ((pretrained, "pretrained"), (random, "random"))
+        )
+        both = a.join(b, how="inner").reset_index()
         if both.empty:
             continue
-        gap = both["mean_r"] - both["mean_p"]
+        gap = both["random_mean"] - both["pretrained_mean"]
         se = np.sqrt(
-            both["std_r"].fillna(0) ** 2 / both["n_r"] + both["std_p"].fillna(0) ** 2 / both["n_p"]
+            both["random_std"].fillna(0) ** 2 / both["random_n"]
+            + both["pretrained_std"].fillna(0) ** 2 / both["pretrained_n"]
         )
         label = f"{random} - {pretrained}"
         ax.errorbar(
