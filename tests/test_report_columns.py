@@ -11,6 +11,7 @@ from test_report import build_results, write
 
 from scale_fpt.analysis_plan import AnalysisPlan
 from scale_fpt.report import columns
+from scale_fpt.report import scaling_figures as figs
 from scale_fpt.report.build import all_tables
 from scale_fpt.report.comparisons import Comparisons
 from scale_fpt.report.render import Document
@@ -123,3 +124,16 @@ def test_the_vocabulary_accepts_its_own_names():
         "lower_bound", "published_diff", "score", "lr_at_edge",
     ]  # fmt: skip
     assert columns.problems(names) == []
+
+
+def test_a_figures_data_names_the_interval_it_draws():
+    """A held-out size is drawn with its prediction interval, a fitted law with its band:
+    each is the row's ci_low/ci_high in the figure's CSV, the other interval left out."""
+    row = pd.DataFrame([{"N": 1e9, "n_obs": 3, "mean": 0.2, "lo": 0.1, "hi": 0.3,
+                         "band_lo": 0.15, "band_hi": 0.25}])  # fmt: skip
+    held = figs.as_drawn(row, figs.SEED_BOUNDS)
+    assert list(held.columns) == ["N", "n", "mean", "ci_low", "ci_high"]
+    assert (held["ci_low"].iloc[0], held["ci_high"].iloc[0]) == (0.1, 0.3)
+    curve = figs.as_drawn(row.drop(columns="n_obs"), figs.BAND_BOUNDS)
+    assert (curve["ci_low"].iloc[0], curve["ci_high"].iloc[0]) == (0.15, 0.25)
+    assert columns.problems(held.columns) == columns.problems(curve.columns) == []

@@ -121,7 +121,7 @@ def test_scaling_section_fits_checks_and_draws(report_dir, monkeypatch):
     for csv in out.glob("*/*.csv"):  # tables and figures' data: the report's column vocabulary
         assert columns.problems(pd.read_csv(csv).columns) == [], csv.name
     law = pd.read_csv(out / "figures" / "law_bit-xor.csv")
-    assert {"seeds", "fit", "held-out"} <= set(law["kind"])
+    assert {"seeds", "fit"} <= set(law["kind"])
     bounded = law.dropna(subset=["ci_low", "ci_high"])  # a band not calibrated is not drawn
     assert set(bounded["kind"]) >= {"seeds", "fit"}
     assert (bounded["ci_low"] <= bounded["mean"]).all()
