@@ -1,7 +1,7 @@
 """The column vocabulary of the report's tables: one name per statistic in every long
 DataFrame the report computes and every CSV it writes under ``tables/`` and ``figures/``,
-so that a reader
-(and pandas code) finds "the p" under one name in every table (docs/report.md).
+so that a reader (and pandas code) finds "the p" under one name in every table
+(docs/report.md).
 
 A row's statistics:
 
