@@ -135,7 +135,8 @@ def plan(config: TrialConfig, placement) -> int:
         f"~{attention / 2**20:,.1f} MiB"
     )
     step = placement.plan
-    print(f"on {step.gpu.name} ({step.gpu.memory_mib:,} MiB): {placement.describe()}")
+    where = f"{step.gpu.name} ({step.gpu.memory_mib:,} MiB)" if step.gpus else "CPUs"
+    print(f"on {where}: {placement.describe()}")
     if step.memory:
         m = step.memory
         print(
@@ -170,7 +171,7 @@ def plan(config: TrialConfig, placement) -> int:
         "preprocessing": [dataclasses.asdict(a) for a in aspects],
         "step_kind": str(choice.kind),
         "step_mode": choice.mode,
-        "gpu": step.gpu.name,
+        "gpu": step.gpu.name if step.gpus else None,
         "gpus": step.gpus,
         "zero_stage": step.zero_stage,
         "trials_per_gpu": step.trials_per_gpu,

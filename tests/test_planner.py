@@ -392,6 +392,54 @@ def test_plan_command_prints_gpus_zero_stage_and_trials_per_gpu(capsys):
     assert "--gpu: unknown GPU 'v100'" in err and "--gpus-per-trial: 'two'" in err
 
 
+def test_plan_command_on_cpus_or_a_gpu_share_says_where_and_which_step(capsys):
+    """``--gpus-per-trial 0`` plans the CPU step (no GPU to name), a share plans the
+    declared GPU's share, and an unknown ``--gpu`` is one line naming the valid GPUs."""
+    from scale_fpt import cli
+
+    args = ["plan", "--task", "bit-xor", "--model", "gpt2-tiny"]
+    assert cli.main([*args, "--gpus-per-trial", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "on CPUs: 1 member, cohort step: CPU\n" in out
+    assert "GPUs needed: 0; ZeRO stage: 0; trials per GPU: 1" in out
+    assert "step: cohort step, eager: on a CPU compilation costs more than it saves" in out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert (summary["gpu"], summary["gpus"], summary["step_mode"]) == (None, 0, "off")
+    assert cli.main([*args, "--gpus-per-trial", "0.5", "--gpu", "h100-80gb"]) == 0
+    out = capsys.readouterr().out
+    h100 = GPUS["h100-80gb"]
+    assert (
+        f"on h100-80gb ({h100.memory_mib:,} MiB): 1 member, cohort step: h100-80gb, 2 per GPU"
+        in out
+    )
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert (summary["gpu"], summary["gpus"], summary["trials_per_gpu"]) == ("h100-80gb", 1, 2)
+    assert cli.main([*args, "--gpus-per-trial", "0", "--gpu", "k80"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpu: unknown GPU 'k80'; choose from " + ", ".join(GPUS) in err
+
+
+def test_sweep_plan_on_cpus_or_gpu_shares_and_an_unknown_gpu(capsys):
+    """``scale-fpt sweep --plan`` with ``--gpus-per-trial 0`` or a share prints its plan;
+    an unknown ``--gpu`` exits 2 naming the valid GPUs."""
+    from scale_fpt import cli
+
+    args = ["sweep", "scale", "--plan", "--tasks", "bit-xor", "--seeds", "0"]
+    assert cli.main([*args, "--gpus-per-trial", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("trial(s) on CPUs")
+    trials = [line for line in lines if " x gpt2-tiny fpt bit-xor" in line]
+    assert trials and all(": CPU; eager: on a CPU" in line for line in trials)
+    assert cli.main([*args, "--gpus-per-trial", "0.5", "--gpu", "l4-24gb"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("trial(s) on l4-24gb")
+    trials = [line for line in lines if " x gpt2-tiny fpt bit-xor" in line]
+    assert trials and all("step: l4-24gb, 2 per GPU; as declared" in line for line in trials)
+    assert cli.main([*args, "--gpu", "k80"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpu: unknown GPU 'k80'; choose from " + ", ".join(GPUS) in err
+
+
 @pytest.mark.gpu
 def test_plan_bounds_the_memory_of_a_real_step_from_above_within_25_percent():
     """A full bf16 fine-tuning step of gpt2 on the GPU: the plan's allocated bytes are at
