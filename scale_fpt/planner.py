@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from scale_fpt.config import FIELD_TYPES, ConfigError
-from scale_fpt.gpus import GPU, MIB
+from scale_fpt.config import ConfigError, TrainConfig
+from scale_fpt.gpus import DEFAULT_GPU, GPU, GPUS, MIB
 from scale_fpt.scaling import BlockShape, activation_bytes, attention_bytes
+from scale_fpt.vocabulary import StepKind
 
 CUDA_CONTEXT_BYTES = 640 * MIB
 """CUDA context, cuBLAS/cuDNN handles and kernels of one process (~0.5 GB measured on
@@ -85,6 +87,11 @@ class ModelShape:
     """Attention heads per block (0: no attention, e.g. the LSTM)."""
     dropout: float = 0.0
     """The trial's dropout rate: above 0, attention is materialised (``scaling.attention_bytes``)."""
+    body_params: int = 0
+    """Parameters of the frozen body a cohort holds once (attention, feed-forward)."""
+    member_params: int = 0
+    """Parameters each cohort member trains: input, output, ln, and the positions the task
+    reads."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +202,38 @@ def trial_memory(
     return TrialMemory(weights, module_grads + fp32_grads, optimizer, activations, attention)
 
 
+def cohort_memory(
+    shape: ModelShape, precision: str, batch_size: int, members: int, fused_attention: bool
+) -> TrialMemory:
+    """The memory of a cohort of ``members`` trials of ``shape``, as allocated: the frozen
+    body once, in the training precision (``weights``); per member its trained tensors (fp32
+    weights, gradients and two Adam moments), its activations and, unless the device runs
+    ``fused_attention`` (a GPU with the Triton kernel), its materialised attention
+    (``scaling.attention_bytes``; each member counts a whole mask draw's temporaries, an
+    upper bound: a cohort draws its members' masks together)."""
+    trained = shape.member_params
+    activations = activation_bytes(
+        shape.n_layer, shape.d_model, shape.n_tokens, batch_size, precision, shape.block
+    )
+    attention = attention_bytes(
+        shape.n_layer,
+        shape.n_head,
+        shape.n_tokens,
+        batch_size,
+        precision,
+        shape.dropout,
+        fused=fused_attention,
+    )
+    return TrialMemory(
+        weights=shape.body_params * precision_bytes(precision) + members * trained * 4,
+        gradients=members * trained * 4,
+        optimizer=members * trained * 8,
+        activations=members * activations,
+        attention=members * attention,
+        workspace=0,
+    )
+
+
 # --------------------------------------------------------------------------- plans
 
 
@@ -250,8 +289,10 @@ def plan_memory(
     gpus: int = 0,
     zero_stage: int = 0,
     max_gpus: int = 8,
+    fused_attention: bool = False,
 ) -> TrialPlan:
-    """The plan of a trial of ``shape`` on ``gpu``.
+    """The plan of a trial of ``shape`` on ``gpu`` (its attention counted unless the GPU
+    runs it ``fused_attention``).
 
     ``gpus`` 0 (auto): one process if it fits one GPU (sharing that GPU with as many trials
     as fit, up to ``MAX_TRIALS_PER_GPU``), else the fewest data-parallel workers (2, 4, 8,
@@ -259,7 +300,7 @@ def plan_memory(
     exactly N GPUs. A ``zero_stage`` above 0 (the config asks for one) is kept."""
     capacity = gpu.memory_bytes
     if gpus <= 1:
-        memory = trial_memory(shape, precision, batch_size, zero_stage, 1)
+        memory = trial_memory(shape, precision, batch_size, zero_stage, 1, fused_attention)
         single = one_gpu_plan(memory, gpu, shared=gpus == 0, zero_stage=zero_stage)
         if single.fits or gpus == 1 or max_gpus < 2:
             return single
@@ -267,7 +308,7 @@ def plan_memory(
     stages = [zero_stage] if zero_stage else [2, 3]
     for n in counts:
         for stage in stages:
-            memory = trial_memory(shape, precision, batch_size, stage, n)
+            memory = trial_memory(shape, precision, batch_size, stage, n, fused_attention)
             plan = TrialPlan(n, float(n), 1, stage, n, memory, gpu, memory.device <= capacity)
             if plan.fits:
                 return plan
@@ -290,22 +331,31 @@ def gpu_share(fraction: float, gpu: GPU | None) -> TrialPlan:
     return TrialPlan(1, fraction, share, 0, 1, None, gpu)
 
 
-def parse_gpus_per_trial(text: str) -> tuple[str, float]:
+class GPURequest(NamedTuple):
+    """A sweep's ``--gpus-per-trial``, parsed (``parse_gpus_per_trial``)."""
+
+    kind: str
+    """``auto`` (the planner decides), ``cpu``, ``gpus`` (whole GPUs) or ``share`` (of one)."""
+    value: float
+    """The number of GPUs (``gpus``) or the share of one (``share``); 0 otherwise."""
+
+
+def parse_gpus_per_trial(text: str) -> GPURequest:
     """``auto`` -> ("auto", 0); ``0`` -> ("cpu", 0); ``N`` -> ("gpus", N); ``0.25`` ->
     ("share", 0.25). ConfigError for anything else."""
     text = str(text).strip()
     if text == "auto":
-        return "auto", 0.0
+        return GPURequest("auto", 0.0)
     try:
         value = float(text)
     except ValueError:
         value = -1.0
     if value == 0:
-        return "cpu", 0.0
+        return GPURequest("cpu", 0.0)
     if 0 < value < 1:
-        return "share", value
+        return GPURequest("share", value)
     if value >= 1 and value.is_integer():
-        return "gpus", value
+        return GPURequest("gpus", value)
     raise ConfigError(
         [
             f"--gpus-per-trial: {text!r} is not auto, 0 (CPU only), a whole number of GPUs "
@@ -314,14 +364,46 @@ def parse_gpus_per_trial(text: str) -> tuple[str, float]:
     )
 
 
-def with_plan(flat: dict, plan: TrialPlan) -> dict:
-    """A flat trial config that runs as planned: its ZeRO stage and, for a trial over
-    several GPUs, ``workers`` (the field TrainConfig gains for data-parallel trials; a
-    config without it keeps one worker)."""
-    out = {**flat, "zero_stage": plan.zero_stage}
-    if "workers" in FIELD_TYPES:
-        out["workers"] = plan.workers
-    return out
+def step_plan(
+    kind: StepKind,
+    shape: ModelShape,
+    train: TrainConfig,
+    request: GPURequest,
+    gpu: GPU | None,
+    max_gpus: int,
+    members: int,
+    fused_attention: bool,
+) -> TrialPlan:
+    """The plan of a trial of step ``kind`` (with ``members`` - 1 others of its kind in one
+    cohort) under a sweep's GPU ``request`` on ``gpu`` (None: no GPU anywhere, so ``auto``
+    plans CPU), each step by its own memory model: a cohort (one packable trial alone
+    included) on one GPU or a share of it (``cohort_memory``), an engine by
+    ``plan_memory``; attention counted unless the GPU runs it ``fused_attention``. A
+    packable trial that fits no GPU alone is planned as an engine over several (the sweep's
+    plan then runs it so: ``sweep.plan.planned_arms``)."""
+    how, value = request
+    if how == "cpu" or (how == "auto" and gpu is None):
+        return CPU_PLAN
+    gpu = gpu or GPUS[DEFAULT_GPU]
+    if how == "share":
+        return gpu_share(value, gpu)
+    if kind == StepKind.COHORT and (how == "auto" or value == 1):
+        memory = cohort_memory(shape, train.precision, train.batch_size, members, fused_attention)
+        plan = one_gpu_plan(memory, gpu, shared=how == "auto")
+        if plan.fits or members > 1:
+            return plan
+    if how == "auto" and train.workers > 1:  # the config asks for N workers
+        how, value = "gpus", float(train.workers)
+    return plan_memory(
+        shape,
+        train.precision,
+        train.batch_size,
+        gpu,
+        gpus=int(value),
+        zero_stage=train.zero_stage,
+        max_gpus=max_gpus,
+        fused_attention=fused_attention,
+    )
 
 
 # --------------------------------------------------------------------------- GPU-hours

@@ -14,7 +14,9 @@ from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.gpus import GPUS
 from scale_fpt.planner import ModelShape, TrialMemory, trial_memory
 from scale_fpt.profile import model_shape, plan_trial
-from scale_fpt.sweep.placement import study_gpu_hours
+from scale_fpt.study import sweep_plan
+from scale_fpt.sweep import SweepConfig
+from scale_fpt.sweep.plan import study_gpu_hours
 
 SHAPE = ModelShape(
     total_params=1000,
@@ -348,7 +350,6 @@ def test_every_planner_gpu_takes_its_peak_from_the_published_table():
 
 def test_a_gpu_without_a_published_peak_has_unknown_gpu_hours():
     from scale_fpt.study import placement_table
-    from scale_fpt.sweep import SweepConfig
 
     unnamed = gpus.gpu_with_memory(40)  # --gpu-memory 40 alone: no chip, no peak
     assert unnamed.bf16_flops == 0.0
@@ -365,14 +366,18 @@ def test_a_gpu_without_a_published_peak_has_unknown_gpu_hours():
 
 
 def test_study_gpu_hours_sum_over_models():
-    arms = [
-        {"model": "gpt2", "task": "bit-xor", "precision": "bf16", "max_steps": 1000},
-        {"model": "gpt2", "task": "bit-xor", "precision": "bf16", "max_steps": 1000, "seed": 1},
-    ]
-    hours = study_gpu_hours(arms, "auto", GPUS["a10g-24gb"])
+    arm = {"model": "gpt2", "task": "bit-xor", "precision": "bf16", "max_steps": 1000}
+    sweep = SweepConfig(name="s", base=arm, seeds=(0, 1), gpu="a10g-24gb", pack=1)
+    hours = study_gpu_hours(sweep_plan(sweep))
     one = 0.25 * 1000 * 12 * planner.STEP_LATENCY_PER_LAYER_S / 3600
     assert hours == pytest.approx({"gpt2": 2 * one, "total": 2 * one})
-    assert study_gpu_hours(arms, "0", GPUS["a10g-24gb"]) == {"total": 0.0}
+    cpu = SweepConfig(name="s", base=arm, seeds=(0, 1), gpus_per_trial="0")
+    assert study_gpu_hours(sweep_plan(cpu)) == {"total": 0.0}
+    searched = SweepConfig(
+        name="s", base=arm, gpu="a10g-24gb", search={"lr": ["loguniform", 1e-4, 1e-2]}
+    )
+    per_configuration = study_gpu_hours(sweep_plan(searched))["gpt2"]
+    assert per_configuration == pytest.approx(searched.search_trials * one)
 
 
 def test_plan_command_prints_gpus_zero_stage_and_trials_per_gpu(capsys):
@@ -504,7 +509,6 @@ def test_plan_bounds_a_long_sequence_bf16_step_on_the_gpu(
 
 def test_study_plan_lists_placements_and_gpu_hours_without_ray():
     from scale_fpt.study import placement_table
-    from scale_fpt.sweep import SweepConfig
 
     arms = {"model": "gpt2", "task": "bit-xor", "precision": "bf16", "max_steps": 1000}
     sweep = SweepConfig(name="s", base=arms, seeds=(0, 1), gpu="a10g-24gb")
@@ -516,7 +520,7 @@ def test_study_plan_lists_placements_and_gpu_hours_without_ray():
     assert table[3].startswith(
         "    2 x gpt2 fpt bit-xor, 1,000 steps, bs 16: 1 member, cohort step: a10g-24gb, 4 per GPU;"
     )
-    hours = study_gpu_hours(sweep.trials(), "auto", GPUS["a10g-24gb"])
+    hours = study_gpu_hours(sweep_plan(sweep))
     assert table[-1].endswith(f"gpt2 {hours['gpt2']:,.1f}, total {hours['total']:,.1f}")
     cpu = placement_table(SweepConfig(name="s", base=arms, gpus_per_trial="0")).splitlines()
     assert cpu[:2] == ["s: 1 arms x 1 trial(s) on CPUs", "  seeds 0"]
@@ -532,7 +536,6 @@ def test_sweep_yaml_and_study_flags_declare_gpus(tmp_path):
     import argparse
 
     from scale_fpt.study import narrow, parser
-    from scale_fpt.sweep import SweepConfig
 
     path = tmp_path / "s.yaml"
     path.write_text("name: s\nbase: {model: gpt2}\ngpus_per_trial: 1\ngpu: h100-80gb\n")
