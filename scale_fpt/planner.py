@@ -185,21 +185,33 @@ def trial_memory(
         optimizer = math.ceil(optimizer / workers)
         fp32_grads = math.ceil(fp32_grads / workers)
     micro_batch = math.ceil(batch_size / workers)
-    layers = shape.n_layer if shape.backbone_backward else 1  # no backward: one block live
+    activations, attention = step_tensors(
+        shape, precision, micro_batch, shape.backbone_backward, fused_attention
+    )
+    return TrialMemory(weights, module_grads + fp32_grads, optimizer, activations, attention)
+
+
+def step_tensors(
+    shape: ModelShape, precision: str, batch: int, backward: bool, fused_attention: bool
+) -> tuple[int, int]:
+    """(Activations, attention) a training step of ``batch`` examples keeps, in bytes: every
+    block's when ``backward`` runs through the body (else one block live), and the
+    materialised attention unless it runs ``fused_attention`` (``scaling.attention_bytes``)."""
+    layers = shape.n_layer if backward else 1
     activations = activation_bytes(
-        layers, shape.d_model, shape.n_tokens, micro_batch, precision, shape.block
+        layers, shape.d_model, shape.n_tokens, batch, precision, shape.block
     )
     attention = attention_bytes(
         shape.n_layer,
         shape.n_head,
         shape.n_tokens,
-        micro_batch,
+        batch,
         precision,
         shape.dropout,
-        shape.backbone_backward,
+        backward,
         fused_attention,
     )
-    return TrialMemory(weights, module_grads + fp32_grads, optimizer, activations, attention)
+    return activations, attention
 
 
 def cohort_memory(
@@ -212,18 +224,7 @@ def cohort_memory(
     (``scaling.attention_bytes``; each member counts a whole mask draw's temporaries, an
     upper bound: a cohort draws its members' masks together)."""
     trained = shape.member_params
-    activations = activation_bytes(
-        shape.n_layer, shape.d_model, shape.n_tokens, batch_size, precision, shape.block
-    )
-    attention = attention_bytes(
-        shape.n_layer,
-        shape.n_head,
-        shape.n_tokens,
-        batch_size,
-        precision,
-        shape.dropout,
-        fused=fused_attention,
-    )
+    activations, attention = step_tensors(shape, precision, batch_size, True, fused_attention)
     return TrialMemory(
         weights=shape.body_params * precision_bytes(precision) + members * trained * 4,
         gradients=members * trained * 4,
@@ -232,6 +233,42 @@ def cohort_memory(
         attention=members * attention,
         workspace=0,
     )
+
+
+def cohort_memory_parts(
+    shape: ModelShape, precision: str, batch_size: int, fused_attention: bool
+) -> tuple[int, int]:
+    """(Allocated bytes of the frozen body, allocated bytes per member) of a cohort of
+    trials of ``shape`` (``cohort_memory``)."""
+    body = cohort_memory(shape, precision, batch_size, 0, fused_attention).allocated
+    one = cohort_memory(shape, precision, batch_size, 1, fused_attention).allocated
+    return body, one - body
+
+
+def cohort_size(
+    shape: ModelShape,
+    precision: str,
+    batch_size: int,
+    n_members: int,
+    slots: int,
+    slot_bytes: int,
+    gpu: bool,
+    fused_attention: bool,
+) -> int:
+    """``--pack auto``'s cohort size for ``n_members`` compatible trials of ``shape``:
+    spread over the ``slots`` (each of ``slot_bytes``, a GPU's or a CPU slot's) that run
+    cohorts side by side, as many per cohort as fit beside one frozen body
+    (``members_that_fit``; ``auto_cohort_size``)."""
+    parts = cohort_memory_parts(shape, precision, batch_size, fused_attention)
+    return auto_cohort_size(n_members, slots, members_that_fit(*parts, slot_bytes, gpu=gpu))
+
+
+def auto_cohort_size(n_members: int, slots: int, fits: int) -> int:
+    """``--pack auto``'s K for a group of ``n_members`` compatible trials: spread over the
+    ``slots`` that run cohorts side by side (GPUs; CPU cores / CPUs per trial: one cohort
+    per core, the fastest placement measured on a CPU, benchmarks/packing.py), at most
+    ``fits`` per cohort (``members_that_fit``), and at least 1."""
+    return max(1, min(fits, math.ceil(n_members / max(1, slots))))
 
 
 # --------------------------------------------------------------------------- plans

@@ -197,33 +197,14 @@ class TrialProfile:
     def cohort_memory_parts(self, fused_attention: bool = False) -> tuple[int, int]:
         """(Bytes of the frozen body, bytes per member) of a cohort of this kind
         (``cohort_memory``)."""
-        body = self.cohort_memory(0, fused_attention).allocated
-        return body, self.cohort_memory(1, fused_attention).allocated - body
+        train = self.config.train
+        return planner.cohort_memory_parts(
+            self.shape, train.precision, train.batch_size, fused_attention
+        )
 
     def cohort_bytes(self, members: int, fused_attention: bool = False) -> int:
         """Allocated bytes of a cohort of ``members`` trials of this kind."""
         return self.cohort_memory(members, fused_attention).allocated
-
-    def plan(
-        self,
-        request: planner.GPURequest,
-        gpu: GPU | None,
-        max_gpus: int,
-        members: int,
-        fused_attention: bool,
-    ) -> planner.TrialPlan:
-        """The plan of this trial, by its own step kind's memory model
-        (``planner.step_plan``)."""
-        return planner.step_plan(
-            self.kind,
-            self.shape,
-            self.config.train,
-            request,
-            gpu,
-            max_gpus,
-            members,
-            fused_attention,
-        )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -249,11 +230,14 @@ def pack_problem(flat: dict) -> str | None:
 def plan_trial(
     config: TrialConfig, gpus_per_trial: str, gpu: GPU | None, max_gpus: int = 8
 ) -> planner.TrialPlan:
-    """``TrialProfile.plan`` of one trial config alone, its attention as a GPU of this
+    """``planner.step_plan`` of one trial config alone, its attention as a GPU of this
     machine's software runs it (``planner.gpu_fuses_attention``)."""
     request = planner.parse_gpus_per_trial(gpus_per_trial)
     fused = planner.gpu_fuses_attention()
-    return config_profile(config).plan(request, gpu, max_gpus, 1, fused)
+    profile = config_profile(config)
+    return planner.step_plan(
+        profile.kind, profile.shape, config.train, request, gpu, max_gpus, 1, fused
+    )
 
 
 def model_shape(config: TrialConfig) -> planner.ModelShape:

@@ -299,7 +299,7 @@ def sweep_plan(sweep):
     # The profile loads torch: imported for --plan (start-up time).
     from scale_fpt.sweep.plan import plan_sweep, sweep_placement
 
-    return plan_sweep(sweep, sweep.trials(), sweep_placement(sweep))
+    return plan_sweep(sweep, sweep_placement(sweep))
 
 
 def placement_table(sweep) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from scale_fpt import planner, scaling
+from scale_fpt import planner
 from scale_fpt.cluster import GPUOffer
 from scale_fpt.config import ConfigError
 from scale_fpt.gpus import gpu_with_memory
@@ -48,12 +48,12 @@ def test_members_that_fit_beside_one_body():
 
 
 def test_auto_cohort_size_spreads_over_slots_within_memory():
-    assert scaling.auto_cohort_size(64, slots=1, fits=1000) == 64  # one GPU: one cohort
-    assert scaling.auto_cohort_size(64, slots=4, fits=1000) == 16  # one cohort per GPU
-    assert scaling.auto_cohort_size(64, slots=1, fits=20) == 20  # memory caps K
-    assert scaling.auto_cohort_size(8, slots=2, fits=1000) == 4  # one cohort per core
-    assert scaling.auto_cohort_size(1, slots=2, fits=1000) == 1
-    assert scaling.auto_cohort_size(64, slots=1, fits=0) == 1  # too big: one trial alone
+    assert planner.auto_cohort_size(64, slots=1, fits=1000) == 64  # one GPU: one cohort
+    assert planner.auto_cohort_size(64, slots=4, fits=1000) == 16  # one cohort per GPU
+    assert planner.auto_cohort_size(64, slots=1, fits=20) == 20  # memory caps K
+    assert planner.auto_cohort_size(8, slots=2, fits=1000) == 4  # one cohort per core
+    assert planner.auto_cohort_size(1, slots=2, fits=1000) == 1
+    assert planner.auto_cohort_size(64, slots=1, fits=0) == 1  # too big: one trial alone
 
 
 def test_cohort_memory_parts_add_up():

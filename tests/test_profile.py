@@ -61,7 +61,7 @@ def test_a_packed_grid_is_parsed_once_per_trial_and_built_once_per_shape(counted
     problems = sweep_problems(trials)  # preflight
     offer = GPUOffer(GPUS["a10g-24gb"], 0, "declared")
     devices = Devices(gpus=1, slots=1, slot_bytes=offer.gpu.memory_bytes)
-    plan = plan_sweep(sweep, trials, placement_on(sweep, offer, devices))
+    plan = plan_sweep(sweep, placement_on(sweep, offer, devices), trials)
     resources = trial_resources(plan)
     for cohort in plan.cohorts:  # what the driver asks Ray for
         resources({"sweep": "s", "members": list(cohort.members)})
@@ -100,5 +100,4 @@ def test_the_profile_reads_as_the_trial_rows_and_the_plan_do():
     # one memory policy for both step kinds: allocated bytes, slack, CUDA context
     body, member = fpt.cohort_memory_parts()
     assert planner.device_bytes(fpt.cohort_bytes(1)) == planner.device_bytes(body + member)
-    auto = planner.parse_gpus_per_trial("auto")
-    assert fpt.plan(auto, None, 8, 1, fused_attention=False) == planner.CPU_PLAN
+    assert profile.plan_trial(fpt.config, "auto", None) == planner.CPU_PLAN

@@ -136,7 +136,7 @@ def run_locked(sweep: SweepConfig, resume: bool) -> SweepOutcome:
     # The sweep planned once, here: every later step (Ray's resources, the searcher,
     # resume's count, the confirmation sweep) reads this plan.
     placement = sweep_placement(sweep, ray.cluster_resources())
-    plan = plan_sweep(sweep, sweep.trials(), placement)
+    plan = plan_sweep(sweep, placement)
     # One Tune experiment: a grid's trials, or every searched arm side by side (one Optuna
     # study per arm, each configuration trained for every seed).
     grid, searcher = run_experiment(plan, resume)
@@ -162,7 +162,7 @@ def run_confirmation(plan: SweepPlan, resume: bool) -> tuple[int, int]:
         )
     if not arms:
         return 0, 0
-    confirm = plan_sweep(confirmation_sweep(sweep), arms, plan.placement)
+    confirm = plan_sweep(confirmation_sweep(sweep), plan.placement, arms)
     grid, _ = run_experiment(confirm, resume)
     return len(grid), unfinished_arms(confirm)
 

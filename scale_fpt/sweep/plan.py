@@ -5,7 +5,7 @@ the cluster's slots, the GPU request, whether attention runs fused); ``plan_swee
 parses and profiles each trial once, checks it against the GPUs, groups a grid into cohorts
 (``--pack``) or sizes a search's, and plans each cohort: its members, their profile, the step
 they take, the GPU share and memory that step needs (each step kind by its own memory model,
-``TrialProfile.plan``) and the Ray bundles asked for.
+``planner.step_plan``) and the Ray bundles asked for.
 
 Everything downstream reads this one frozen value: ``--plan`` prints it, ``scale-fpt plan``
 prints one trial's ``PlannedCohort``, the driver's Ray resources callback is a lookup in it,
@@ -30,7 +30,6 @@ from scale_fpt.cluster import (
 from scale_fpt.config import ConfigError, TrialConfig, parse_trial
 from scale_fpt.packing import cohort_groups
 from scale_fpt.profile import TrialProfile, config_profile, profile_of
-from scale_fpt.scaling import auto_cohort_size
 from scale_fpt.sweep.config import SweepConfig, arm_label
 from scale_fpt.vocabulary import StepKind
 
@@ -70,9 +69,17 @@ class Placement:
         return self.offer.max_gpus_per_node or 8
 
     def trial_plan(self, profile: TrialProfile, members: int = 1) -> planner.TrialPlan:
-        """The plan of a cohort of ``members`` trials of ``profile`` here."""
-        return profile.plan(
-            self.request, self.offer.gpu, self.max_gpus, members, self.fused_attention
+        """The plan of a cohort of ``members`` trials of ``profile`` here, by its own step
+        kind's memory model (``planner.step_plan``)."""
+        return planner.step_plan(
+            profile.kind,
+            profile.shape,
+            profile.config.train,
+            self.request,
+            self.offer.gpu,
+            self.max_gpus,
+            members,
+            self.fused_attention,
         )
 
 
@@ -214,7 +221,7 @@ def plan_cohort(
     members: Sequence[dict], profile: TrialProfile | None, placement: Placement
 ) -> PlannedCohort:
     """How ``members`` (one Tune trial) of ``profile`` run at ``placement``: the profile's
-    plan for its step kind and number (``TrialProfile.plan``) and its Ray bundles. A config
+    plan for its step kind and number (``planner.step_plan``) and its Ray bundles. A config
     that does not validate (``profile`` None) plans CPU: the trial fails at once, recorded
     as failed."""
     cpus = placement.cpus_per_trial
@@ -300,12 +307,15 @@ class SweepPlan:
         return self._found[key]
 
 
-def plan_sweep(sweep: SweepConfig, trials: list[dict], placement: Placement) -> SweepPlan:
-    """The plan of an experiment of ``trials`` (``SweepConfig.trials``) at ``placement``:
+def plan_sweep(
+    sweep: SweepConfig, placement: Placement, trials: list[dict] | None = None
+) -> SweepPlan:
+    """The plan of an experiment of ``trials`` (None: ``sweep.trials()``) at ``placement``:
     each trial parsed and profiled once, checked against the GPUs and set to run as planned
     (``planned_arms``: ConfigError naming every trial no GPU holds), then a grid's cohorts
     (``sweep.pack``) each planned; a search's cohort sizes, its cohorts planned as it draws
     them."""
+    trials = sweep.trials() if trials is None else trials
     arms, profiles = planned_arms(trials, placement)
     if sweep.search:
         searches = tuple(
@@ -325,12 +335,13 @@ def plan_sweep(sweep: SweepConfig, trials: list[dict], placement: Placement) -> 
 
 def planned_arms(trials: list[dict], placement: Placement) -> tuple[list[dict], list[TrialProfile]]:
     """(The trials, their profiles), each trial that the planner spreads over several GPUs
-    set to run that way (its ZeRO stage and ``workers``); others stay
-    as declared, so their trial ids do not depend on the cluster. ConfigError naming every
-    trial that fits no GPU of the offer."""
+    set to run that way (its ZeRO stage and ``workers``); others stay as declared, so their
+    trial ids do not depend on the cluster. ConfigError naming every trial that fits no GPU
+    of the offer."""
     arms, profiles, problems = [], [], []
     for arm in trials:
-        profile = config_profile(parse_trial(arm))
+        config = parse_trial(arm)
+        profile = config_profile(config)
         plan = placement.trial_plan(profile)
         if not plan.fits:
             problems.append(
@@ -341,7 +352,8 @@ def planned_arms(trials: list[dict], placement: Placement) -> tuple[list[dict], 
             problems.append(f"{arm_label(arm)}: {problem}")
         if plan.gpus > 1:  # run as planned: its ZeRO stage over its workers
             arm = {**arm, "zero_stage": plan.zero_stage, "workers": plan.workers}
-            profile = config_profile(parse_trial(arm))
+            train = replace(config.train, zero_stage=plan.zero_stage, workers=plan.workers)
+            profile = config_profile(replace(config, train=train))
         arms.append(arm)
         profiles.append(profile)
     if problems:
@@ -371,14 +383,19 @@ def unplaceable(plan: planner.TrialPlan, offer: GPUOffer) -> str | None:
 
 
 def auto_pack(profile: TrialProfile, n_members: int, placement: Placement) -> int:
-    """``--pack auto``'s cohort size for ``n_members`` trials compatible with ``profile``:
-    spread over the slots, as many per cohort as fit in a slot's memory (the cohort step's
-    memory model, ``TrialProfile.cohort_memory_parts``, under the planner's one memory
-    policy, ``planner.members_that_fit``)."""
-    devices = placement.devices
-    parts = profile.cohort_memory_parts(placement.fused_attention)
-    fits = planner.members_that_fit(*parts, devices.slot_bytes, gpu=bool(devices.gpus))
-    return auto_cohort_size(n_members, devices.slots, fits)
+    """``--pack auto``'s cohort size for ``n_members`` trials compatible with ``profile``
+    in the placement's slots (``planner.cohort_size``: the cohort step's memory model)."""
+    devices, train = placement.devices, profile.config.train
+    return planner.cohort_size(
+        profile.shape,
+        train.precision,
+        train.batch_size,
+        n_members,
+        devices.slots,
+        devices.slot_bytes,
+        gpu=bool(devices.gpus),
+        fused_attention=placement.fused_attention,
+    )
 
 
 def grid_cohorts(
@@ -425,7 +442,7 @@ def search_cohorts(plan: SweepPlan) -> list[PlannedCohort]:
 
 def study_gpu_hours(plan: SweepPlan) -> dict[str, float]:
     """GPU-hours of the plan's trials per model (and ``total``): each trial's plan alone
-    (``TrialProfile.plan``) held for its ``max_steps`` at ``planner.step_seconds``, for
+    (``planner.step_plan``) held for its ``max_steps`` at ``planner.step_seconds``, for
     every configuration a search tries."""
     out: dict[str, float] = {}
     per_arm = plan.sweep.search_trials if plan.sweep.search else 1
