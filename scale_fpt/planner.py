@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from scale_fpt.cluster import GPUOffer
 from scale_fpt.config import ConfigError, TrainConfig
 from scale_fpt.gpus import DEFAULT_GPU, GPU, GPUS, MIB
 from scale_fpt.scaling import BlockShape, activation_bytes, attention_bytes
@@ -307,6 +308,32 @@ class TrialPlan:
 
 
 CPU_PLAN = TrialPlan(0, 0.0, 1, 0, 1, None, None)
+
+
+def plan_problem(plan: TrialPlan, offer: GPUOffer) -> str | None:
+    """Why the trial of ``plan`` can never run on ``offer`` (None: it can, or the widest node
+    is unknown): it fits no GPU, or no node holds it. A trial's GPUs are one placement group
+    packed on one node (STRICT_PACK), which Ray would wait for forever."""
+    if not plan.fits:
+        return (
+            f"does not fit: {plan.describe()}; use a larger --gpu, a smaller batch or fewer "
+            "trained groups"
+        )
+    if not plan.gpus:
+        return None
+    if offer.gpu is None or offer.source == "none":
+        return (
+            f"asks for {plan.gpu_share:g} GPU(s), but the cluster has and can launch no GPU; "
+            "use --gpus-per-trial 0 or auto, or a cluster with GPU nodes"
+        )
+    widest = offer.max_gpus_per_node
+    if widest and plan.gpus > widest:
+        return (
+            f"asks for {plan.gpus} GPUs on one node, but the widest node has {widest} "
+            f"({offer.source}); use --gpus-per-trial {widest} or less, fewer workers, or "
+            "larger nodes"
+        )
+    return None
 
 
 def trials_per_gpu(device_bytes: int, gpu_bytes: int, limit: int = MAX_TRIALS_PER_GPU) -> int:

@@ -130,7 +130,7 @@ def sweep_gpus(sweep: SweepConfig, request: planner.GPURequest, connected: bool)
 def with_node_width(offer: GPUOffer) -> GPUOffer:
     """A declared GPU's offer with the widest node of the connected cluster (its
     autoscaler's node groups, else its running nodes) where no cluster config said it, so
-    that ``unplaceable`` can refuse what no node holds; unchanged when nothing says."""
+    that ``planner.plan_problem`` can refuse what no node holds; unchanged when nothing says."""
     if offer.gpu is None or offer.max_gpus_per_node:
         return offer
     found = autoscaler_offer() or running_nodes_offer()
@@ -315,8 +315,7 @@ def plan_sweep(
     (``planned_arms``: ConfigError naming every trial no GPU holds), then a grid's cohorts
     (``sweep.pack``) each planned; a search's cohort sizes, its cohorts planned as it draws
     them."""
-    trials = sweep.trials() if trials is None else trials
-    arms, profiles = planned_arms(trials, placement)
+    arms, profiles = planned_arms(sweep.trials() if trials is None else trials, placement)
     if sweep.search:
         searches = tuple(
             (
@@ -336,19 +335,14 @@ def plan_sweep(
 def planned_arms(trials: list[dict], placement: Placement) -> tuple[list[dict], list[TrialProfile]]:
     """(The trials, their profiles), each trial that the planner spreads over several GPUs
     set to run that way (its ZeRO stage and ``workers``); others stay as declared, so their
-    trial ids do not depend on the cluster. ConfigError naming every trial that fits no GPU
-    of the offer."""
+    trial ids do not depend on the cluster. ConfigError naming every trial that no GPU of
+    the offer holds, or no node (``planner.plan_problem``)."""
     arms, profiles, problems = [], [], []
     for arm in trials:
         config = parse_trial(arm)
         profile = config_profile(config)
         plan = placement.trial_plan(profile)
-        if not plan.fits:
-            problems.append(
-                f"{arm_label(arm)}: does not fit: {plan.describe()}; use a larger --gpu, a "
-                "smaller batch or fewer trained groups"
-            )
-        elif problem := unplaceable(plan, placement.offer):
+        if problem := planner.plan_problem(plan, placement.offer):
             problems.append(f"{arm_label(arm)}: {problem}")
         if plan.gpus > 1:  # run as planned: its ZeRO stage over its workers
             arm = {**arm, "zero_stage": plan.zero_stage, "workers": plan.workers}
@@ -359,27 +353,6 @@ def planned_arms(trials: list[dict], placement: Placement) -> tuple[list[dict], 
     if problems:
         raise ConfigError(problems)
     return arms, profiles
-
-
-def unplaceable(plan: planner.TrialPlan, offer: GPUOffer) -> str | None:
-    """Why no node can ever hold the trial of ``plan`` (None: one can, or the widest node is
-    unknown). A trial's GPUs are one placement group packed on one node (STRICT_PACK), which
-    Ray would wait for forever."""
-    if not plan.gpus:
-        return None
-    if offer.gpu is None or offer.source == "none":
-        return (
-            f"asks for {plan.gpu_share:g} GPU(s), but the cluster has and can launch no GPU; "
-            "use --gpus-per-trial 0 or auto, or a cluster with GPU nodes"
-        )
-    widest = offer.max_gpus_per_node
-    if widest and plan.gpus > widest:
-        return (
-            f"asks for {plan.gpus} GPUs on one node, but the widest node has {widest} "
-            f"({offer.source}); use --gpus-per-trial {widest} or less, fewer workers, or "
-            "larger nodes"
-        )
-    return None
 
 
 def auto_pack(profile: TrialProfile, n_members: int, placement: Placement) -> int:
