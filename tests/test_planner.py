@@ -13,7 +13,7 @@ from scale_fpt import gpus, planner, scaling
 from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.gpus import GPUS
 from scale_fpt.planner import ModelShape, TrialMemory, trial_memory
-from scale_fpt.profile import model_shape, plan_trial
+from scale_fpt.profile import model_shape, plan_trial, profile_of
 from scale_fpt.study import sweep_plan
 from scale_fpt.sweep import SweepConfig
 from scale_fpt.sweep.plan import study_gpu_hours
@@ -410,6 +410,11 @@ def test_plan_command_on_cpus_or_a_gpu_share_says_where_and_which_step(capsys):
     assert "step: cohort step, eager: on a CPU compilation costs more than it saves" in out
     summary = json.loads(out.strip().splitlines()[-1])
     assert (summary["gpu"], summary["gpus"], summary["step_mode"]) == (None, 0, "off")
+    # the memory of the cohort step it takes (one member), not an engine's
+    cohort = profile_of({"task": "bit-xor", "model": "gpt2-tiny"}).cohort_memory(1)
+    assert "memory of one process (cohort step): " in out
+    assert summary["state_bytes"] == cohort.weights + cohort.gradients + cohort.optimizer
+    assert summary["activation_bytes"] == cohort.activations
     assert cli.main([*args, "--gpus-per-trial", "0.5", "--gpu", "h100-80gb"]) == 0
     out = capsys.readouterr().out
     h100 = GPUS["h100-80gb"]
