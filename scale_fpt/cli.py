@@ -393,14 +393,19 @@ def gpu_plan(args: argparse.Namespace, config: TrialConfig):
     # The plan builds models (torch) and names Ray's bundles: imported when a plan is made,
     # not for --help (start-up time).
     from scale_fpt.cluster import GPUOffer
+    from scale_fpt.profile import config_profile
     from scale_fpt.sweep import SweepConfig
-    from scale_fpt.sweep.plan import plan_cohort
+    from scale_fpt.sweep.plan import Devices, placement_on, plan_cohort
 
     name = args.gpu or DEFAULT_GPU
     gpu = gpu_with_memory(args.gpu_memory, name) if args.gpu_memory > 0 else GPUS[name]
     sweep = SweepConfig(name="plan", gpus_per_trial=args.gpus_per_trial)
+    # One trial alone on a GPU of its own (no slots to pack for), its attention as a GPU of
+    # this machine's software runs it.
+    devices = Devices(gpus=1, slots=1, slot_bytes=gpu.memory_bytes)
     offer = GPUOffer(gpu, args.max_gpus, "declared")
-    return plan_cohort([config.to_flat()], sweep, offer, planner.gpu_fuses_attention())
+    placement = placement_on(sweep, offer, devices, planner.gpu_fuses_attention())
+    return plan_cohort([config.to_flat()], config_profile(config), placement)
 
 
 if __name__ == "__main__":

@@ -18,10 +18,10 @@ divergence need an optimiser that knows the member axis (``steps.adam.PackedAdam
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from scale_fpt.config import TrialConfig
-from scale_fpt.profile import config_profile, pack_problem, profile_of
+from scale_fpt.profile import TrialProfile, config_profile, profile_of
 
 MEMBER_FIELDS = ("lr", "seed", "finetune", "grad_clip", "accuracy_threshold", "patience")
 """Config fields that may differ inside a cohort (``seed`` only when the backbone does not
@@ -50,44 +50,53 @@ def cohort_key(config: TrialConfig) -> tuple:
     return tuple(sorted((k, v) for k, v in config.to_flat().items() if k not in varying))
 
 
-def cohorts(arms: list[dict], k: int | Callable[[list[dict]], int]) -> list[list[dict]]:
-    """Group flat trial configs into cohorts of at most ``k`` compatible members (``k`` may
-    be a function of each compatible group: ``--pack auto`` sizes cohorts per group).
+def cohorts(arms: list[dict], k: int) -> list[list[dict]]:
+    """Flat trial configs grouped into cohorts of at most ``k`` (``cohort_groups``)."""
+    groups = cohort_groups([profile_of(arm) for arm in arms], k)
+    return [[arms[i] for i in group] for group in groups]
+
+
+def cohort_groups(
+    profiles: Sequence[TrialProfile], k: int | Callable[[list[TrialProfile]], int]
+) -> list[list[int]]:
+    """Trials (by their profiles) grouped into cohorts of at most ``k`` compatible members,
+    as indices (``k`` may be a function of each compatible group's profiles: ``--pack
+    auto`` sizes cohorts per group).
 
     Compatible: the same task config, model, init, weights, dropout, precision, batch size,
     max/eval steps, evaluation batch size and device, a frozen body (finetune within
     input/output/ln/pos), and the same backbone weights (any seeds when pretrained, the same
     seed for random or stats inits). Members may differ in lr, seed, finetune subset,
     grad_clip and accuracy_threshold. A group larger than ``k`` is split into
-    ceil(n / k) cohorts of near-equal size. Arms that cannot be packed come back alone
-    (``[[arm]]``), in order. Every arm appears in exactly one cohort.
+    ceil(n / k) cohorts of near-equal size. Trials that cannot be packed come back alone
+    (``[i]``), in order. Every trial appears in exactly one cohort.
     """
     if not callable(k) and k < 1:
         raise ValueError(f"cohort size must be >= 1, got {k}")
     size = k if callable(k) else lambda group: k
-    order: list[tuple] = []  # ("one", arm) or ("group", key), in order of first appearance
-    groups: dict[tuple, list[dict]] = {}
-    for arm in arms:
-        if k == 1 or pack_problem(arm):
-            order.append(("one", arm))
+    order: list[tuple] = []  # ("one", index) or ("group", key), in order of first appearance
+    groups: dict[tuple, list[int]] = {}
+    for i, profile in enumerate(profiles):
+        if k == 1 or profile.pack_problem:
+            order.append(("one", i))
             continue
-        key = cohort_key(profile_of(arm).config)
+        key = cohort_key(profile.config)
         if key not in groups:
             groups[key] = []
             order.append(("group", key))
-        groups[key].append(arm)
-    out: list[list[dict]] = []
+        groups[key].append(i)
+    out: list[list[int]] = []
     for kind, item in order:
         if kind == "one":
             out.append([item])
             continue
         members = groups[item]
-        group_k = size(members)
+        group_k = size([profiles[i] for i in members])
         if group_k < 1:
             raise ValueError(f"cohort size must be >= 1, got {group_k}")
         n_cohorts = math.ceil(len(members) / group_k)
         out.extend(
-            members[i * len(members) // n_cohorts : (i + 1) * len(members) // n_cohorts]
-            for i in range(n_cohorts)
+            members[j * len(members) // n_cohorts : (j + 1) * len(members) // n_cohorts]
+            for j in range(n_cohorts)
         )
     return out

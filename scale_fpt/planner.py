@@ -30,10 +30,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from scale_fpt.config import FIELD_TYPES, ConfigError
-from scale_fpt.gpus import GPU, MIB
+from scale_fpt.cluster import GPUOffer
+from scale_fpt.config import ConfigError, TrainConfig
+from scale_fpt.gpus import DEFAULT_GPU, GPU, GPUS, MIB
 from scale_fpt.scaling import BlockShape, activation_bytes, attention_bytes
+from scale_fpt.vocabulary import StepKind
 
 CUDA_CONTEXT_BYTES = 640 * MIB
 """CUDA context, cuBLAS/cuDNN handles and kernels of one process (~0.5 GB measured on
@@ -85,6 +88,11 @@ class ModelShape:
     """Attention heads per block (0: no attention, e.g. the LSTM)."""
     dropout: float = 0.0
     """The trial's dropout rate: above 0, attention is materialised (``scaling.attention_bytes``)."""
+    body_params: int = 0
+    """Parameters of the frozen body a cohort holds once (attention, feed-forward)."""
+    member_params: int = 0
+    """Parameters each cohort member trains: input, output, ln, and the positions the task
+    reads."""
 
 
 @dataclass(frozen=True)
@@ -178,21 +186,90 @@ def trial_memory(
         optimizer = math.ceil(optimizer / workers)
         fp32_grads = math.ceil(fp32_grads / workers)
     micro_batch = math.ceil(batch_size / workers)
-    layers = shape.n_layer if shape.backbone_backward else 1  # no backward: one block live
+    activations, attention = step_tensors(
+        shape, precision, micro_batch, shape.backbone_backward, fused_attention
+    )
+    return TrialMemory(weights, module_grads + fp32_grads, optimizer, activations, attention)
+
+
+def step_tensors(
+    shape: ModelShape, precision: str, batch: int, backward: bool, fused_attention: bool
+) -> tuple[int, int]:
+    """(Activations, attention) a training step of ``batch`` examples keeps, in bytes: every
+    block's when ``backward`` runs through the body (else one block live), and the
+    materialised attention unless it runs ``fused_attention`` (``scaling.attention_bytes``)."""
+    layers = shape.n_layer if backward else 1
     activations = activation_bytes(
-        layers, shape.d_model, shape.n_tokens, micro_batch, precision, shape.block
+        layers, shape.d_model, shape.n_tokens, batch, precision, shape.block
     )
     attention = attention_bytes(
         shape.n_layer,
         shape.n_head,
         shape.n_tokens,
-        micro_batch,
+        batch,
         precision,
         shape.dropout,
-        shape.backbone_backward,
+        backward,
         fused_attention,
     )
-    return TrialMemory(weights, module_grads + fp32_grads, optimizer, activations, attention)
+    return activations, attention
+
+
+def cohort_memory(
+    shape: ModelShape, precision: str, batch_size: int, members: int, fused_attention: bool
+) -> TrialMemory:
+    """The memory of a cohort of ``members`` trials of ``shape``, as allocated: the frozen
+    body once, in the training precision (``weights``); per member its trained tensors (fp32
+    weights, gradients and two Adam moments), its activations and, unless the device runs
+    ``fused_attention`` (a GPU with the Triton kernel), its materialised attention
+    (``scaling.attention_bytes``; each member counts a whole mask draw's temporaries, an
+    upper bound: a cohort draws its members' masks together)."""
+    trained = shape.member_params
+    activations, attention = step_tensors(shape, precision, batch_size, True, fused_attention)
+    return TrialMemory(
+        weights=shape.body_params * precision_bytes(precision) + members * trained * 4,
+        gradients=members * trained * 4,
+        optimizer=members * trained * 8,
+        activations=members * activations,
+        attention=members * attention,
+        workspace=0,
+    )
+
+
+def cohort_memory_parts(
+    shape: ModelShape, precision: str, batch_size: int, fused_attention: bool
+) -> tuple[int, int]:
+    """(Allocated bytes of the frozen body, allocated bytes per member) of a cohort of
+    trials of ``shape`` (``cohort_memory``)."""
+    body = cohort_memory(shape, precision, batch_size, 0, fused_attention).allocated
+    one = cohort_memory(shape, precision, batch_size, 1, fused_attention).allocated
+    return body, one - body
+
+
+def cohort_size(
+    shape: ModelShape,
+    precision: str,
+    batch_size: int,
+    n_members: int,
+    slots: int,
+    slot_bytes: int,
+    gpu: bool,
+    fused_attention: bool,
+) -> int:
+    """``--pack auto``'s cohort size for ``n_members`` compatible trials of ``shape``:
+    spread over the ``slots`` (each of ``slot_bytes``, a GPU's or a CPU slot's) that run
+    cohorts side by side, as many per cohort as fit beside one frozen body
+    (``members_that_fit``; ``auto_cohort_size``)."""
+    parts = cohort_memory_parts(shape, precision, batch_size, fused_attention)
+    return auto_cohort_size(n_members, slots, members_that_fit(*parts, slot_bytes, gpu=gpu))
+
+
+def auto_cohort_size(n_members: int, slots: int, fits: int) -> int:
+    """``--pack auto``'s K for a group of ``n_members`` compatible trials: spread over the
+    ``slots`` that run cohorts side by side (GPUs; CPU cores / CPUs per trial: one cohort
+    per core, the fastest placement measured on a CPU, benchmarks/packing.py), at most
+    ``fits`` per cohort (``members_that_fit``), and at least 1."""
+    return max(1, min(fits, math.ceil(n_members / max(1, slots))))
 
 
 # --------------------------------------------------------------------------- plans
@@ -233,6 +310,32 @@ class TrialPlan:
 CPU_PLAN = TrialPlan(0, 0.0, 1, 0, 1, None, None)
 
 
+def plan_problem(plan: TrialPlan, offer: GPUOffer) -> str | None:
+    """Why the trial of ``plan`` can never run on ``offer`` (None: it can, or the widest node
+    is unknown): it fits no GPU, or no node holds it. A trial's GPUs are one placement group
+    packed on one node (STRICT_PACK), which Ray would wait for forever."""
+    if not plan.fits:
+        return (
+            f"does not fit: {plan.describe()}; use a larger --gpu, a smaller batch or fewer "
+            "trained groups"
+        )
+    if not plan.gpus:
+        return None
+    if offer.gpu is None or offer.source == "none":
+        return (
+            f"asks for {plan.gpu_share:g} GPU(s), but the cluster has and can launch no GPU; "
+            "use --gpus-per-trial 0 or auto, or a cluster with GPU nodes"
+        )
+    widest = offer.max_gpus_per_node
+    if widest and plan.gpus > widest:
+        return (
+            f"asks for {plan.gpus} GPUs on one node, but the widest node has {widest} "
+            f"({offer.source}); use --gpus-per-trial {widest} or less, fewer workers, or "
+            "larger nodes"
+        )
+    return None
+
+
 def trials_per_gpu(device_bytes: int, gpu_bytes: int, limit: int = MAX_TRIALS_PER_GPU) -> int:
     """How many processes of ``device_bytes`` share a GPU: a power of two (so Ray's
     fractions 1/2, 1/4 pack a device exactly), at most ``limit``, at least 1."""
@@ -250,8 +353,10 @@ def plan_memory(
     gpus: int = 0,
     zero_stage: int = 0,
     max_gpus: int = 8,
+    fused_attention: bool = False,
 ) -> TrialPlan:
-    """The plan of a trial of ``shape`` on ``gpu``.
+    """The plan of a trial of ``shape`` on ``gpu`` (its attention counted unless the GPU
+    runs it ``fused_attention``).
 
     ``gpus`` 0 (auto): one process if it fits one GPU (sharing that GPU with as many trials
     as fit, up to ``MAX_TRIALS_PER_GPU``), else the fewest data-parallel workers (2, 4, 8,
@@ -259,7 +364,7 @@ def plan_memory(
     exactly N GPUs. A ``zero_stage`` above 0 (the config asks for one) is kept."""
     capacity = gpu.memory_bytes
     if gpus <= 1:
-        memory = trial_memory(shape, precision, batch_size, zero_stage, 1)
+        memory = trial_memory(shape, precision, batch_size, zero_stage, 1, fused_attention)
         single = one_gpu_plan(memory, gpu, shared=gpus == 0, zero_stage=zero_stage)
         if single.fits or gpus == 1 or max_gpus < 2:
             return single
@@ -267,7 +372,7 @@ def plan_memory(
     stages = [zero_stage] if zero_stage else [2, 3]
     for n in counts:
         for stage in stages:
-            memory = trial_memory(shape, precision, batch_size, stage, n)
+            memory = trial_memory(shape, precision, batch_size, stage, n, fused_attention)
             plan = TrialPlan(n, float(n), 1, stage, n, memory, gpu, memory.device <= capacity)
             if plan.fits:
                 return plan
@@ -290,22 +395,31 @@ def gpu_share(fraction: float, gpu: GPU | None) -> TrialPlan:
     return TrialPlan(1, fraction, share, 0, 1, None, gpu)
 
 
-def parse_gpus_per_trial(text: str) -> tuple[str, float]:
+class GPURequest(NamedTuple):
+    """A sweep's ``--gpus-per-trial``, parsed (``parse_gpus_per_trial``)."""
+
+    kind: str
+    """``auto`` (the planner decides), ``cpu``, ``gpus`` (whole GPUs) or ``share`` (of one)."""
+    value: float
+    """The number of GPUs (``gpus``) or the share of one (``share``); 0 otherwise."""
+
+
+def parse_gpus_per_trial(text: str) -> GPURequest:
     """``auto`` -> ("auto", 0); ``0`` -> ("cpu", 0); ``N`` -> ("gpus", N); ``0.25`` ->
     ("share", 0.25). ConfigError for anything else."""
     text = str(text).strip()
     if text == "auto":
-        return "auto", 0.0
+        return GPURequest("auto", 0.0)
     try:
         value = float(text)
     except ValueError:
         value = -1.0
     if value == 0:
-        return "cpu", 0.0
+        return GPURequest("cpu", 0.0)
     if 0 < value < 1:
-        return "share", value
+        return GPURequest("share", value)
     if value >= 1 and value.is_integer():
-        return "gpus", value
+        return GPURequest("gpus", value)
     raise ConfigError(
         [
             f"--gpus-per-trial: {text!r} is not auto, 0 (CPU only), a whole number of GPUs "
@@ -314,14 +428,46 @@ def parse_gpus_per_trial(text: str) -> tuple[str, float]:
     )
 
 
-def with_plan(flat: dict, plan: TrialPlan) -> dict:
-    """A flat trial config that runs as planned: its ZeRO stage and, for a trial over
-    several GPUs, ``workers`` (the field TrainConfig gains for data-parallel trials; a
-    config without it keeps one worker)."""
-    out = {**flat, "zero_stage": plan.zero_stage}
-    if "workers" in FIELD_TYPES:
-        out["workers"] = plan.workers
-    return out
+def step_plan(
+    kind: StepKind,
+    shape: ModelShape,
+    train: TrainConfig,
+    request: GPURequest,
+    gpu: GPU | None,
+    max_gpus: int,
+    members: int,
+    fused_attention: bool,
+) -> TrialPlan:
+    """The plan of a trial of step ``kind`` (with ``members`` - 1 others of its kind in one
+    cohort) under a sweep's GPU ``request`` on ``gpu`` (None: no GPU anywhere, so ``auto``
+    plans CPU), each step by its own memory model: a cohort (one packable trial alone
+    included) on one GPU or a share of it (``cohort_memory``), an engine by
+    ``plan_memory``; attention counted unless the GPU runs it ``fused_attention``. A
+    packable trial that fits no GPU alone is planned as an engine over several (the sweep's
+    plan then runs it so: ``sweep.plan.planned_arms``)."""
+    how, value = request
+    if how == "cpu" or (how == "auto" and gpu is None):
+        return CPU_PLAN
+    gpu = gpu or GPUS[DEFAULT_GPU]
+    if how == "share":
+        return gpu_share(value, gpu)
+    if kind == StepKind.COHORT and (how == "auto" or value == 1):
+        memory = cohort_memory(shape, train.precision, train.batch_size, members, fused_attention)
+        plan = one_gpu_plan(memory, gpu, shared=how == "auto")
+        if plan.fits or members > 1:
+            return plan
+    if how == "auto" and train.workers > 1:  # the config asks for N workers
+        how, value = "gpus", float(train.workers)
+    return plan_memory(
+        shape,
+        train.precision,
+        train.batch_size,
+        gpu,
+        gpus=int(value),
+        zero_stage=train.zero_stage,
+        max_gpus=max_gpus,
+        fused_attention=fused_attention,
+    )
 
 
 # --------------------------------------------------------------------------- GPU-hours

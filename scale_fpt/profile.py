@@ -40,7 +40,7 @@ from scale_fpt.config import (
     parse_trial,
     shape_init,
 )
-from scale_fpt.gpus import DEFAULT_GPU, GPU, GPUS
+from scale_fpt.gpus import GPU
 from scale_fpt.models import BuiltModel, LSTMBackbone, build_model
 from scale_fpt.models.backbones import load_architecture
 from scale_fpt.models.families import PACKED_FAMILIES, block_shape, family_of
@@ -166,6 +166,10 @@ class TrialProfile:
         family = family_of(arch)
         blocks = family.blocks(built.module.backbone) if family is not None else None
         block = sum(p.numel() for p in blocks[0].parameters()) if blocks is not None else 0
+        counts = built.counts
+        trained = sum(counts[g]["total"] for g in ("input", "output", "ln") if g in counts)
+        if "pos" in counts:  # only the rows of the task's positions train
+            trained += self.spec.n_tokens * built.d_model
         return planner.ModelShape(
             total_params=built.total_params,
             trained_params=built.trainable_params,
@@ -178,95 +182,29 @@ class TrialProfile:
             block=block_shape(arch) if family is not None else None,
             n_head=getattr(arch, "num_attention_heads", 0),
             dropout=self.config.model.dropout,
+            body_params=sum(counts[g]["total"] for g in FROZEN_BODY if g in counts),
+            member_params=trained,
         )
 
     def cohort_memory(self, members: int, fused_attention: bool = False) -> planner.TrialMemory:
-        """The memory of a cohort of ``members`` trials of this kind, as allocated: the
-        frozen body once, in the training precision (``weights``); per member its trained
-        tensors (fp32 weights, gradients and two Adam moments; ``wpe`` only for the task's
-        positions), its activations and, unless the device runs ``fused_attention`` (a GPU
-        with the Triton kernel), its materialised attention (``scaling.attention_bytes``;
-        each member counts a whole mask draw's temporaries, an upper bound: a cohort draws
-        its members' masks together)."""
-        config, built, shape = self.config, self.built, self.shape
-        counts = built.counts
-        body = sum(counts[g]["total"] for g in FROZEN_BODY if g in counts)
-        body *= planner.precision_bytes(config.train.precision)
-        trained = sum(counts[g]["total"] for g in ("input", "output", "ln") if g in counts)
-        if "pos" in counts:
-            trained += self.spec.n_tokens * built.d_model
-        batch, precision = config.train.batch_size, config.train.precision
-        activations = scaling.activation_bytes(
-            built.n_layer, built.d_model, self.spec.n_tokens, batch, precision, shape.block
-        )
-        attention = scaling.attention_bytes(
-            built.n_layer,
-            shape.n_head,
-            self.spec.n_tokens,
-            batch,
-            precision,
-            config.model.dropout,
-            fused=fused_attention,
-        )
-        return planner.TrialMemory(
-            weights=body + members * trained * 4,
-            gradients=members * trained * 4,
-            optimizer=members * trained * 8,
-            activations=members * activations,
-            attention=members * attention,
-            workspace=0,
+        """The memory of a cohort of ``members`` trials of this kind, as allocated
+        (``planner.cohort_memory``)."""
+        train = self.config.train
+        return planner.cohort_memory(
+            self.shape, train.precision, train.batch_size, members, fused_attention
         )
 
     def cohort_memory_parts(self, fused_attention: bool = False) -> tuple[int, int]:
         """(Bytes of the frozen body, bytes per member) of a cohort of this kind
         (``cohort_memory``)."""
-        body = self.cohort_memory(0, fused_attention).allocated
-        return body, self.cohort_memory(1, fused_attention).allocated - body
+        train = self.config.train
+        return planner.cohort_memory_parts(
+            self.shape, train.precision, train.batch_size, fused_attention
+        )
 
     def cohort_bytes(self, members: int, fused_attention: bool = False) -> int:
         """Allocated bytes of a cohort of ``members`` trials of this kind."""
         return self.cohort_memory(members, fused_attention).allocated
-
-    def plan(
-        self,
-        gpus_per_trial: str,
-        gpu: GPU | None,
-        max_gpus: int = 8,
-        members: int = 1,
-        fused_attention: bool | None = None,
-    ) -> planner.TrialPlan:
-        """The plan of this trial (with ``members`` - 1 others of its kind in one cohort)
-        under a sweep's ``gpus_per_trial`` on ``gpu`` (None: no GPU anywhere, so ``auto``
-        plans CPU), each step by its own memory model: a cohort (one packable trial alone
-        included) on one GPU or a share of it (``cohort_memory``), an engine by
-        ``planner.plan_memory``. A packable trial that fits no GPU alone is planned as an
-        engine over several (``placement.planned_arms`` then runs it so).
-        ``fused_attention`` None: as a GPU runs attention here (``gpu_fuses_attention``)."""
-        kind, value = planner.parse_gpus_per_trial(gpus_per_trial)
-        if kind == "cpu" or (kind == "auto" and gpu is None):
-            return planner.CPU_PLAN
-        gpu = gpu or GPUS[DEFAULT_GPU]
-        if kind == "share":
-            return planner.gpu_share(value, gpu)
-        train = self.config.train
-        if self.kind == StepKind.COHORT and (kind == "auto" or value == 1):
-            if fused_attention is None:
-                fused_attention = planner.gpu_fuses_attention()
-            memory = self.cohort_memory(members, fused_attention)
-            plan = planner.one_gpu_plan(memory, gpu, shared=kind == "auto")
-            if plan.fits or members > 1:
-                return plan
-        if kind == "auto" and train.workers > 1:  # the config asks for N workers
-            kind, value = "gpus", float(train.workers)
-        return planner.plan_memory(
-            self.shape,
-            train.precision,
-            train.batch_size,
-            gpu,
-            gpus=int(value),
-            zero_stage=train.zero_stage,
-            max_gpus=max_gpus,
-        )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -292,8 +230,14 @@ def pack_problem(flat: dict) -> str | None:
 def plan_trial(
     config: TrialConfig, gpus_per_trial: str, gpu: GPU | None, max_gpus: int = 8
 ) -> planner.TrialPlan:
-    """``TrialProfile.plan`` of one trial config."""
-    return config_profile(config).plan(gpus_per_trial, gpu, max_gpus)
+    """``planner.step_plan`` of one trial config alone, its attention as a GPU of this
+    machine's software runs it (``planner.gpu_fuses_attention``)."""
+    request = planner.parse_gpus_per_trial(gpus_per_trial)
+    fused = planner.gpu_fuses_attention()
+    profile = config_profile(config)
+    return planner.step_plan(
+        profile.kind, profile.shape, config.train, request, gpu, max_gpus, 1, fused
+    )
 
 
 def model_shape(config: TrialConfig) -> planner.ModelShape:

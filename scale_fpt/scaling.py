@@ -289,11 +289,3 @@ def attention_bytes(
     forward += min(elements, DRAW_BLOCK) * DRAW_BYTES_PER_ELEMENT
     backward_start = (kept + ATTENTION_WORKING) * elements * width if backward else 0
     return max(forward, backward_start)
-
-
-def auto_cohort_size(n_members: int, slots: int, fits: int) -> int:
-    """``--pack auto``'s K for a group of ``n_members`` compatible trials: spread over the
-    ``slots`` that run cohorts side by side (GPUs; CPU cores / CPUs per trial: one cohort
-    per core, the fastest placement measured on a CPU, benchmarks/packing.py), at most
-    ``fits`` per cohort (``planner.members_that_fit``), and at least 1."""
-    return max(1, min(fits, math.ceil(n_members / max(1, slots))))

@@ -71,16 +71,6 @@ def paper_point(arm: dict, space: dict) -> dict:
     return point
 
 
-def seed_groups(arms: list[dict]) -> list[list[dict]]:
-    """Flat trials grouped by everything but their seed (``SweepConfig.trials`` order): one
-    search per group, whose configurations are each trained for every seed of the group."""
-    groups: dict[tuple, list[dict]] = {}
-    for arm in arms:
-        key = tuple(sorted((k, repr(v)) for k, v in arm.items() if k != "seed"))
-        groups.setdefault(key, []).append(arm)
-    return list(groups.values())
-
-
 def seed_mean(values: list[float]) -> float | None:
     """The configuration's score: the mean over its seeds; None if any seed has no finite
     value (failed, or diverged before its first evaluation)."""

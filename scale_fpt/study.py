@@ -21,7 +21,7 @@ from collections.abc import Callable
 from scale_fpt import planner
 from scale_fpt.config import FIELD_TYPES, TASKS, ConfigError, TrialConfig, coerce, parse_trial
 from scale_fpt.flags import add_field_flags, load_mapping
-from scale_fpt.gpus import DEFAULT_GPU, GPUS
+from scale_fpt.gpus import GPUS
 from scale_fpt.preflight import preflight_problems
 from scale_fpt.sweep.config import SweepConfig
 from scale_fpt.vocabulary import ARM_LABEL_FIELDS
@@ -295,31 +295,23 @@ def sweep_plan(sweep):
     """The plan ``--plan`` prints (``sweep.plan.SweepPlan``: the value the driver looks each
     Tune trial's resources up in), made without Ray: the GPU is the declared one
     (``--gpu``), else ``gpus.DEFAULT_GPU``; the slots one node of it
-    (``plan.assumed_devices``)."""
-    # The profile loads torch and placement Ray: imported for --plan (start-up time).
-    from scale_fpt.cluster import GPUOffer
-    from scale_fpt.sweep.placement import sweep_gpus
-    from scale_fpt.sweep.plan import assumed_devices, plan_sweep
+    (``sweep.plan.assumed_resources``)."""
+    # The profile loads torch: imported for --plan (start-up time).
+    from scale_fpt.sweep.plan import plan_sweep, sweep_placement
 
-    if sweep.gpu or sweep.gpu_memory_gb or sweep.gpus_per_trial == "0":
-        offer = sweep_gpus(sweep)
-    else:
-        offer = GPUOffer(GPUS[DEFAULT_GPU], 0, "default")
-    return plan_sweep(sweep, sweep.trials(), offer, assumed_devices(sweep, offer))
+    return plan_sweep(sweep, sweep_placement(sweep))
 
 
 def placement_table(sweep) -> str:
     """What runs where: the sweep's plan (``sweep_plan``), each distinct Ray trial with its
-    count, and the study's GPU-hours per model (``placement.study_gpu_hours``) on the GPU
+    count, and the study's GPU-hours per model (``sweep.plan.study_gpu_hours``) on the GPU
     the sweep plans for."""
-    # Placement loads torch and Ray: imported for --plan (start-up time).
+    # The plan loads torch: imported for --plan (start-up time).
     from scale_fpt.steps.choice import planned_step
-    from scale_fpt.sweep.placement import study_gpu_hours
-    from scale_fpt.sweep.plan import search_cohorts
+    from scale_fpt.sweep.plan import search_cohorts, study_gpu_hours
 
     plan = sweep_plan(sweep)
-    offer, devices, arms = plan.offer, plan.devices, sweep.trials()
-    max_gpus = offer.max_gpus_per_node or 8
+    offer, devices, arms = plan.offer, plan.devices, plan.arms
     counts: Counter = Counter()
     for cohort in search_cohorts(plan) if sweep.search else plan.cohorts:
         config = cohort.profile.config  # --plan validated every arm
@@ -352,8 +344,7 @@ def placement_table(sweep) -> str:
         for (model, finetune, task, budget, batch, where), n in sorted(counts.items())
     ]
     if offer.gpu is not None:
-        hours = study_gpu_hours(arms, sweep.gpus_per_trial, offer.gpu, max_gpus)
-        hours = {model: h * per_arm for model, h in hours.items()}
+        hours = study_gpu_hours(plan)
         estimate = (
             "GPU-hours (estimate: planned GPU share x max_steps x step time, "
             f"{planner.ASSUMED_MFU:.0%} of the bf16 peak or "

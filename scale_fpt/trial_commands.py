@@ -16,12 +16,12 @@ from scale_fpt import planner
 from scale_fpt.config import TrialConfig
 from scale_fpt.loop import CheckpointDir
 from scale_fpt.models import empty_groups, family_name
-from scale_fpt.profile import config_profile
+from scale_fpt.profile import TrialProfile, config_profile
 from scale_fpt.results import ResultsError, ResultsWriter
 from scale_fpt.steps.choice import planned_step
 from scale_fpt.tasks.preprocessing import preprocessing
 from scale_fpt.trial import TrialRun
-from scale_fpt.vocabulary import Status
+from scale_fpt.vocabulary import Status, StepKind
 
 SUMMARY_KEYS = (
     "trial_id",
@@ -91,6 +91,17 @@ def train(args: argparse.Namespace, config: TrialConfig) -> int:
     return code
 
 
+def process_memory(profile: TrialProfile, kind: StepKind) -> planner.TrialMemory:
+    """One process of the trial's step of ``kind`` on a CPU (attention materialised): a
+    cohort of one (``planner.cohort_memory``) or an engine (``planner.trial_memory``)."""
+    train = profile.config.train
+    if kind == StepKind.COHORT:
+        return profile.cohort_memory(1)
+    return planner.trial_memory(
+        profile.shape, train.precision, train.batch_size, train.zero_stage, fused_attention=False
+    )
+
+
 def progress_bar(config: TrialConfig, start: int, disable: bool):
     return tqdm(
         total=config.train.max_steps,
@@ -108,7 +119,9 @@ def plan(config: TrialConfig, placement) -> int:
     profile = config_profile(config)
     built, spec, train = profile.built, profile.spec, config.train
     train_flops, eval_flops = profile.flops
-    one = planner.trial_memory(profile.shape, train.precision, train.batch_size, train.zero_stage)
+    step = placement.plan
+    # By the step's own memory model: as planned on its GPU, else one process on a CPU.
+    one = step.memory or process_memory(profile, placement.kind)
     memory, activations = one.weights + one.gradients + one.optimizer, one.activations
     attention = one.attention
     print(f"{'group':<10}{'trainable':>16}{'frozen':>16}{'total':>16}")
@@ -130,12 +143,13 @@ def plan(config: TrialConfig, placement) -> int:
         f"FLOPs per training step: {train_flops:.3e}; per evaluation batch of the same size: {eval_flops:.3e}"
     )
     print(
-        f"memory of one process: weights+grads+optimizer {memory / 2**20:,.1f} MiB, "
+        f"memory of one process ({placement.kind} step): weights+grads+optimizer "
+        f"{memory / 2**20:,.1f} MiB, "
         f"activations ~{activations / 2**20:,.1f} MiB, attention with dropout "
         f"~{attention / 2**20:,.1f} MiB"
     )
-    step = placement.plan
-    print(f"on {step.gpu.name} ({step.gpu.memory_mib:,} MiB): {placement.describe()}")
+    where = f"{step.gpu.name} ({step.gpu.memory_mib:,} MiB)" if step.gpus else "CPUs"
+    print(f"on {where}: {placement.describe()}")
     if step.memory:
         m = step.memory
         print(
@@ -170,7 +184,7 @@ def plan(config: TrialConfig, placement) -> int:
         "preprocessing": [dataclasses.asdict(a) for a in aspects],
         "step_kind": str(choice.kind),
         "step_mode": choice.mode,
-        "gpu": step.gpu.name,
+        "gpu": step.gpu.name if step.gpus else None,
         "gpus": step.gpus,
         "zero_stage": step.zero_stage,
         "trials_per_gpu": step.trials_per_gpu,

@@ -70,3 +70,32 @@ def test_confirmation_seeds_are_fresh_and_confirm_a_choice():
         "confirm_seeds: nothing is chosen to confirm; search a space or grid over lr, batch_size",
     ]
     SWEEP.validate()
+
+
+@pytest.mark.slow
+def test_a_sweep_confirms_its_choice_on_fresh_seeds_planned_where_it_ran(tmp_path):
+    """Through a local Ray: the grid's choice of lr trains again on the confirmation seed,
+    planned where the sweep ran (its placement), as the sweep ``<name>-confirm``."""
+    from helpers import TINY_TRIAL
+
+    from scale_fpt.results import load_results
+    from scale_fpt.sweep import run_sweep
+
+    sweep = SweepConfig(
+        name="c",
+        base={**TINY_TRIAL, "max_steps": 4, "eval_every": 2},
+        grid={"lr": [1e-3, 1e-2]},
+        seeds=(0,),
+        confirm_seeds=(5,),
+        results_dir=str(tmp_path),
+        max_concurrent=2,
+        gpus_per_trial="0",
+        loggers=("none",),
+    )
+    outcome = run_sweep(sweep)
+    assert outcome.finished and outcome.experiments == ["c", "c-confirm"]
+    assert outcome.trials == 3  # two lrs on seed 0, the chosen one on seed 5
+    chosen = load_results(str(tmp_path), "c").trials
+    best = chosen.sort_values(["best_val_accuracy", "lr"], ascending=[False, True]).iloc[0]
+    confirmed = load_results(str(tmp_path), "c-confirm").trials
+    assert confirmed[["seed", "lr", "status"]].values.tolist() == [[5, best.lr, "completed"]]

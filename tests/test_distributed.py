@@ -23,11 +23,11 @@ from test_faults import rows_by, run_with_fault, sweep_config, tune_trial_dir
 from scale_fpt import cli, planner
 from scale_fpt.cluster import GPUOffer
 from scale_fpt.config import ConfigError, TrialConfig
-from scale_fpt.profile import pack_problem, step_kind
+from scale_fpt.profile import pack_problem, profile_of, step_kind
 from scale_fpt.recovery import tune_reports
 from scale_fpt.results import load_results
 from scale_fpt.steps.engine import deepspeed_config
-from scale_fpt.sweep import SweepConfig, plan_bundles, plan_cohort
+from scale_fpt.sweep import Devices, SweepConfig, placement_on, plan_bundles, plan_cohort
 from scale_fpt.tasks.base import Batch
 from scale_fpt.trial import TrialRun
 from scale_fpt.world import World, rank_seed, shard_bounds
@@ -70,10 +70,11 @@ def test_placement_one_bundle_per_worker_on_one_node():
     assert plan_bundles(planner.CPU_PLAN, 2, 3) == [{"CPU": 2}] * 3
     assert plan_bundles(planner.CPU_PLAN, 1) == [{"CPU": 1}]
     sweep = SweepConfig(name="placement", cpus_per_trial=1)
-    cpus = GPUOffer(None, 0, "none")
-    two = plan_cohort([{**TINY, "workers": 2}], sweep, cpus, False).resources()
+    cpus = placement_on(sweep, GPUOffer(None, 0, "none"), Devices(0, 1, 0))
+    workers = {**TINY, "workers": 2}
+    two = plan_cohort([workers], profile_of(workers), cpus).resources()
     assert two.bundles == [{"CPU": 1}] * 2 and two.strategy == "STRICT_PACK"
-    one = plan_cohort([TINY], sweep, cpus, False).resources()
+    one = plan_cohort([TINY], profile_of(TINY), cpus).resources()
     assert one.bundles == [{"CPU": 1}] and one.strategy == "PACK"
 
 

@@ -5,15 +5,33 @@ from __future__ import annotations
 
 import pytest
 
-from scale_fpt import planner, scaling
+from scale_fpt import planner
 from scale_fpt.cluster import GPUOffer
 from scale_fpt.config import ConfigError
 from scale_fpt.gpus import gpu_with_memory
 from scale_fpt.profile import profile_of
 from scale_fpt.study import narrow, parser
-from scale_fpt.sweep import Devices, SweepConfig, cluster_devices, grid_cohorts, search_pack
+from scale_fpt.sweep import (
+    Devices,
+    Placement,
+    SweepConfig,
+    cluster_devices,
+    grid_cohorts,
+    placement_on,
+    search_pack,
+)
 
 GIB = 2**30
+
+
+def at(sweep: SweepConfig, devices: Devices) -> Placement:
+    return placement_on(sweep, GPUOffer(None, 0, "none"), devices)
+
+
+def sizes(sweep: SweepConfig, arms: list[dict], devices: Devices) -> list[int]:
+    """Members per cohort of the grid ``arms`` on ``devices``."""
+    profiles = [profile_of(a) for a in arms]
+    return [len(c) for c in grid_cohorts(sweep, profiles, at(sweep, devices))]
 
 
 def arm(**values) -> dict:
@@ -30,12 +48,12 @@ def test_members_that_fit_beside_one_body():
 
 
 def test_auto_cohort_size_spreads_over_slots_within_memory():
-    assert scaling.auto_cohort_size(64, slots=1, fits=1000) == 64  # one GPU: one cohort
-    assert scaling.auto_cohort_size(64, slots=4, fits=1000) == 16  # one cohort per GPU
-    assert scaling.auto_cohort_size(64, slots=1, fits=20) == 20  # memory caps K
-    assert scaling.auto_cohort_size(8, slots=2, fits=1000) == 4  # one cohort per core
-    assert scaling.auto_cohort_size(1, slots=2, fits=1000) == 1
-    assert scaling.auto_cohort_size(64, slots=1, fits=0) == 1  # too big: one trial alone
+    assert planner.auto_cohort_size(64, slots=1, fits=1000) == 64  # one GPU: one cohort
+    assert planner.auto_cohort_size(64, slots=4, fits=1000) == 16  # one cohort per GPU
+    assert planner.auto_cohort_size(64, slots=1, fits=20) == 20  # memory caps K
+    assert planner.auto_cohort_size(8, slots=2, fits=1000) == 4  # one cohort per core
+    assert planner.auto_cohort_size(1, slots=2, fits=1000) == 1
+    assert planner.auto_cohort_size(64, slots=1, fits=0) == 1  # too big: one trial alone
 
 
 def test_cohort_memory_parts_add_up():
@@ -53,13 +71,13 @@ def test_auto_packs_a_gpu_grid_by_its_memory_plan():
     grid = [arm(lr=10.0 ** (-i / 4), seed=s) for i in range(16) for s in range(4)]  # 64
     body, per_member = profile_of(grid[0]).cohort_memory_parts()
     roomy = Devices(gpus=1, slots=1, slot_bytes=80 * GIB)
-    assert [len(c) for c in grid_cohorts(sweep, grid, roomy)] == [64]
+    assert sizes(sweep, grid, roomy) == [64]
     two_gpus = Devices(gpus=2, slots=2, slot_bytes=80 * GIB)
-    assert [len(c) for c in grid_cohorts(sweep, grid, two_gpus)] == [32, 32]
+    assert sizes(sweep, grid, two_gpus) == [32, 32]
     # A device that holds the body and 10 members: 64 trials in 7 cohorts of <= 10.
     tight = Devices(gpus=1, slots=1, slot_bytes=planner.device_bytes(int(body + 10.5 * per_member)))
-    sizes = [len(c) for c in grid_cohorts(sweep, grid, tight)]
-    assert max(sizes) == 10 and sum(sizes) == 64 and len(sizes) == 7
+    tight_sizes = sizes(sweep, grid, tight)
+    assert max(tight_sizes) == 10 and sum(tight_sizes) == 64 and len(tight_sizes) == 7
 
 
 def test_auto_packs_one_cohort_per_cpu_slot_and_leaves_what_does_not_pack():
@@ -67,21 +85,21 @@ def test_auto_packs_one_cohort_per_cpu_slot_and_leaves_what_does_not_pack():
     cpu = Devices(gpus=0, slots=2, slot_bytes=12 * GIB)
     grid = [arm(model="gpt2-tiny", lr=10.0**-i) for i in range(1, 9)]
     full = [arm(model="gpt2-tiny", finetune="full", lr=1e-3)]
-    assert [len(c) for c in grid_cohorts(sweep, grid + full, cpu)] == [4, 4, 1]
-    two = grid[:2]  # as many trials as slots: nothing to gain, each runs alone
-    assert grid_cohorts(sweep, two, cpu) == [[two[0]], [two[1]]]
+    assert sizes(sweep, grid + full, cpu) == [4, 4, 1]
+    two = [profile_of(a) for a in grid[:2]]  # as many as slots: each runs alone
+    assert grid_cohorts(sweep, two, at(sweep, cpu)) == [[0], [1]]
     asha = SweepConfig(name="s", pack="auto", asha=True)  # ASHA stops whole Tune trials
-    assert all(len(c) == 1 for c in grid_cohorts(asha, grid, cpu))
+    assert sizes(asha, grid, cpu) == [1] * len(grid)
     fixed = SweepConfig(name="s", pack=3)
-    assert [len(c) for c in grid_cohorts(fixed, grid, cpu)] == [2, 3, 3]
+    assert sizes(fixed, grid, cpu) == [2, 3, 3]
 
 
 def test_auto_search_pack_covers_the_seeds_of_the_configurations_asked():
     sweep = SweepConfig(name="s", pack="auto", search_trials=8, seeds=(0, 1, 2))
     seed_arms = [arm(model="gpt2-tiny", seed=s) for s in (0, 1, 2)]
-    cpu = Devices(gpus=0, slots=2, slot_bytes=12 * GIB)
-    assert search_pack(sweep, seed_arms, cpu) == 12  # 24 members over 2 slots
-    full = [{**a, "finetune": "full"} for a in seed_arms]
+    cpu = at(sweep, Devices(gpus=0, slots=2, slot_bytes=12 * GIB))
+    assert search_pack(sweep, [profile_of(a) for a in seed_arms], cpu) == 12  # 24 over 2 slots
+    full = [profile_of({**a, "finetune": "full"}) for a in seed_arms]
     assert search_pack(sweep, full, cpu) == 1
 
 

@@ -13,8 +13,10 @@ from scale_fpt import gpus, planner, scaling
 from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.gpus import GPUS
 from scale_fpt.planner import ModelShape, TrialMemory, trial_memory
-from scale_fpt.profile import model_shape, plan_trial
-from scale_fpt.sweep.placement import study_gpu_hours
+from scale_fpt.profile import model_shape, plan_trial, profile_of
+from scale_fpt.study import sweep_plan
+from scale_fpt.sweep import SweepConfig
+from scale_fpt.sweep.plan import study_gpu_hours
 
 SHAPE = ModelShape(
     total_params=1000,
@@ -348,7 +350,6 @@ def test_every_planner_gpu_takes_its_peak_from_the_published_table():
 
 def test_a_gpu_without_a_published_peak_has_unknown_gpu_hours():
     from scale_fpt.study import placement_table
-    from scale_fpt.sweep import SweepConfig
 
     unnamed = gpus.gpu_with_memory(40)  # --gpu-memory 40 alone: no chip, no peak
     assert unnamed.bf16_flops == 0.0
@@ -365,14 +366,18 @@ def test_a_gpu_without_a_published_peak_has_unknown_gpu_hours():
 
 
 def test_study_gpu_hours_sum_over_models():
-    arms = [
-        {"model": "gpt2", "task": "bit-xor", "precision": "bf16", "max_steps": 1000},
-        {"model": "gpt2", "task": "bit-xor", "precision": "bf16", "max_steps": 1000, "seed": 1},
-    ]
-    hours = study_gpu_hours(arms, "auto", GPUS["a10g-24gb"])
+    arm = {"model": "gpt2", "task": "bit-xor", "precision": "bf16", "max_steps": 1000}
+    sweep = SweepConfig(name="s", base=arm, seeds=(0, 1), gpu="a10g-24gb", pack=1)
+    hours = study_gpu_hours(sweep_plan(sweep))
     one = 0.25 * 1000 * 12 * planner.STEP_LATENCY_PER_LAYER_S / 3600
     assert hours == pytest.approx({"gpt2": 2 * one, "total": 2 * one})
-    assert study_gpu_hours(arms, "0", GPUS["a10g-24gb"]) == {"total": 0.0}
+    cpu = SweepConfig(name="s", base=arm, seeds=(0, 1), gpus_per_trial="0")
+    assert study_gpu_hours(sweep_plan(cpu)) == {"total": 0.0}
+    searched = SweepConfig(
+        name="s", base=arm, gpu="a10g-24gb", search={"lr": ["loguniform", 1e-4, 1e-2]}
+    )
+    per_configuration = study_gpu_hours(sweep_plan(searched))["gpt2"]
+    assert per_configuration == pytest.approx(searched.search_trials * one)
 
 
 def test_plan_command_prints_gpus_zero_stage_and_trials_per_gpu(capsys):
@@ -390,6 +395,59 @@ def test_plan_command_prints_gpus_zero_stage_and_trials_per_gpu(capsys):
     assert cli.main([*args, "--gpu", "v100", "--gpus-per-trial", "two"]) == 2
     err = capsys.readouterr().err
     assert "--gpu: unknown GPU 'v100'" in err and "--gpus-per-trial: 'two'" in err
+
+
+def test_plan_command_on_cpus_or_a_gpu_share_says_where_and_which_step(capsys):
+    """``--gpus-per-trial 0`` plans the CPU step (no GPU to name), a share plans the
+    declared GPU's share, and an unknown ``--gpu`` is one line naming the valid GPUs."""
+    from scale_fpt import cli
+
+    args = ["plan", "--task", "bit-xor", "--model", "gpt2-tiny"]
+    assert cli.main([*args, "--gpus-per-trial", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "on CPUs: 1 member, cohort step: CPU\n" in out
+    assert "GPUs needed: 0; ZeRO stage: 0; trials per GPU: 1" in out
+    assert "step: cohort step, eager: on a CPU compilation costs more than it saves" in out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert (summary["gpu"], summary["gpus"], summary["step_mode"]) == (None, 0, "off")
+    # the memory of the cohort step it takes (one member), not an engine's
+    cohort = profile_of({"task": "bit-xor", "model": "gpt2-tiny"}).cohort_memory(1)
+    assert "memory of one process (cohort step): " in out
+    assert summary["state_bytes"] == cohort.weights + cohort.gradients + cohort.optimizer
+    assert summary["activation_bytes"] == cohort.activations
+    assert cli.main([*args, "--gpus-per-trial", "0.5", "--gpu", "h100-80gb"]) == 0
+    out = capsys.readouterr().out
+    h100 = GPUS["h100-80gb"]
+    assert (
+        f"on h100-80gb ({h100.memory_mib:,} MiB): 1 member, cohort step: h100-80gb, 2 per GPU"
+        in out
+    )
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert (summary["gpu"], summary["gpus"], summary["trials_per_gpu"]) == ("h100-80gb", 1, 2)
+    assert cli.main([*args, "--gpus-per-trial", "0", "--gpu", "k80"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpu: unknown GPU 'k80'; choose from " + ", ".join(GPUS) in err
+
+
+def test_sweep_plan_on_cpus_or_gpu_shares_and_an_unknown_gpu(capsys):
+    """``scale-fpt sweep --plan`` with ``--gpus-per-trial 0`` or a share prints its plan;
+    an unknown ``--gpu`` exits 2 naming the valid GPUs."""
+    from scale_fpt import cli
+
+    args = ["sweep", "scale", "--plan", "--tasks", "bit-xor", "--seeds", "0"]
+    assert cli.main([*args, "--gpus-per-trial", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("trial(s) on CPUs")
+    trials = [line for line in lines if " x gpt2-tiny fpt bit-xor" in line]
+    assert trials and all(": CPU; eager: on a CPU" in line for line in trials)
+    assert cli.main([*args, "--gpus-per-trial", "0.5", "--gpu", "l4-24gb"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("trial(s) on l4-24gb")
+    trials = [line for line in lines if " x gpt2-tiny fpt bit-xor" in line]
+    assert trials and all("step: l4-24gb, 2 per GPU; as declared" in line for line in trials)
+    assert cli.main([*args, "--gpu", "k80"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpu: unknown GPU 'k80'; choose from " + ", ".join(GPUS) in err
 
 
 @pytest.mark.gpu
@@ -456,7 +514,6 @@ def test_plan_bounds_a_long_sequence_bf16_step_on_the_gpu(
 
 def test_study_plan_lists_placements_and_gpu_hours_without_ray():
     from scale_fpt.study import placement_table
-    from scale_fpt.sweep import SweepConfig
 
     arms = {"model": "gpt2", "task": "bit-xor", "precision": "bf16", "max_steps": 1000}
     sweep = SweepConfig(name="s", base=arms, seeds=(0, 1), gpu="a10g-24gb")
@@ -468,7 +525,7 @@ def test_study_plan_lists_placements_and_gpu_hours_without_ray():
     assert table[3].startswith(
         "    2 x gpt2 fpt bit-xor, 1,000 steps, bs 16: 1 member, cohort step: a10g-24gb, 4 per GPU;"
     )
-    hours = study_gpu_hours(sweep.trials(), "auto", GPUS["a10g-24gb"])
+    hours = study_gpu_hours(sweep_plan(sweep))
     assert table[-1].endswith(f"gpt2 {hours['gpt2']:,.1f}, total {hours['total']:,.1f}")
     cpu = placement_table(SweepConfig(name="s", base=arms, gpus_per_trial="0")).splitlines()
     assert cpu[:2] == ["s: 1 arms x 1 trial(s) on CPUs", "  seeds 0"]
@@ -484,7 +541,6 @@ def test_sweep_yaml_and_study_flags_declare_gpus(tmp_path):
     import argparse
 
     from scale_fpt.study import narrow, parser
-    from scale_fpt.sweep import SweepConfig
 
     path = tmp_path / "s.yaml"
     path.write_text("name: s\nbase: {model: gpt2}\ngpus_per_trial: 1\ngpu: h100-80gb\n")

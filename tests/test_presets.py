@@ -90,8 +90,7 @@ def test_the_printed_plan_is_what_the_driver_asks_ray_for(study, preset):
     from scale_fpt import planner
     from scale_fpt.study import sweep_plan
     from scale_fpt.sweep.driver import trial_resources
-    from scale_fpt.sweep.placement import grid_cohorts
-    from scale_fpt.sweep.plan import search_cohorts
+    from scale_fpt.sweep.plan import grid_cohorts, search_cohorts
     from scale_fpt.vocabulary import StepKind
 
     sweep = STUDIES[study].presets[preset]()
@@ -103,8 +102,8 @@ def test_the_printed_plan_is_what_the_driver_asks_ray_for(study, preset):
         assert plan.cohorts == () and len(cohorts) == len(plan.arms)
     else:
         cohorts = plan.cohorts
-        grid = grid_cohorts(sweep, list(plan.arms), plan.devices, plan.fused_attention)
-        assert [list(c.members) for c in cohorts] == grid  # the driver's one grid axis
+        grid = grid_cohorts(sweep, plan.profiles, plan.placement)
+        assert [list(c.members) for c in cohorts] == [[plan.arms[i] for i in g] for g in grid]
         assert sum(len(c.members) for c in cohorts) == len(plan.arms)
     for cohort in cohorts:
         asked = resources({"sweep": sweep.name, "members": list(cohort.members)})

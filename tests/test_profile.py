@@ -11,11 +11,13 @@ from helpers import TINY_TRIAL
 
 from scale_fpt import config as config_module
 from scale_fpt import planner, profile
+from scale_fpt.cluster import GPUOffer
 from scale_fpt.config import TrialConfig, parse_trial
+from scale_fpt.gpus import GPUS
 from scale_fpt.preflight import sweep_problems
-from scale_fpt.sweep import Devices, SweepConfig, plan_sweep, search_pack
+from scale_fpt.sweep import Devices, SweepConfig, placement_on, plan_sweep, search_pack
 from scale_fpt.sweep.driver import trial_resources
-from scale_fpt.sweep.placement import study_gpu_hours, sweep_gpus
+from scale_fpt.sweep.plan import study_gpu_hours
 from scale_fpt.trial import TrialRun
 
 
@@ -57,15 +59,15 @@ def test_a_packed_grid_is_parsed_once_per_trial_and_built_once_per_shape(counted
     sweep.validate()
     trials = sweep.trials()
     problems = sweep_problems(trials)  # preflight
-    offer = sweep_gpus(sweep)
+    offer = GPUOffer(GPUS["a10g-24gb"], 0, "declared")
     devices = Devices(gpus=1, slots=1, slot_bytes=offer.gpu.memory_bytes)
-    plan = plan_sweep(sweep, trials, offer, devices)
+    plan = plan_sweep(sweep, placement_on(sweep, offer, devices), trials)
     resources = trial_resources(plan)
     for cohort in plan.cohorts:  # what the driver asks Ray for
         resources({"sweep": "s", "members": list(cohort.members)})
     cohorts = [cohort.members for cohort in plan.cohorts]
-    search_pack(sweep, trials[:2], devices)
-    study_gpu_hours(trials, sweep.gpus_per_trial, offer.gpu)
+    search_pack(sweep, plan.profiles[:2], plan.placement)
+    study_gpu_hours(plan)
 
     assert problems == [] and [len(c) for c in cohorts] == [6, 1, 1, 1, 1, 1, 1]
     assert len(parses) == len(trials) == 12
@@ -98,4 +100,4 @@ def test_the_profile_reads_as_the_trial_rows_and_the_plan_do():
     # one memory policy for both step kinds: allocated bytes, slack, CUDA context
     body, member = fpt.cohort_memory_parts()
     assert planner.device_bytes(fpt.cohort_bytes(1)) == planner.device_bytes(body + member)
-    assert fpt.plan("auto", None) == planner.CPU_PLAN
+    assert profile.plan_trial(fpt.config, "auto", None) == planner.CPU_PLAN

@@ -15,10 +15,10 @@ import pytest
 from scale_fpt.search import (
     SeedMeanSearcher,
     configs_per_ask,
-    seed_groups,
     seed_mean,
 )
 from scale_fpt.sweep import SweepConfig
+from scale_fpt.sweep.plan import seed_groups
 from scale_fpt.trial import SEARCH_CONFIG, config_trial_id, split_search_config
 
 BASE = {
@@ -175,9 +175,11 @@ def test_a_repeated_configuration_is_told_its_first_value_without_training(tmp_p
 
 def test_seed_groups_fold_seeds_of_each_arm():
     sweep = SweepConfig(name="s", base=BASE, grid={"init": ["pretrained", "random"]}, seeds=(0, 1))
-    groups = seed_groups(sweep.trials())
-    assert [[a["seed"] for a in g] for g in groups] == [[0, 1], [0, 1]]
-    assert [g[0]["init"] for g in groups] == ["pretrained", "random"]
+    trials = sweep.trials()
+    groups = seed_groups(trials)
+    assert groups == [[0, 1], [2, 3]]
+    assert [[trials[i]["seed"] for i in g] for g in groups] == [[0, 1], [0, 1]]
+    assert [trials[g[0]]["init"] for g in groups] == ["pretrained", "random"]
     assert SEARCH_CONFIG == "search_config"
 
 

@@ -22,7 +22,7 @@ from scale_fpt.recipes import load_study
 from scale_fpt.results import checkpoint_dir, load_results
 from scale_fpt.results_schema import CURVE_SCHEMA, TRIAL_SCHEMA
 from scale_fpt.study import study_main
-from scale_fpt.sweep import SweepConfig, plan_cohort
+from scale_fpt.sweep import Devices, SweepConfig, SweepPlan, placement_on
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACT_TRIAL_COLUMNS = {
@@ -125,15 +125,20 @@ def test_trial_resources_are_declared_by_the_plan_not_probed():
     a10g = GPUOffer(GPUS["a10g-24gb"], 4, "declared")
     sweep = SweepConfig(name="s", gpu="a10g-24gb")
 
+    def planned(flat, sweep=sweep, offer=a10g):
+        """The lookup of the resources callback: ``flat`` alone, planned on first sight."""
+        placement = placement_on(sweep, offer, Devices(1, 1, 0))
+        return SweepPlan(sweep, placement, (), (), ()).cohort([flat])
+
     def bundles(flat, sweep=sweep, offer=a10g):
-        return plan_cohort([flat], sweep, offer, False).resources().bundles
+        return planned(flat, sweep, offer).resources().bundles
 
     assert bundles({"model": "gpt2-large"}, offer=GPUOffer(None, 0, "none")) == [{"CPU": 1}]
     assert bundles({"model": "gpt2", "batch_size": 4}) == [{"CPU": 1, "GPU": 0.25}]
     assert bundles({"model": "gpt2-large", "finetune": "full"}) == [{"CPU": 1, "GPU": 1.0}]
     xl_full = {"model": "gpt2-xl", "finetune": "full", "precision": "bf16", "batch_size": 8}
     assert bundles(xl_full) == [{"CPU": 1, "GPU": 1}] * 2  # two GPUs, ZeRO 2
-    assert plan_cohort([xl_full], sweep, a10g, False).resources().strategy == "STRICT_PACK"
+    assert planned(xl_full).resources().strategy == "STRICT_PACK"
     cpu_sweep = SweepConfig(name="s", gpus_per_trial="0")
     assert bundles({"model": "gpt2"}, sweep=cpu_sweep) == [{"CPU": 1}]
     half = SweepConfig(name="s", gpus_per_trial="0.5")
@@ -151,14 +156,14 @@ def test_planned_arms_set_workers_and_zero_stage_only_for_multi_gpu_trials():
     offer = GPUOffer(GPUS["a10g-24gb"], 4, "declared")
     small = {"model": "gpt2", "precision": "bf16"}
     xl_full = {"model": "gpt2-xl", "finetune": "full", "precision": "bf16", "batch_size": 8}
-    planned = planned_arms([small, xl_full], sweep, offer)
+    planned, profiles = planned_arms([small, xl_full], placement_on(sweep, offer, Devices(1, 1, 0)))
     assert planned[0] == small  # unchanged: its trial id does not depend on the cluster
-    assert planned[1]["zero_stage"] == 2
+    assert (planned[1]["zero_stage"], planned[1]["workers"]) == (2, 2)
+    assert profiles[1].config.train.workers == 2  # profiled as it runs
     with pytest.raises(ConfigError, match="does not fit") as e:
         planned_arms(
             [{**xl_full, "batch_size": 4096}, {**xl_full, "seed": 1, "batch_size": 4096}],
-            sweep,
-            GPUOffer(GPUS["a10g-24gb"], 1, "declared"),
+            placement_on(sweep, GPUOffer(GPUS["a10g-24gb"], 1, "declared"), Devices(1, 1, 0)),
         )
     assert len(e.value.problems) == 2
 
@@ -171,19 +176,24 @@ def test_a_trial_wider_than_every_node_is_refused_at_plan_time():
     from scale_fpt.sweep import planned_arms
 
     four = GPUOffer(GPUS["a10g-24gb"], 4, "cluster.yaml")
+    nothing = GPUOffer(None, 0, "none")
+
+    def arms(trials, offer=four, **sweep):
+        placement = placement_on(SweepConfig(name="s", **sweep), offer, Devices(1, 1, 0))
+        return planned_arms(trials, placement)[0]
+
     small = {"model": "gpt2-tiny", "task": "bit-xor"}
-    assert planned_arms([small], SweepConfig(name="s", gpus_per_trial="4"), four)
+    assert arms([small], gpus_per_trial="4")
     with pytest.raises(ConfigError) as e:
-        planned_arms([small], SweepConfig(name="s", gpus_per_trial="8"), four)
+        arms([small], gpus_per_trial="8")
     (problem,) = e.value.problems
     assert "asks for 8 GPUs on one node, but the widest node has 4 (cluster.yaml)" in problem
     assert problem.startswith("bit-xor") or "gpt2-tiny" in problem
     with pytest.raises(ConfigError, match="asks for 8 GPUs"):  # workers ask for GPUs too
-        planned_arms([{**small, "workers": 8}], SweepConfig(name="s"), four)
-    nothing = GPUOffer(None, 0, "none")
+        arms([{**small, "workers": 8}])
     with pytest.raises(ConfigError, match="the cluster has and can launch no GPU"):
-        planned_arms([small], SweepConfig(name="s", gpus_per_trial="0.5"), nothing)
-    assert planned_arms([small], SweepConfig(name="s"), nothing) == [small]  # auto: CPU
+        arms([small], nothing, gpus_per_trial="0.5")
+    assert arms([small], nothing) == [small]  # auto: CPU
 
 
 def test_gpu_declarations_are_validated_at_once():

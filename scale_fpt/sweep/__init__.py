@@ -1,10 +1,12 @@
 """Sweeps: a grid (or an Optuna search per arm) over trial configs, run by Ray Tune.
 
     SweepConfig (config.py) --trials()--> flat trial configs
-        --placement.py: checked against the cluster's GPUs, grouped into cohorts (--pack)-->
-        --plan.py: the SweepPlan, made once: each Tune trial's members, step, GPU share,
-        memory and Ray bundles (what --plan prints)-->
-        --driver.py: one Tuner per grid (or per searched arm), resources looked up in it-->
+        --plan.py: the SweepPlan, made once: where trials run (the cluster's GPUs and
+        slots), each trial parsed and profiled, checked against the GPUs, grouped into
+        cohorts (--pack), each Tune trial's members, step, GPU share, memory and Ray
+        bundles (what --plan prints)-->
+        --driver.py: one Tuner per grid (or per searched arm), handed the plan: resources
+        looked up in it, the searcher, resume's count and the confirmation sweep read it-->
         trainable.py: tune_trial (one ``TrialRun`` per member list: one trial, or a packed
         cohort); each evaluation: ray.tune.report(rows, checkpoint)
         --> callbacks.py: ResultsCallback on the driver --> Parquet rows
@@ -25,16 +27,19 @@ EXPORTS = {
     "SweepOutcome": "driver",
     "connect_ray": "driver",
     "run_sweep": "driver",
-    "Devices": "placement",
-    "cluster_devices": "placement",
-    "grid_cohorts": "placement",
-    "plan_bundles": "placement",
-    "planned_arms": "placement",
-    "search_pack": "placement",
+    "Devices": "plan",
+    "Placement": "plan",
     "PlannedCohort": "plan",
     "SweepPlan": "plan",
+    "cluster_devices": "plan",
+    "grid_cohorts": "plan",
+    "plan_bundles": "plan",
     "plan_cohort": "plan",
+    "placement_on": "plan",
     "plan_sweep": "plan",
+    "planned_arms": "plan",
+    "search_pack": "plan",
+    "sweep_placement": "plan",
     "saved_unfinished": "resume",
     "report_metrics": "trainable",
     "tune_members": "trainable",

@@ -126,7 +126,7 @@ class SweepConfig:
     1: one trial per process. ``auto``: each group of compatible trials is spread over the
     cluster's slots (one cohort per GPU, or per ``cpus_per_trial`` CPUs), at most as many
     members per cohort as fit in a slot's memory beside one frozen body
-    (``scaling.auto_cohort_size``); nothing is packed under ASHA (it stops whole Tune
+    (``planner.cohort_size``); nothing is packed under ASHA (it stops whole Tune
     trials). A search packs too: where an arm packs, it asks for as many configurations at
     once as fill a cohort beside the seeds (``search.configs_per_ask``)."""
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scale_fpt import analysis_plan
-from scale_fpt.cluster import GPUOffer
 from scale_fpt.confined import refuse_links
 from scale_fpt.loop import evaluation_steps
 from scale_fpt.models.backbones import scale_fpt_home
@@ -26,13 +25,7 @@ from scale_fpt.sweep.callbacks import (
 from scale_fpt.sweep.config import SweepConfig, arm_label
 from scale_fpt.sweep.confirm import confirmation_arms, confirmation_sweep
 from scale_fpt.sweep.lock import driver_lock
-from scale_fpt.sweep.placement import (
-    Devices,
-    cluster_devices,
-    sweep_gpus,
-    with_node_width,
-)
-from scale_fpt.sweep.plan import SweepPlan, plan_sweep
+from scale_fpt.sweep.plan import SweepPlan, plan_sweep, sweep_placement
 from scale_fpt.sweep.resume import repoint_trial_generator, unfinished_arms, unfinished_trials
 from scale_fpt.sweep.trainable import tune_members, tune_search_members, tune_trial
 from scale_fpt.trial import (
@@ -59,7 +52,7 @@ def search_algorithm(plan: SweepPlan):
             storage_url=sweep.optuna_storage or default_optuna_storage(sweep.sweep_dir),
             n_configs=sweep.search_trials,
             pack=pack,
-            parallel=sweep.max_concurrent or plan.devices.slots,
+            parallel=sweep.max_concurrent or plan.placement.devices.slots,
             metric=sweep.metric,
         )
         for group, pack in plan.searches
@@ -138,28 +131,29 @@ def run_locked(sweep: SweepConfig, resume: bool) -> SweepOutcome:
     analysis_plan.write_plan(sweep)  # before any result: what the report will confirm
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
     connect_ray(runtime_env={"env_vars": {"SCALE_FPT_HOME": str(scale_fpt_home())}})
-    offer = with_node_width(sweep_gpus(sweep))
     import ray
 
-    devices = cluster_devices(sweep, ray.cluster_resources(), offer)
+    # The sweep planned once, here: every later step (Ray's resources, the searcher,
+    # resume's count, the confirmation sweep) reads this plan.
+    placement = sweep_placement(sweep, ray.cluster_resources())
+    plan = plan_sweep(sweep, placement)
     # One Tune experiment: a grid's trials, or every searched arm side by side (one Optuna
     # study per arm, each configuration trained for every seed).
-    grid, searcher = run_experiment(plan_sweep(sweep, sweep.trials(), offer, devices), resume)
+    grid, searcher = run_experiment(plan, resume)
     trials, experiments = len(grid), [sweep.name]
-    unfinished = unfinished_trials(sweep, searcher)
+    unfinished = unfinished_trials(plan, searcher)
     if sweep.confirm_seeds and not unfinished:
-        confirmed, unfinished = run_confirmation(sweep, offer, devices, resume)
+        confirmed, unfinished = run_confirmation(plan, resume)
         trials += confirmed
         experiments.append(sweep.name + CONFIRM_SUFFIX)
     return SweepOutcome(experiments, trials, unfinished)
 
 
-def run_confirmation(
-    sweep: SweepConfig, offer: GPUOffer, devices: Devices, resume: bool
-) -> tuple[int, int]:
+def run_confirmation(plan: SweepPlan, resume: bool) -> tuple[int, int]:
     """Each arm's chosen configuration on ``confirm_seeds`` (``sweep.confirm``), read from
-    the sweep's rows on disk: (trials run, trials left unfinished)."""
-    confirm = confirmation_sweep(sweep)
+    the sweep's rows on disk and planned where the sweep ran: (trials run, trials left
+    unfinished)."""
+    sweep = plan.sweep
     arms, unchosen = confirmation_arms(sweep, load_results(sweep.results_dir, sweep.name).trials)
     for label in unchosen:
         print(
@@ -168,9 +162,9 @@ def run_confirmation(
         )
     if not arms:
         return 0, 0
-    plan = plan_sweep(confirm, arms, offer, devices)
-    grid, _ = run_experiment(plan, resume)
-    return len(grid), unfinished_arms(confirm, list(plan.arms))
+    confirm = plan_sweep(confirmation_sweep(sweep), plan.placement, arms)
+    grid, _ = run_experiment(confirm, resume)
+    return len(grid), unfinished_arms(confirm)
 
 
 def slug(text: str) -> str:

@@ -1,32 +1,168 @@
-"""A sweep's plan, made once on the driver after its arms are validated and handed along:
-which members share each Tune trial (a cohort), the step they take, the GPU share and memory
-that step needs (each step kind by its own memory model), and the Ray bundles asked for.
+"""A sweep's plan, made once on the driver after its arms are validated and handed along.
 
-``--plan`` prints this value, ``scale-fpt plan`` prints one trial's ``PlannedCohort``, and
-the driver's Ray resources callback is a lookup in it: what is printed is what runs.
+``sweep_placement`` says where the sweep's trials run (``Placement``: the GPUs planned for,
+the cluster's slots, the GPU request, whether attention runs fused); ``plan_sweep`` then
+parses and profiles each trial once, checks it against the GPUs, groups a grid into cohorts
+(``--pack``) or sizes a search's, and plans each cohort: its members, their profile, the step
+they take, the GPU share and memory that step needs (each step kind by its own memory model,
+``planner.step_plan``) and the Ray bundles asked for.
+
+Everything downstream reads this one frozen value: ``--plan`` prints it, ``scale-fpt plan``
+prints one trial's ``PlannedCohort``, the driver's Ray resources callback is a lookup in it,
+the searcher, resume's count of unfinished trials and the confirmation sweep take it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
-from scale_fpt import planner
-from scale_fpt.cluster import GPUOffer
-from scale_fpt.config import ConfigError, TrialConfig, parse_trial
-from scale_fpt.profile import TrialProfile, profile_of
-from scale_fpt.sweep.config import SweepConfig
-from scale_fpt.sweep.placement import (
-    Devices,
-    cluster_devices,
-    fuses_attention,
-    grid_cohorts,
-    plan_bundles,
-    planned_arms,
-    search_pack,
+from scale_fpt import gpus, planner
+from scale_fpt.cluster import (
+    GPUOffer,
+    autoscaler_offer,
+    config_file_offer,
+    gpu_offer,
+    running_nodes_offer,
 )
+from scale_fpt.config import ConfigError, TrialConfig, parse_trial
+from scale_fpt.packing import cohort_groups
+from scale_fpt.profile import TrialProfile, config_profile, profile_of
+from scale_fpt.sweep.config import SweepConfig, arm_label
 from scale_fpt.vocabulary import StepKind
+
+# --------------------------------------------------------------------------- where
+
+
+@dataclass(frozen=True)
+class Devices:
+    """Where a sweep's cohorts run side by side (read from the Ray cluster)."""
+
+    gpus: int
+    """GPUs in the cluster (0: CPUs only)."""
+    slots: int
+    """Cohorts that run at once: one per GPU, else one per ``cpus_per_trial`` CPUs (at most
+    ``max_concurrent``)."""
+    slot_bytes: int
+    """Memory of one slot: the offered GPU's, else the cluster's memory per slot."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a sweep's trials run, decided once (``sweep_placement``)."""
+
+    offer: GPUOffer
+    """The GPUs planned for (``sweep_gpus``)."""
+    devices: Devices
+    """The slots cohorts run in side by side (``--pack auto`` sizes cohorts for them)."""
+    request: planner.GPURequest
+    """``--gpus-per-trial``, parsed."""
+    cpus_per_trial: int
+    fused_attention: bool
+    """Whether a GPU step's attention runs fused (no (B, H, T, T) tensors counted)."""
+
+    @property
+    def max_gpus(self) -> int:
+        """The widest trial a node holds (8 where the cluster does not say)."""
+        return self.offer.max_gpus_per_node or 8
+
+    def trial_plan(self, profile: TrialProfile, members: int = 1) -> planner.TrialPlan:
+        """The plan of a cohort of ``members`` trials of ``profile`` here, by its own step
+        kind's memory model (``planner.step_plan``)."""
+        return planner.step_plan(
+            profile.kind,
+            profile.shape,
+            profile.config.train,
+            self.request,
+            self.offer.gpu,
+            self.max_gpus,
+            members,
+            self.fused_attention,
+        )
+
+
+def sweep_placement(sweep: SweepConfig, resources: dict | None = None) -> Placement:
+    """Where ``sweep``'s trials run: on the connected Ray cluster of ``resources``
+    (``ray.cluster_resources()``), or, None, where ``--plan`` assumes without a cluster
+    (``assumed_resources``)."""
+    request = planner.parse_gpus_per_trial(sweep.gpus_per_trial)
+    offer = sweep_gpus(sweep, request, connected=resources is not None)
+    if resources is None:
+        resources = assumed_resources(offer)
+    devices = cluster_devices(sweep, resources, offer)
+    fused = bool(devices.gpus) and planner.gpu_fuses_attention()
+    return Placement(offer, devices, request, sweep.cpus_per_trial, fused)
+
+
+def placement_on(
+    sweep: SweepConfig, offer: GPUOffer, devices: Devices, fused_attention: bool = False
+) -> Placement:
+    """``sweep``'s trials on the GPUs of a known ``offer`` in the slots of ``devices`` (what
+    ``scale-fpt plan`` plans one trial at)."""
+    request = planner.parse_gpus_per_trial(sweep.gpus_per_trial)
+    return Placement(offer, devices, request, sweep.cpus_per_trial, fused_attention)
+
+
+def sweep_gpus(sweep: SweepConfig, request: planner.GPURequest, connected: bool) -> GPUOffer:
+    """What GPUs the sweep's trials are planned for: a declared ``gpu`` / ``gpu_memory_gb``
+    is taken as said (with the widest node of ``cluster_config``, if one is found); else
+    what the ``connected`` cluster has or can launch (``cluster.gpu_offer``), or, without a
+    cluster, ``gpus.DEFAULT_GPU``; ``gpus_per_trial`` 0 plans none. A connected cluster
+    tells the widest node no config said (``with_node_width``)."""
+    if request.kind == "cpu":
+        return GPUOffer(None, 0, "--gpus-per-trial 0")
+    if sweep.gpu or sweep.gpu_memory_gb:
+        if sweep.gpu_memory_gb:
+            gpu = gpus.gpu_with_memory(sweep.gpu_memory_gb, sweep.gpu)
+        else:
+            gpu = gpus.gpu_named(sweep.gpu)
+        found = config_file_offer(sweep.cluster_config)
+        offer = GPUOffer(gpu, found.max_gpus_per_node if found else 0, "declared")
+    elif connected:
+        offer = gpu_offer(sweep.cluster_config)
+    else:
+        offer = GPUOffer(gpus.GPUS[gpus.DEFAULT_GPU], 0, "default")
+    return with_node_width(offer) if connected else offer
+
+
+def with_node_width(offer: GPUOffer) -> GPUOffer:
+    """A declared GPU's offer with the widest node of the connected cluster (its
+    autoscaler's node groups, else its running nodes) where no cluster config said it, so
+    that ``planner.plan_problem`` can refuse what no node holds; unchanged when nothing says."""
+    if offer.gpu is None or offer.max_gpus_per_node:
+        return offer
+    found = autoscaler_offer() or running_nodes_offer()
+    if found is None:
+        return offer
+    return replace(offer, max_gpus_per_node=found.max_gpus_per_node, source=found.source)
+
+
+def assumed_resources(offer: GPUOffer) -> dict:
+    """The cluster ``--plan`` sizes cohorts for without one: one node of the offered GPU
+    (its widest node, else 8 GPUs), or this machine's CPUs and memory."""
+    if offer.gpu is not None:
+        return {"GPU": offer.max_gpus_per_node or 8}
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"CPU": os.cpu_count() or 1, "memory": memory}
+
+
+def cluster_devices(sweep: SweepConfig, resources: dict, offer: GPUOffer) -> Devices:
+    """The slots of a cluster with Ray ``resources`` (``ray.cluster_resources()``) whose
+    GPUs are ``offer.gpu`` (its memory from ``gpus.GPUS`` or ``gpu_memory_gb``)."""
+    n_gpus = int(resources.get("GPU", 0)) if offer.gpu is not None else 0
+    if n_gpus:
+        slots, slot_bytes = n_gpus, offer.gpu.memory_bytes
+    else:
+        slots = max(1, int(resources.get("CPU", 1)) // sweep.cpus_per_trial)
+        slot_bytes = int(resources.get("memory", 0)) // slots
+    if sweep.max_concurrent:
+        slots = min(slots, sweep.max_concurrent)
+    return Devices(n_gpus, slots, slot_bytes)
+
+
+# --------------------------------------------------------------------------- cohorts
 
 
 @dataclass(frozen=True)
@@ -45,7 +181,7 @@ class PlannedCohort:
     """GPUs (or a share of one), ZeRO stage, workers, and the memory the step needs there:
     the engine's memory model for ``engine``, the cohort's for ``cohort``."""
     bundles: tuple[dict, ...]
-    """Ray placement-group bundles (``placement.plan_bundles``)."""
+    """Ray placement-group bundles (``plan_bundles``)."""
 
     @property
     def device_bytes(self) -> int:
@@ -81,8 +217,39 @@ class PlannedCohort:
         return f"{members}, {self.kind} step: {where}{zero}{share}; {need}{fits}"
 
 
+def plan_cohort(
+    members: Sequence[dict], profile: TrialProfile | None, placement: Placement
+) -> PlannedCohort:
+    """How ``members`` (one Tune trial) of ``profile`` run at ``placement``: the profile's
+    plan for its step kind and number (``planner.step_plan``) and its Ray bundles. A config
+    that does not validate (``profile`` None) plans CPU: the trial fails at once, recorded
+    as failed."""
+    cpus = placement.cpus_per_trial
+    if profile is None:
+        bundles = tuple(plan_bundles(planner.CPU_PLAN, cpus))
+        return PlannedCohort(tuple(members), None, StepKind.ENGINE, planner.CPU_PLAN, bundles)
+    plan = placement.trial_plan(profile, len(members))
+    bundles = tuple(plan_bundles(plan, cpus, profile.config.train.workers))
+    return PlannedCohort(tuple(members), profile, profile.kind, plan, bundles)
+
+
+def plan_bundles(plan: planner.TrialPlan, cpus: int, workers: int = 1) -> list[dict]:
+    """Ray placement-group bundles of a planned trial: one bundle on CPU or on (a share of)
+    one GPU; one bundle per GPU for a data-parallel trial (packed on one node, the
+    multi-GPU node type; the trial's process runs in the first); one CPU bundle per worker
+    for a trial of ``workers`` processes on CPUs."""
+    if not plan.gpus:
+        return [{"CPU": cpus} for _ in range(workers)]
+    if plan.gpus == 1:
+        return [{"CPU": cpus, "GPU": plan.gpu_share}]
+    return [{"CPU": cpus, "GPU": 1} for _ in range(plan.gpus)]
+
+
 def member_key(members) -> tuple[str, ...]:
     return tuple(json.dumps(m, sort_keys=True, default=str) for m in members)
+
+
+# --------------------------------------------------------------------------- the plan
 
 
 @dataclass(frozen=True)
@@ -90,23 +257,33 @@ class SweepPlan:
     """Every Tune trial of one experiment of a sweep, planned (module docstring)."""
 
     sweep: SweepConfig
+    placement: Placement
     arms: tuple[dict, ...]
-    """The experiment's trials, validated and set to run as planned
-    (``placement.planned_arms``)."""
-    configs: tuple[TrialConfig, ...]
-    """``arms`` parsed, once."""
-    offer: GPUOffer
-    """The GPUs planned for (``placement.sweep_gpus``)."""
-    devices: Devices
-    """Where cohorts run side by side (``--pack auto`` sizes cohorts for them)."""
-    fused_attention: bool
-    """Whether a GPU step's attention runs fused (no (B, H, T, T) tensors counted)."""
+    """The experiment's trials, validated and set to run as planned (``planned_arms``)."""
+    profiles: tuple[TrialProfile, ...]
+    """``arms`` parsed and profiled, once."""
     cohorts: tuple[PlannedCohort, ...]
     """A grid's Tune trials; empty for a search, whose members are drawn as it runs."""
     searches: tuple[tuple[tuple[dict, ...], int], ...] = ()
     """A search's: each searched arm's seeds (one search each) with the members per cohort
-    its drawn configurations run in (``placement.search_pack``)."""
+    its drawn configurations run in (``search_pack``)."""
     _found: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def configs(self) -> tuple[TrialConfig, ...]:
+        return tuple(profile.config for profile in self.profiles)
+
+    @property
+    def offer(self) -> GPUOffer:
+        return self.placement.offer
+
+    @property
+    def devices(self) -> Devices:
+        return self.placement.devices
+
+    @property
+    def fused_attention(self) -> bool:
+        return self.placement.fused_attention
 
     @property
     def planned_steps(self) -> int:
@@ -122,55 +299,112 @@ class SweepPlan:
         if not self._found:
             self._found.update((member_key(c.members), c) for c in self.cohorts)
         if key not in self._found:
-            self._found[key] = plan_cohort(members, self.sweep, self.offer, self.fused_attention)
+            try:
+                profile = profile_of(members[0])
+            except ConfigError:
+                profile = None
+            self._found[key] = plan_cohort(members, profile, self.placement)
         return self._found[key]
 
 
-def plan_cohort(
-    members: list[dict], sweep: SweepConfig, offer: GPUOffer, fused_attention: bool
-) -> PlannedCohort:
-    """How ``members`` (one Tune trial) run under ``sweep`` on ``offer``: their profile's
-    plan for their step kind and number (``TrialProfile.plan``) and its Ray bundles. A
-    config that does not validate plans CPU: the trial fails at once, recorded as failed."""
-    try:
-        profile = profile_of(members[0])
-    except ConfigError:
-        plan = planner.CPU_PLAN
-        bundles = tuple(plan_bundles(plan, sweep.cpus_per_trial))
-        return PlannedCohort(tuple(members), None, StepKind.ENGINE, plan, bundles)
-    max_gpus = offer.max_gpus_per_node or 8
-    plan = profile.plan(sweep.gpus_per_trial, offer.gpu, max_gpus, len(members), fused_attention)
-    workers = profile.config.train.workers
-    bundles = tuple(plan_bundles(plan, sweep.cpus_per_trial, workers))
-    return PlannedCohort(tuple(members), profile, profile.kind, plan, bundles)
-
-
 def plan_sweep(
-    sweep: SweepConfig,
-    trials: list[dict],
-    offer: GPUOffer,
-    devices: Devices,
-    fused_attention: bool | None = None,
+    sweep: SweepConfig, placement: Placement, trials: list[dict] | None = None
 ) -> SweepPlan:
-    """The plan of an experiment of ``trials`` (``SweepConfig.trials``): each checked
-    against the offer and set to run as planned (``placement.planned_arms``: ConfigError
-    naming every trial no GPU holds), then a grid's cohorts (``sweep.pack``) each planned; a
-    search's cohort sizes, its cohorts planned as it draws them.
-    ``fused_attention`` None: as a GPU of this machine's software would run it."""
-    if fused_attention is None:
-        fused_attention = fuses_attention(devices)
-    arms = planned_arms(trials, sweep, offer)
-    configs = tuple(parse_trial(arm) for arm in arms)
+    """The plan of an experiment of ``trials`` (None: ``sweep.trials()``) at ``placement``:
+    each trial parsed and profiled once, checked against the GPUs and set to run as planned
+    (``planned_arms``: ConfigError naming every trial no GPU holds), then a grid's cohorts
+    (``sweep.pack``) each planned; a search's cohort sizes, its cohorts planned as it draws
+    them."""
+    arms, profiles = planned_arms(sweep.trials() if trials is None else trials, placement)
     if sweep.search:
-        from scale_fpt.search import seed_groups  # Ray Tune's searcher: only for a search
-
         searches = tuple(
-            (tuple(group), search_pack(sweep, group, devices)) for group in seed_groups(arms)
+            (
+                tuple(arms[i] for i in group),
+                search_pack(sweep, [profiles[i] for i in group], placement),
+            )
+            for group in seed_groups(arms)
         )
-        return SweepPlan(sweep, tuple(arms), configs, offer, devices, fused_attention, (), searches)
-    groups = grid_cohorts(sweep, arms, devices, fused_attention)
-    cohorts = tuple(plan_cohort(g, sweep, offer, fused_attention) for g in groups)
-    return SweepPlan(sweep, tuple(arms), configs, offer, devices, fused_attention, cohorts)
+        return SweepPlan(sweep, placement, tuple(arms), tuple(profiles), (), searches)
+    cohorts = tuple(
+        plan_cohort([arms[i] for i in group], profiles[group[0]], placement)
+        for group in grid_cohorts(sweep, profiles, placement)
+    )
+    return SweepPlan(sweep, placement, tuple(arms), tuple(profiles), cohorts)
+
+
+def planned_arms(trials: list[dict], placement: Placement) -> tuple[list[dict], list[TrialProfile]]:
+    """(The trials, their profiles), each trial that the planner spreads over several GPUs
+    set to run that way (its ZeRO stage and ``workers``); others stay as declared, so their
+    trial ids do not depend on the cluster. ConfigError naming every trial that no GPU of
+    the offer holds, or no node (``planner.plan_problem``)."""
+    arms, profiles, problems = [], [], []
+    for arm in trials:
+        config = parse_trial(arm)
+        profile = config_profile(config)
+        plan = placement.trial_plan(profile)
+        if problem := planner.plan_problem(plan, placement.offer):
+            problems.append(f"{arm_label(arm)}: {problem}")
+        if plan.gpus > 1:  # run as planned: its ZeRO stage over its workers
+            arm = {**arm, "zero_stage": plan.zero_stage, "workers": plan.workers}
+            train = replace(config.train, zero_stage=plan.zero_stage, workers=plan.workers)
+            profile = config_profile(replace(config, train=train))
+        arms.append(arm)
+        profiles.append(profile)
+    if problems:
+        raise ConfigError(problems)
+    return arms, profiles
+
+
+def auto_pack(profile: TrialProfile, n_members: int, placement: Placement) -> int:
+    """``--pack auto``'s cohort size for ``n_members`` trials compatible with ``profile``
+    in the placement's slots (``planner.cohort_size``: the cohort step's memory model)."""
+    devices, train = placement.devices, profile.config.train
+    return planner.cohort_size(
+        profile.shape,
+        train.precision,
+        train.batch_size,
+        n_members,
+        devices.slots,
+        devices.slot_bytes,
+        gpu=bool(devices.gpus),
+        fused_attention=placement.fused_attention,
+    )
+
+
+def grid_cohorts(
+    sweep: SweepConfig, profiles: Sequence[TrialProfile], placement: Placement
+) -> list[list[int]]:
+    """The grid's trials (by their ``profiles``) grouped into the cohorts ``sweep.pack``
+    asks for, as indices."""
+    if sweep.pack != "auto":
+        return cohort_groups(profiles, sweep.pack)
+    if sweep.asha:
+        return [[i] for i in range(len(profiles))]
+    return cohort_groups(profiles, lambda group: auto_pack(group[0], len(group), placement))
+
+
+def search_pack(
+    sweep: SweepConfig, seed_profiles: Sequence[TrialProfile], placement: Placement
+) -> int:
+    """Members per cohort of a search of one arm's seeds (``sweep.pack``, or ``auto``'s
+    choice for every seed of every configuration the run asks for)."""
+    if sweep.pack != "auto":
+        return sweep.pack
+    if seed_profiles[0].pack_problem:
+        return 1
+    n_members = len(seed_profiles) * sweep.search_trials
+    return auto_pack(seed_profiles[0], n_members, placement)
+
+
+def seed_groups(arms: Sequence[dict]) -> list[list[int]]:
+    """Trials grouped by everything but their seed (``SweepConfig.trials`` order), as
+    indices: one search per group, whose configurations are each trained for every seed of
+    the group."""
+    groups: dict[tuple, list[int]] = {}
+    for i, arm in enumerate(arms):
+        key = tuple(sorted((k, repr(v)) for k, v in arm.items() if k != "seed"))
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
 
 
 def search_cohorts(plan: SweepPlan) -> list[PlannedCohort]:
@@ -179,12 +413,19 @@ def search_cohorts(plan: SweepPlan) -> list[PlannedCohort]:
     return [plan.cohort([arm] * pack) for group, pack in plan.searches for arm in group]
 
 
-def assumed_devices(sweep: SweepConfig, offer: GPUOffer) -> Devices:
-    """The slots ``--plan`` sizes cohorts for without a cluster: one node of the offered
-    GPU (its widest node, else 8 GPUs), or this machine's CPUs and memory."""
-    if offer.gpu is not None:
-        resources = {"GPU": offer.max_gpus_per_node or 8}
-    else:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        resources = {"CPU": os.cpu_count() or 1, "memory": memory}
-    return cluster_devices(sweep, resources, offer)
+def study_gpu_hours(plan: SweepPlan) -> dict[str, float]:
+    """GPU-hours of the plan's trials per model (and ``total``): each trial's plan alone
+    (``planner.step_plan``) held for its ``max_steps`` at ``planner.step_seconds``, for
+    every configuration a search tries."""
+    out: dict[str, float] = {}
+    per_arm = plan.sweep.search_trials if plan.sweep.search else 1
+    for profile in plan.profiles:
+        step = plan.placement.trial_plan(profile)
+        if not step.gpus or step.gpu is None:
+            continue
+        train = profile.config.train
+        seconds = planner.step_seconds(profile.shape, train.batch_size, step)
+        hours = per_arm * planner.gpu_hours(step, train.max_steps, seconds)
+        out[profile.config.model.model] = out.get(profile.config.model.model, 0.0) + hours
+    out["total"] = sum(out.values())
+    return out

@@ -8,12 +8,9 @@ import os
 import pickle
 from pathlib import Path
 
-from scale_fpt.config import parse_trial
 from scale_fpt.results import ResultsWriter
-from scale_fpt.sweep.config import SweepConfig
-from scale_fpt.trial import (
-    trial_id_for,
-)
+from scale_fpt.sweep.plan import SweepPlan
+from scale_fpt.trial import trial_id_for
 from scale_fpt.vocabulary import Status
 
 
@@ -28,30 +25,30 @@ def saved_unfinished(path: str) -> int:
     return sum(trial.status not in ("TERMINATED", "ERROR") for trial in trials)
 
 
-def unfinished_trials(sweep: SweepConfig, searcher=None) -> int:
-    """Trials of the sweep still to run after its experiment returned: for a grid, each arm
-    without a final row on disk (the project's own Parquet rows); for a fresh search, the
-    configurations its live ``searcher`` has not told; for a search resumed with
-    ``--resume`` (``searcher`` None: Tune restored its own), ``search_trials`` per arm less
-    the trials Tune's saved state holds as finished, read only then (``--resume`` trusts
-    the Tune storage). A fresh sweep never reads the folder's Tune state."""
+def unfinished_trials(plan: SweepPlan, searcher=None) -> int:
+    """Trials of the planned sweep still to run after its experiment returned: for a grid,
+    each arm without a final row on disk (the project's own Parquet rows); for a fresh
+    search, the configurations its live ``searcher`` has not told; for a search resumed
+    with ``--resume`` (``searcher`` None: Tune restored its own), ``search_trials`` per
+    searched arm less the trials Tune's saved state holds as finished, read only then
+    (``--resume`` trusts the Tune storage). A fresh sweep never reads the folder's Tune
+    state."""
+    sweep = plan.sweep
     if not sweep.search:
-        return unfinished_arms(sweep, sweep.trials())
+        return unfinished_arms(plan)
     if searcher is not None:
         return searcher.remaining()
     path = os.path.join(sweep.ray_storage, sweep.name)
     if not saved_unfinished(path):
         return 0
-    from scale_fpt.search import seed_groups  # Ray Tune: only a search needs it
-
-    planned = sweep.search_trials * len(seed_groups(sweep.trials()))
-    return max(0, planned - saved_finished(path))
+    return max(0, sweep.search_trials * len(plan.searches) - saved_finished(path))
 
 
-def unfinished_arms(sweep: SweepConfig, arms: list[dict]) -> int:
-    """Grid trials of ``arms`` (flat configs) without a final row of ``sweep`` on disk."""
+def unfinished_arms(plan: SweepPlan) -> int:
+    """Planned grid trials without a final row of their sweep on disk."""
+    sweep = plan.sweep
     writer = ResultsWriter(sweep.results_dir, sweep.name)
-    ids = [trial_id_for(sweep.name, parse_trial(arm).to_flat()) for arm in arms]
+    ids = [trial_id_for(sweep.name, config.to_flat()) for config in plan.configs]
     return sum(writer.status(trial_id) in (None, Status.RUNNING) for trial_id in ids)
 
 
