@@ -8,7 +8,8 @@ the same counter-based generator as ``keyed_random.keep_mask_rows``:
 
     element (n, h, query position i, key j) of a (N, H, T, T) logical probability tensor
     split into one chunk of N / C batch rows per key: draw ((n mod N/C) H + h) T + i) T + j
-    of SplitMix64 with state keys[n div N/C], kept when its top 32 bits >= round(p 2^32),
+    of SplitMix64 with state mix64(keys[n div N/C], site) (the site's key of that chunk,
+    made in the kernel from the step's keys), kept when its top 32 bits >= round(p 2^32),
     scaled by 2^32 / (2^32 - round(p 2^32))
 
 (uint64 arithmetic, which wraps as the int64 torch ops do), so a packed member draws its solo
@@ -65,6 +66,14 @@ def _mask_shape(q, k, keys, p) -> tuple[int, ...]:
     return (*q.shape[:3], triton.cdiv(k.shape[-2], 8)) if _dropout(keys, p) else (1,)
 
 
+def _token_major(q: torch.Tensor) -> torch.Tensor:
+    """An empty (N, H, Tq, hd) output over (N, Tq, H, hd) memory: the heads of a token side
+    by side, as the projection after attention reads them, so that its input
+    (``out.transpose(1, 2).reshape(-1, H * hd)``) is a view, not a copy."""
+    N, H, Tq, hd = q.shape
+    return q.new_empty(N, Tq, H, hd).transpose(1, 2)
+
+
 def _stand_in(q, tensor):
     """An absent positions or keys tensor: one unread element (the kernels read no
     positions then, and load the keys' first element without using it). ``empty``: no
@@ -92,17 +101,18 @@ def flash_forward(
     v: torch.Tensor,
     positions: torch.Tensor | None,
     keys: torch.Tensor | None,
+    site: int,
     scale: float,
     p: float,
     block: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out (N, H, Tq, hd), log-sum-exp (N, H, Tq) float32, the bit-packed dropout mask
     (``_mask_shape``) uint8) of causal attention with keyed dropout (see the module
-    docstring): one kernel launch."""
+    docstring): one kernel launch. ``out`` is laid out token-major (``_token_major``)."""
     _check(q, k, v, positions, keys, block)
-    N, H, Tq, hd = q.shape
+    N, H, Tq, _ = q.shape
     T = k.shape[-2]
-    out = torch.empty(N, H, Tq, hd, dtype=q.dtype, device=q.device)
+    out = _token_major(q)
     lse = torch.empty(N, H, Tq, dtype=torch.float32, device=q.device)
     mask = torch.empty(_mask_shape(q, k, keys, p), dtype=torch.uint8, device=q.device)
     dropout = _dropout(keys, p)
@@ -111,15 +121,15 @@ def flash_forward(
     flash_kernels.forward_kernel[(N * H, triton.cdiv(Tq, block))](
         q, k, v, out, lse, mask, _stand_in(q, positions), _stand_in(q, keys),
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-        H, Tq, T, rows_per_key, scale, threshold, keep_scale, **meta,
+        H, Tq, T, rows_per_key, site, scale, threshold, keep_scale, **meta,
     )  # fmt: skip
     return out, lse, mask
 
 
 @flash_forward.register_fake
-def _(q, k, v, positions, keys, scale, p, block):
+def _(q, k, v, positions, keys, site, scale, p, block):
     mask = q.new_empty(_mask_shape(q, k, keys, p), dtype=torch.uint8)
-    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32), mask
+    return _token_major(q), q.new_empty(q.shape[:3], dtype=torch.float32), mask
 
 
 @torch.library.custom_op("scale_fpt::flash_attention_backward", mutates_args=())
@@ -167,7 +177,7 @@ def _(grad, q, k, v, out, lse, mask, positions, scale, p, dropout, block):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, positions, keys, scale, p, block = inputs
+    q, k, v, positions, keys, _, scale, p, block = inputs
     out, lse, mask = output
     ctx.save_for_backward(q, k, v, out, lse, mask, positions)
     ctx.set_materialize_grads(False)  # the unused lse and mask gradients: no zeros to fill
@@ -179,7 +189,7 @@ def _backward(ctx, grad, grad_lse, grad_mask):
     dq, dk, dv = flash_backward(
         grad, q, k, v, out, lse, mask, positions, ctx.scale, ctx.p, ctx.dropout, ctx.block
     )
-    return dq, dk, dv, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 flash_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -194,10 +204,13 @@ def flash_attention(
     keys: torch.Tensor | None = None,
     p: float = 0.0,
     block: int = BLOCK,
+    site: int = 0,
 ) -> torch.Tensor:
-    """Causal attention, q (N, H, Tq, hd), k and v (N, H, T, hd) -> (N, H, Tq, hd), with
-    dropout ``p`` on the probabilities keyed on ``keys`` ((C,) int64, one per chunk of N / C
-    batch rows; None: no dropout). ``positions`` (N, Tq) int64: the queries' positions among
-    the keys; None: Tq == T, query i at position i."""
-    out, _, _ = flash_forward(q, k, v, positions, keys, scale, p, block)
+    """Causal attention, q (N, H, Tq, hd), k and v (N, H, T, hd) -> (N, H, Tq, hd) (laid out
+    token-major: ``_token_major``), with dropout ``p`` on the probabilities keyed on the keys
+    of dropout site ``site`` of a step whose keys are ``keys`` ((C,) int64, one per chunk of
+    N / C batch rows, ``ops.step_keys``; None: no dropout): the kernel derives the site's
+    keys itself (``ops.DropoutSites.next``'s). ``positions`` (N, Tq) int64: the queries'
+    positions among the keys; None: Tq == T, query i at position i."""
+    out, _, _ = flash_forward(q, k, v, positions, keys, site, scale, p, block)
     return out

@@ -37,6 +37,17 @@ if triton.knobs.runtime.interpret:
 
 
 @triton.jit
+def _site_key(step_key, site):
+    """``keyed_random.mix64_tensor(step_key, site)``: the key of dropout site ``site`` of a
+    step, in uint64 arithmetic (``ops.DropoutSites.next``'s keys, made here instead of by a
+    kernel of their own before each launch)."""
+    z = step_key + (site + 1).to(tl.uint64) * 0x9E3779B97F4A7C15
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+    return (z ^ (z >> 31)) >> 1
+
+
+@triton.jit
 def _keep(key, row, offs_n, threshold):
     """Whether the draws at counters ``row[:, None] + offs_n[None, :]`` (int64) of the
     uint64 ``key`` are kept: SplitMix64's output at counter + 1, top 32 bits >= threshold."""
@@ -95,13 +106,14 @@ def _keys_end(pid_m, T, BLOCK_M: tl.constexpr, FULL: tl.constexpr):
 def forward_kernel(
     Q, K, V, OUT, LSE, MASK, POS, KEYS,
     sq_n, sq_h, sq_t, sk_n, sk_h, sk_t, sv_n, sv_h, sv_t, so_n, so_h, so_t,
-    H, Tq, T, ROWS_PER_KEY, sm_scale, threshold, keep_scale,
+    H, Tq, T, ROWS_PER_KEY, SITE, sm_scale, threshold, keep_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, FULL: tl.constexpr, DROPOUT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
     """The output and log-sum-exp of one block of queries; with dropout, the kept flags of
-    every (query, key) tile it visits, into MASK (N H, Tq, cdiv(T, 8)) bytes."""
+    every (query, key) tile it visits, into MASK (N H, Tq, cdiv(T, 8)) bytes. KEYS: the
+    step's keys, one per chunk of batch rows; the mask's are those of dropout site SITE."""
     nh = tl.program_id(0).to(tl.int64)  # batch row x head: the large grid axis
     pid_m = tl.program_id(1)
     n, h = nh // H, nh % H
@@ -110,9 +122,9 @@ def forward_kernel(
     m_valid, d_valid = offs_m < Tq, offs_d < HEAD_DIM
     pos = _positions(POS, n, offs_m, m_valid, Tq, FULL)
     # The first counter of each query's row of the logical (T, T) probabilities, and the
-    # key of its chunk of batch rows.
+    # site's key of its chunk of batch rows.
     row = (((n % ROWS_PER_KEY) * H + h) * T + pos).to(tl.int64) * T
-    key = tl.load(KEYS + n // ROWS_PER_KEY).to(tl.uint64, bitcast=True)
+    key = _site_key(tl.load(KEYS + n // ROWS_PER_KEY).to(tl.uint64, bitcast=True), SITE)
     mask_rows = MASK + nh * Tq * tl.cdiv(T, 8)
     q_mask = m_valid[:, None] & d_valid[None, :]
     q = _tile(Q + n * sq_n + h * sq_h, offs_m, sq_t, offs_d, q_mask)
