@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from scale_fpt.models import flash_kernels
+from scale_fpt.models import flash_kernels, ops
 
 BLOCK = 64
 """Query and key block size on a GPU (tests pass smaller ones to cross block edges)."""
@@ -66,12 +66,16 @@ def _mask_shape(q, k, keys, p) -> tuple[int, ...]:
     return (*q.shape[:3], triton.cdiv(k.shape[-2], 8)) if _dropout(keys, p) else (1,)
 
 
-def _token_major(q: torch.Tensor) -> torch.Tensor:
-    """An empty (N, H, Tq, hd) output over (N, Tq, H, hd) memory: the heads of a token side
-    by side, as the projection after attention reads them, so that its input
-    (``out.transpose(1, 2).reshape(-1, H * hd)``) is a view, not a copy."""
-    N, H, Tq, hd = q.shape
-    return q.new_empty(N, Tq, H, hd).transpose(1, 2)
+def _token_major(x: torch.Tensor) -> torch.Tensor:
+    """An empty tensor of ``x``'s shape, (N, H, T, hd) or (S, N, H, T, hd) for S stacked,
+    over (N, T, [S,] H, hd) memory: the heads of a token side by side, as a projection
+    writes and reads them, so that the output's projection reads it and a stacked input's
+    gradient goes back through its projection as views, not copies."""
+    if x.dim() == 4:
+        N, H, T, hd = x.shape
+        return x.new_empty(N, T, H, hd).transpose(1, 2)
+    S, N, H, T, hd = x.shape
+    return x.new_empty(N, T, S, H, hd).permute(2, 0, 3, 1, 4)
 
 
 def _stand_in(q, tensor):
@@ -97,8 +101,8 @@ def _check(q, k, v, positions, keys, block):
 @torch.library.custom_op("scale_fpt::flash_attention_forward", mutates_args=())
 def flash_forward(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
     positions: torch.Tensor | None,
     keys: torch.Tensor | None,
     site: int,
@@ -108,7 +112,9 @@ def flash_forward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out (N, H, Tq, hd), log-sum-exp (N, H, Tq) float32, the bit-packed dropout mask
     (``_mask_shape``) uint8) of causal attention with keyed dropout (see the module
-    docstring): one kernel launch. ``out`` is laid out token-major (``_token_major``)."""
+    docstring) of ``ops.unstack_heads(q, k, v)``: one kernel launch. ``out`` is laid out
+    token-major (``_token_major``)."""
+    q, k, v = ops.unstack_heads(q, k, v)
     _check(q, k, v, positions, keys, block)
     N, H, Tq, _ = q.shape
     T = k.shape[-2]
@@ -128,6 +134,7 @@ def flash_forward(
 
 @flash_forward.register_fake
 def _(q, k, v, positions, keys, site, scale, p, block):
+    q, k, v = ops.unstack_heads(q, k, v)
     mask = q.new_empty(_mask_shape(q, k, keys, p), dtype=torch.uint8)
     return _token_major(q), q.new_empty(q.shape[:3], dtype=torch.float32), mask
 
@@ -136,8 +143,8 @@ def _(q, k, v, positions, keys, site, scale, p, block):
 def flash_backward(
     grad: torch.Tensor,
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
     out: torch.Tensor,
     lse: torch.Tensor,
     mask: torch.Tensor,
@@ -146,34 +153,35 @@ def flash_backward(
     p: float,
     dropout: bool,
     block: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of ``flash_forward`` for the output gradient ``grad``: two kernel
-    launches, no torch kernels (dq, dk, dv are written in q's dtype)."""
-    N, H, Tq, hd = q.shape
+) -> list[torch.Tensor]:
+    """The gradients of ``flash_forward``'s tensors among q, k, v (in that order, stacked
+    as they were given) for the output gradient ``grad``, laid out token-major
+    (``_token_major``): two kernel launches, no torch kernels (written in q's dtype)."""
+    grads = [_token_major(t) for t in (q, k, v) if t is not None]
+    dq, dk, dv = ops.unstack_heads(*grads, *[None] * (3 - len(grads)))
+    q, k, v = ops.unstack_heads(q, k, v)
+    N, H, Tq, _ = q.shape
     T = k.shape[-2]
     grad = grad if grad.stride(-1) == 1 else grad.contiguous()
     delta = torch.empty(N, H, Tq, dtype=torch.float32, device=q.device)
-    dq = torch.empty(N, H, Tq, hd, dtype=q.dtype, device=q.device)
-    dk = torch.empty(N, H, T, hd, dtype=k.dtype, device=q.device)
-    dv = torch.empty(N, H, T, hd, dtype=v.dtype, device=q.device)
     _, keep_scale, meta = _launch_args(q, positions, dropout, p, block)
     pos = _stand_in(q, positions)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3])
     scalars = (H, Tq, T, scale, keep_scale)
     flash_kernels.query_grads_kernel[(N * H, triton.cdiv(Tq, block))](
         q, k, v, out, grad, lse, mask, delta, dq, pos,
-        *strides, *out.stride()[:3], *grad.stride()[:3], *scalars, **meta,
+        *strides, *out.stride()[:3], *grad.stride()[:3], *dq.stride()[:3], *scalars, **meta,
     )  # fmt: skip
     flash_kernels.key_grads_kernel[(N * H, triton.cdiv(T, block))](
         q, k, v, grad, lse, mask, delta, dk, dv, pos,
-        *strides, *grad.stride()[:3], *scalars, **meta,
+        *strides, *grad.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], *scalars, **meta,
     )  # fmt: skip
-    return dq, dk, dv
+    return grads
 
 
 @flash_backward.register_fake
 def _(grad, q, k, v, out, lse, mask, positions, scale, p, dropout, block):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return [_token_major(t) for t in (q, k, v) if t is not None]
 
 
 def _setup_context(ctx, inputs, output):
@@ -186,10 +194,10 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad, grad_lse, grad_mask):
     q, k, v, out, lse, mask, positions = ctx.saved_tensors
-    dq, dk, dv = flash_backward(
+    grads = flash_backward(
         grad, q, k, v, out, lse, mask, positions, ctx.scale, ctx.p, ctx.dropout, ctx.block
     )
-    return dq, dk, dv, None, None, None, None, None, None
+    return *grads, *[None] * (3 - len(grads)), None, None, None, None, None, None
 
 
 flash_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -197,8 +205,8 @@ flash_forward.register_autograd(_backward, setup_context=_setup_context)
 
 def flash_attention(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
     scale: float,
     positions: torch.Tensor | None = None,
     keys: torch.Tensor | None = None,
@@ -206,8 +214,9 @@ def flash_attention(
     block: int = BLOCK,
     site: int = 0,
 ) -> torch.Tensor:
-    """Causal attention, q (N, H, Tq, hd), k and v (N, H, T, hd) -> (N, H, Tq, hd) (laid out
-    token-major: ``_token_major``), with dropout ``p`` on the probabilities keyed on the keys
+    """Causal attention, q (N, H, Tq, hd), k and v (N, H, T, hd), or stacked as
+    ``ops.unstack_heads`` takes them -> (N, H, Tq, hd) (laid out token-major:
+    ``_token_major``; so are the inputs' gradients, one per tensor given), with dropout ``p`` on the probabilities keyed on the keys
     of dropout site ``site`` of a step whose keys are ``keys`` ((C,) int64, one per chunk of
     N / C batch rows, ``ops.step_keys``; None: no dropout): the kernel derives the site's
     keys itself (``ops.DropoutSites.next``'s). ``positions`` (N, Tq) int64: the queries'

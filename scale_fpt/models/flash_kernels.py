@@ -158,13 +158,13 @@ def forward_kernel(
 def query_grads_kernel(
     Q, K, V, OUT, DO, LSE, MASK, DELTA, DQ, POS,
     sq_n, sq_h, sq_t, sk_n, sk_h, sk_t, sv_n, sv_h, sv_t, so_n, so_h, so_t,
-    sd_n, sd_h, sd_t, H, Tq, T, sm_scale, keep_scale,
+    sd_n, sd_h, sd_t, sdq_n, sdq_h, sdq_t, H, Tq, T, sm_scale, keep_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, FULL: tl.constexpr, DROPOUT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """dQ of one block of queries, over the keys they see (dQ written contiguous), and the
-    block's ``delta = rowsum(dO * O)`` into DELTA (N H, Tq) for ``key_grads_kernel``."""
+    """dQ of one block of queries, over the keys they see (dQ written with its strides), and
+    the block's ``delta = rowsum(dO * O)`` into DELTA (N H, Tq) for ``key_grads_kernel``."""
     nh = tl.program_id(0).to(tl.int64)  # batch row x head: the large grid axis
     pid_m = tl.program_id(1)
     n, h = nh // H, nh % H
@@ -195,7 +195,7 @@ def query_grads_kernel(
             dp = tl.where(_kept(mask_rows, offs_m, m_valid, offs_n, T), dp * keep_scale, 0.0)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-    out = nh * Tq * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    out = n * sdq_n + h * sdq_h + offs_m[:, None] * sdq_t + offs_d[None, :]
     tl.store(DQ + out, (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)
 
 
@@ -203,13 +203,13 @@ def query_grads_kernel(
 def key_grads_kernel(
     Q, K, V, DO, LSE, MASK, DELTA, DK, DV, POS,
     sq_n, sq_h, sq_t, sk_n, sk_h, sk_t, sv_n, sv_h, sv_t, sd_n, sd_h, sd_t,
-    H, Tq, T, sm_scale, keep_scale,
+    sdk_n, sdk_h, sdk_t, sdv_n, sdv_h, sdv_t, H, Tq, T, sm_scale, keep_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, FULL: tl.constexpr, DROPOUT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """dK and dV of one block of keys, over every query block that can see it (dK and dV
-    are written contiguous (N, H, T, hd))."""
+    """dK and dV of one block of keys, over every query block that can see it (written with
+    their strides)."""
     nh = tl.program_id(0).to(tl.int64)  # batch row x head: the large grid axis
     pid_n = tl.program_id(1)
     n, h = nh // H, nh % H
@@ -245,6 +245,7 @@ def key_grads_kernel(
         dv += tl.dot(tl.trans(dropped.to(do.dtype)), do, input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-    out = nh * T * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=kv_mask)
+    dk_at = DK + n * sdk_n + h * sdk_h + offs_n[:, None] * sdk_t + offs_d[None, :]
+    tl.store(dk_at, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
+    dv_at = DV + n * sdv_n + h * sdv_h + offs_n[:, None] * sdv_t + offs_d[None, :]
+    tl.store(dv_at, dv.to(DV.dtype.element_ty), mask=kv_mask)

@@ -463,16 +463,32 @@ def attention_rows(query_positions: torch.Tensor, n_head: int, T: int) -> Rows:
     return Rows(index.reshape(-1), N * n_head * T)
 
 
+def unstack_heads(
+    q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The queries, keys and values of an attention's arguments (views): ``q``, ``k``, ``v``,
+    or ``q`` holding all three stacked (3, N, H, T, hd) with ``k`` and ``v`` None, or ``k``
+    holding the keys and values stacked (2, N, H, T, hd) with ``v`` None: a projection's
+    output, whose gradient the Triton kernel then writes as one tensor (no copy to stack
+    three)."""
+    if k is None:
+        return q.unbind(0)
+    if v is None:
+        return (q, *k.unbind(0))
+    return q, k, v
+
+
 def causal_attention(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
     scale: float,
     dropout_p: float = 0.0,
     query_positions: torch.Tensor | None = None,
     sites: DropoutSites | None = None,
 ) -> torch.Tensor:
-    """Causal softmax attention. q (N, H, Tq, hd), k and v (N, H, T, hd) -> (N, H, Tq, hd).
+    """Causal softmax attention. q (N, H, Tq, hd), k and v (N, H, T, hd) (or stacked:
+    ``unstack_heads``) -> (N, H, Tq, hd).
 
     ``query_positions`` (N, Tq): the positions of the queries among the T keys (a query
     attends to keys at or before its position); None: Tq == T and query i is at position i.
@@ -483,6 +499,8 @@ def causal_attention(
     # (The live keys are read only when a mask is drawn.)
     keyed = dropout_p > 0.0 and (sites is not None or (on_gpu(q) and _live_sites() is not None))
     path = attention_path(q, dropout_p, keyed, query_positions is not None)
+    if path != "flash":
+        q, k, v = unstack_heads(q, k, v)
     if path == "sdpa":
         return F.scaled_dot_product_attention(
             q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale

@@ -250,12 +250,14 @@ class PackedFPT(PackedMembers):
         a = self._ln(h, p["ln_1_weight"][:, layer], p["ln_1_bias"][:, layer]).reshape(-1, d)
         residual_rows = None  # where h's rows sit among all B*T rows (keys its dropout masks)
         positions = None
+        # Queries, keys and values stacked as their projection writes them (its gradient
+        # then comes back as one tensor: ops.unstack_heads).
         if read_out is None:
             qkv = torch.addmm(b_qkv, a, w_qkv).view(-1, T, 3, H, hd)  # one GEMM, all K
-            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (Ka*B, H, T, hd)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4), None, None  # (3, Ka*B, H, T, hd)
         else:
             kv = torch.addmm(b_qkv[d:], a, w_qkv[:, d:]).view(-1, T, 2, H, hd)
-            k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)
+            k, v = kv.permute(2, 0, 3, 1, 4), None  # (2, Ka*B, H, T, hd)
             positions, residual_rows = read_out.positions, read_out.rows
             h = read_out.take(h.reshape(-1, d)).view(Ka, -1, d)
             q = torch.addmm(b_qkv[:d], read_out.take(a), w_qkv[:, :d])
