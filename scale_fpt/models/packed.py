@@ -90,11 +90,16 @@ class PackedMembers(nn.Module):
             vocab = p["input_embedding"].shape[1]
             offsets = torch.arange(Ka, device=x.device).view(Ka, 1, 1) * vocab
             return F.embedding(x + offsets, p["input_embedding"].reshape(Ka * vocab, d))
-        h = torch.baddbmm(
-            p["input_bias"].unsqueeze(1),
-            x.reshape(Ka, B * T, x.shape[-1]).to(self.dtype),
-            p["input_weight"].transpose(1, 2),
-        ).view(Ka, B, T, d)
+        x = x.reshape(Ka, B * T, x.shape[-1]).to(self.dtype)
+        bias, weight = p["input_bias"].unsqueeze(1), p["input_weight"].transpose(1, 2)
+        if x.shape[-1] == 1 and torch.compiler.is_compiling():
+            # One input per token: an outer product, which a compiled step fuses into the
+            # next kernel (a matmul of inner size 1 is a launch, and its inputs' casts one
+            # more). Eager, the matmul is one op fewer in the backward.
+            h = torch.addcmul(bias, x, weight)
+        else:
+            h = torch.baddbmm(bias, x, weight)
+        h = h.view(Ka, B, T, d)
         return ops.dropout(h, self.input_p, self.training, sites)
 
     def read_out(self, p: dict[str, torch.Tensor], h: torch.Tensor, B: int) -> torch.Tensor:
