@@ -101,7 +101,7 @@ def test_in_kernel_mask_is_keyed_randoms_mask_bit_for_bit(flash):
     q, k, _ = qkv(N=N, H=H, T=T, hd=T)  # head size T (padded to 32 in the kernel)
     v = torch.eye(T).expand(N, H, T, T).contiguous()
     seeds = [11, 22]  # two members, two batch rows each
-    for p, site in ((0.1, 0), (0.6, 7)):
+    for p, site in ((0.1, 0), (0.6, 1), (0.3, 7)):  # 1: an int Triton would specialise
         out = flash(q, k, v, 0.3, keys=step_keys(seeds), p=p, block=BLOCK, site=site).detach()
         keys = site_keys(seeds, site)
         rows = torch.arange(N * H * T)

@@ -41,7 +41,7 @@ def _site_key(step_key, site):
     """``keyed_random.mix64_tensor(step_key, site)``: the key of dropout site ``site`` of a
     step, in uint64 arithmetic (``ops.DropoutSites.next``'s keys, made here instead of by a
     kernel of their own before each launch)."""
-    z = step_key + (site + 1).to(tl.uint64) * 0x9E3779B97F4A7C15
+    z = step_key + tl.cast(site + 1, tl.uint64) * 0x9E3779B97F4A7C15  # site: a runtime int
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
     z = (z ^ (z >> 27)) * 0x94D049BB133111EB
     return (z ^ (z >> 31)) >> 1
@@ -102,7 +102,7 @@ def _keys_end(pid_m, T, BLOCK_M: tl.constexpr, FULL: tl.constexpr):
     return tl.minimum((pid_m + 1) * BLOCK_M, T) if FULL else T
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SITE"])  # one compilation for every site (1 included)
 def forward_kernel(
     Q, K, V, OUT, LSE, MASK, POS, KEYS,
     sq_n, sq_h, sq_t, sk_n, sk_h, sk_t, sv_n, sv_h, sv_t, so_n, so_h, so_t,
