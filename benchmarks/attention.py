@@ -80,7 +80,7 @@ def main() -> None:
 
     arms = {
         "triton (keyed)": lambda q, k, v: flash_attention(
-            q, k, v, scale, None, ops.DropoutSites(step_keys).next(), p, block
+            q, k, v, scale, None, step_keys, p, block
         ),
         "materialised (keyed)": lambda q, k, v: ops.materialised_attention(
             q, k, v, scale, p, None, ops.DropoutSites(step_keys)

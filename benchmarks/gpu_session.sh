@@ -7,17 +7,19 @@
 # installs the wheels (.whl/setup.sh, ~30 s) and runs, most valuable first, each stage under
 # its own `timeout` (their limits add up to 480 s: the call ends within 9 minutes), writing
 # its log under $OUT as it goes, so what a stage reached survives any limit:
-#   gpu      pytest -m gpu tests/test_gpu_steps.py tests/test_dropout_kernels.py: several
-#            steps of the engine, compiled engine, eager and compiled cohort under sync-debug
-#            "error"; no recompiles after warm-up; cudagraph_skips == 0; compiled = eager;
-#            the row's step; the Triton dropout kernel compiled             (150 s)
+#   gpu      pytest -m gpu tests/test_gpu_steps.py tests/test_dropout_kernels.py and the
+#            attention and cohort tests of tests/test_gpu.py: several steps of the engine,
+#            compiled engine, eager and compiled cohort under sync-debug "error"; no
+#            recompiles after warm-up; cudagraph_skips == 0; compiled = eager; the row's
+#            step; the Triton dropout and attention kernels compiled (keyed masks and
+#            gradients against the CPU's, stacked inputs, token-major layouts)     (170 s)
 #   steps    step_throughput.py: steps/s of the default sweep path of one gpt2 bit-xor trial
 #            (batch 4, --compile auto: the K = 1 cohort with CUDA graphs; target >= 300) and
 #            of the engine path; MFU of gpt2-medium cifar10-lra fpt batch 16; step_trace.py:
 #            a profiler trace of the default step and its CUDA kernels per step    (150 s)
-#   packing  packing.py: gpt2 bit-xor at the memory plan's K                  (70 s)
+#   packing  packing.py: gpt2 bit-xor at the memory plan's K                  (60 s)
 #   grid     end_to_end.py: a reduced 64-trial grid (8 lrs x 8 seeds x 300 steps of gpt2
-#            bit-xor), command to last Parquet row                            (110 s)
+#            bit-xor), command to last Parquet row                            (100 s)
 # Other stages, one call each where time allows: gpu-all (every gpu test, 560 s), suite (the
 # whole suite, 560 s), plumbing (every benchmark above in its smallest form, for a CPU check
 # of this script). summary.txt lists every stage's exit code, duration and target lines.
@@ -73,8 +75,9 @@ for what in "${@:-session}"; do
   for name in $what; do
     case "$name" in
       gpu)
-        stage gpu-tests 150 python -m pytest -q -m gpu -p no:cacheprovider --durations=10 \
-          tests/test_gpu_steps.py tests/test_dropout_kernels.py ;;
+        stage gpu-tests 170 python -m pytest -q -m gpu -p no:cacheprovider --durations=10 \
+          tests/test_gpu_steps.py tests/test_dropout_kernels.py tests/test_gpu.py \
+          -k "not test_gpu.py or attention or cohort" ;;
       steps)
         # one unpacked trial: the packed path with K = 1 (what a packable trial alone runs)
         stage steps 150 bash -c '
@@ -86,10 +89,10 @@ for what in "${@:-session}"; do
             --finetune fpt --paths packed --batch-size 16 --lra-batch-size 16 --steps 10 \
             --warmup 3 --images 500 --peak-seconds 1' ;;
       packing)
-        stage packing 70 python benchmarks/packing.py --models gpt2 --tasks bit-xor \
+        stage packing 60 python benchmarks/packing.py --models gpt2 --tasks bit-xor \
           --k plan --batch-size 4 --steps 10 --big-steps 10 --warmup 3 --peak-seconds 1 ;;
       grid)
-        stage grid 110 python benchmarks/end_to_end.py --lrs 8 --seeds 8 --steps 300 \
+        stage grid 100 python benchmarks/end_to_end.py --lrs 8 --seeds 8 --steps 300 \
           --repeats 1 ;;
       gpu-all)
         stage gpu-all 560 python -m pytest -q -m gpu -p no:cacheprovider --durations=20 ;;

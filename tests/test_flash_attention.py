@@ -39,7 +39,7 @@ interpreted = pytest.mark.skipif(
 @pytest.mark.skipif(INTERPRETING, reason="the child itself")
 def test_kernels_in_tritons_interpreter():
     output = run_pytest_child(__file__, {"TRITON_INTERPRET": "1"})
-    assert "\n7 passed, 1 skipped in" in output  # every check ran
+    assert "\n8 passed, 1 skipped in" in output  # every check ran
 
 
 @pytest.fixture
@@ -65,9 +65,15 @@ def materialised(q, k, v, p, keys, positions=None):
     return out
 
 
-def site_keys(member_seeds, step=3):
-    """The keys of the first dropout site of a step (what the kernel is given)."""
-    return ops.DropoutSites(ops.step_keys(member_seeds, step)).next()
+def step_keys(member_seeds, step=3):
+    """The keys of a step (what the kernel is given: it makes a site's keys itself)."""
+    return ops.step_keys(member_seeds, step)
+
+
+def site_keys(member_seeds, site=0, step=3):
+    """The keys of dropout site ``site`` of a step (what the kernel's mask is drawn from)."""
+    sites = ops.DropoutSites(step_keys(member_seeds, step), first_site=site)
+    return sites.next()
 
 
 def grads(out, inputs, seed=1):
@@ -89,13 +95,15 @@ def test_no_dropout_equals_sdpa_forward_and_backward(flash):
 def test_in_kernel_mask_is_keyed_randoms_mask_bit_for_bit(flash):
     """With v the identity, the output is the dropped probabilities: its zeros among the
     visible keys are exactly the dropped elements of keep_mask_rows over (N, H, T, T),
-    one chunk of batch rows per member key."""
+    one chunk of batch rows per member key: the keys of the site (made in the kernel from
+    the step's keys and the site's number)."""
     N, H, T = 4, 2, 24
     q, k, _ = qkv(N=N, H=H, T=T, hd=T)  # head size T (padded to 32 in the kernel)
     v = torch.eye(T).expand(N, H, T, T).contiguous()
-    keys = site_keys([11, 22])  # two members, two batch rows each
-    for p in (0.1, 0.6):
-        out = flash(q, k, v, 0.3, keys=keys, p=p, block=BLOCK).detach()
+    seeds = [11, 22]  # two members, two batch rows each
+    for p, site in ((0.1, 0), (0.6, 1), (0.3, 7)):  # 1: an int Triton would specialise
+        out = flash(q, k, v, 0.3, keys=step_keys(seeds), p=p, block=BLOCK, site=site).detach()
+        keys = site_keys(seeds, site)
         rows = torch.arange(N * H * T)
         keep = keep_mask_rows(keys, rows, N * H * T // 2, T, p, torch.float32).view(N, H, T, T)
         visible = torch.ones(T, T, dtype=torch.bool).tril()
@@ -107,8 +115,7 @@ def test_in_kernel_mask_is_keyed_randoms_mask_bit_for_bit(flash):
 @interpreted
 def test_keyed_dropout_equals_the_materialised_attention(flash):
     q, k, v = qkv(T=17)  # two blocks, the second partial
-    keys = site_keys([5, 6])
-    ours = flash(q, k, v, 0.3, keys=keys, p=0.1, block=BLOCK)
+    ours = flash(q, k, v, 0.3, keys=step_keys([5, 6]), p=0.1, block=BLOCK)
     theirs = materialised(q, k, v, 0.1, ops.step_keys([5, 6], 3))
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
     for a, b in zip(grads(ours, (q, k, v)), grads(theirs, (q, k, v)), strict=True):
@@ -120,7 +127,7 @@ def test_read_out_queries_draw_the_full_computations_masks(flash):
     """Queries at chosen positions (the last block's read-out rows, padding included) equal
     those rows of all queries, in the kernel and in the materialised path alike."""
     q, k, v = qkv()
-    keys = site_keys([5, 6])
+    keys = step_keys([5, 6])
     positions = torch.tensor([[38, 39], [3, 4], [0, 0], [20, 39]])
     index = positions[:, None, :, None].expand(-1, 2, -1, 8)
     picked = q.detach().gather(2, index).requires_grad_()
@@ -131,6 +138,43 @@ def test_read_out_queries_draw_the_full_computations_masks(flash):
     torch.testing.assert_close(some, theirs, rtol=0, atol=1e-5)
     for a, b in zip(grads(some, (picked, k, v)), grads(theirs, (picked, k, v)), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+@interpreted
+def test_stacked_inputs_equal_separate_ones_with_token_major_output(flash):
+    """Queries, keys and values stacked as their projection writes them, (N, T, 3, H, hd),
+    or the keys and values alone, (N, T, 2, H, hd) beside read-out queries: the output and
+    the gradients of the separate tensors, the output laid out token-major (the next
+    projection reads it as a view), the fake layouts those of the kernels."""
+    N, H, T, hd = 4, 2, 17, 8
+    generator = torch.Generator().manual_seed(2)
+    projection = torch.randn(N, T, 3, H, hd, generator=generator).requires_grad_()
+    keys = step_keys([5, 6])
+    positions = torch.tensor([[15, 16], [3, 4], [0, 0], [9, 16]])
+    index = positions[:, None, :, None].expand(-1, H, -1, hd)
+
+    def attention(stacked: bool, read_out: bool):
+        qkv = projection.permute(2, 0, 3, 1, 4)  # (3, N, H, T, hd)
+        q, k, v = qkv.unbind(0)
+        if read_out:
+            q, chosen = q.gather(2, index), positions
+            args = (q, qkv[1:], None) if stacked else (q, k, v)
+        else:
+            chosen = None
+            args = (qkv, None, None) if stacked else (q, k, v)
+        out = flash(*args, 0.3, chosen, keys, p=0.1, block=BLOCK)
+        return out, grads(out, (projection,))[0], args
+
+    for read_out in (False, True):
+        out, grad, args = attention(True, read_out)
+        expected, expected_grad, _ = attention(False, read_out)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        torch.testing.assert_close(grad, expected_grad, rtol=0, atol=0)
+        assert out.transpose(1, 2).is_contiguous()
+        forward = torch.ops.scale_fpt.flash_attention_forward.default
+        args = (*(t if t is None else t.detach() for t in args), positions if read_out else None)
+        args = (*args, keys, 0, 0.3, 0.1, BLOCK)
+        torch.library.opcheck(forward, args, test_utils=("test_schema", "test_faketensor"))
 
 
 @interpreted
@@ -150,7 +194,7 @@ def test_compiles_whole_as_an_opaque_op(flash, monkeypatch):
     for a, b in zip(grads(compiled, (q, k, v)), grads(eager, (q, k, v)), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     forward = torch.ops.scale_fpt.flash_attention_forward.default
-    args = (q.detach(), k.detach(), v.detach(), None, keys, 0.3, 0.1, 16)
+    args = (q.detach(), k.detach(), v.detach(), None, keys, 0, 0.3, 0.1, 16)
     torch.library.opcheck(forward, args, test_utils=("test_schema", "test_faketensor"))
 
 
@@ -158,7 +202,7 @@ def test_compiles_whole_as_an_opaque_op(flash, monkeypatch):
 def test_bad_input_is_refused(flash):
     q, k, v = qkv(N=3)
     with pytest.raises(ValueError, match="do not split into 2 key chunks"):
-        flash(q, k, v, 0.3, keys=site_keys([1, 2]), p=0.1, block=BLOCK)
+        flash(q, k, v, 0.3, keys=step_keys([1, 2]), p=0.1, block=BLOCK)
     with pytest.raises(ValueError, match="contiguous last dimension"):
         flash(q.transpose(-1, -2), k, v, 0.3, block=BLOCK)
 
@@ -218,7 +262,7 @@ def test_backward_is_two_launches_and_draws_no_mask(flash, monkeypatch):
     monkeypatch.setattr(flash_kernels, "_keep", counted_keep)
     launches = Launches(monkeypatch)
     with launches:
-        out = flash(q, k, v, 0.3, keys=site_keys([5, 6]), p=0.1, block=BLOCK)
+        out = flash(q, k, v, 0.3, keys=step_keys([5, 6]), p=0.1, block=BLOCK)
     tiles = N * H * (1 + 2 + 3)
     assert launches.kernels == {"forward_kernel": 1}
     assert sum(hashed) == tiles * BLOCK * BLOCK  # each visited element once
@@ -229,6 +273,8 @@ def test_backward_is_two_launches_and_draws_no_mask(flash, monkeypatch):
     with launches:
         torch.autograd.grad(out, (q, k, v), weights)
     assert launches.kernels == {"query_grads_kernel": 1, "key_grads_kernel": 1}
-    no_kernel = {"aten.empty.memory_format", "aten.detach.default"}  # (saved tensors)
+    # allocations, the token-major gradients' view, the saved tensors' detach
+    no_kernel = {"aten.empty.memory_format", "aten.new_empty.default", "aten.transpose.int"}
+    no_kernel.add("aten.detach.default")
     assert set(launches.ops) - no_kernel == {"scale_fpt.flash_attention_backward.default"}
     assert hashed == []

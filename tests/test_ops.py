@@ -186,7 +186,7 @@ def test_last_block_skips_exactly_the_readout_flops(tiny_gpt2_dir):
     """FLOPs counted by torch (FlopCounterMode, forward + backward) of the last block over
     all tokens minus the same block computing only the read-out tokens."""
     from scale_fpt.config import TrialConfig
-    from scale_fpt.models.packed import predicting_positions
+    from scale_fpt.models.packed import ReadOut
     from scale_fpt.steps.cohort import CohortStep
     from scale_fpt.tasks import build_task
 
@@ -208,15 +208,15 @@ def test_last_block_skips_exactly_the_readout_flops(tiny_gpt2_dir):
     device = next(iter(params.values())).device
     k = 2
 
-    def counted(positions) -> int:
+    def counted(read_out) -> int:
         h = torch.randn(1, B * T, d, device=device, requires_grad=True)
         with FlopCounterMode(display=False) as counter:
-            out = model._block(h, model.n_layer - 1, params, T, positions)
+            out = model._block(h, model.n_layer - 1, params, T, read_out)
             torch.autograd.grad(out.sum(), h)
         return counter.get_total_flops()
 
     full = counted(None)
-    readout = counted(predicting_positions(T, k, None, B, device))
+    readout = counted(ReadOut.of(T, k, None, B, device))
     n_inner = model.frozen[0][4].shape[1]
     step.close()
     assert full - readout == scaling.readout_flops_skipped(d, n_inner, T, k, B)

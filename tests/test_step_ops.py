@@ -44,8 +44,8 @@ interpreted = pytest.mark.skipif(
 PINNED = {
     # (path, finetune): (kernel ops, device syncs, compiled graphs run) per step of gpt2-tiny,
     # bit-xor, batch 4, bf16; every path draws its batch in one graph (``Task.drawn``)
-    ("engine", "fpt"): (174, 0, 1),
-    ("cohort-eager", "fpt"): (239, 0, 1),
+    ("engine", "fpt"): (166, 0, 1),
+    ("cohort-eager", "fpt"): (230, 0, 1),
     # around its graphs (the draw, the module forward and backward, the loss with the
     # metrics and its backward, the clipping): the step as a device value, the keys' row
     # copied, the unit gradient, fused Adam and DeepSpeed's step bookkeeping
@@ -57,12 +57,17 @@ PINNED = {
     # the plain loop's, dispatched as CUDA (one native_dropout per site, fused attention):
     # one host read inside its libraries
     ("baseline", "fpt"): (149, 1, 1),
-    ("engine", "full"): (222, 0, 1),
+    ("engine", "full"): (214, 0, 1),
 }
-PINNED_SITES = {"generated": 29, "library": 22, "fallback": 6}
-"""Kernel launch sites inside the compiled cohort's graphs per step of gpt2-tiny (inductor's
+PINNED_SITES = {
+    "cohort-compiled": {"generated": 20, "library": 21, "fallback": 4},
+    "engine-compiled": {"generated": 23, "library": 21, "fallback": 4},
+}
+"""Kernel launch sites inside the compiled paths' graphs per step of gpt2-tiny (inductor's
 CPU code, the named proxy): generated kernels, library calls (matmuls), fallback ops (ops
-inductor generates no code for: custom ops such as the Triton attention kernel's)."""
+inductor generates no code for: custom ops such as the Triton attention kernel's). gpt2-tiny
+is a full block and the read-out block; gpt2 has 10 full blocks more, 16 sites each: the
+compiled cohort's 45 here are gpt2's 205 (issue 35's target: 200; docs/performance.md)."""
 PINNED_DRAWS = {
     # task: kernel launches of one training batch (eager ops, and one per compiled graph run)
     "bit-xor": 2,  # the step as a device value, the compiled keyed draw
@@ -109,7 +114,8 @@ def test_every_path_launches_its_pinned_kernels_and_ours_never_sync():
         assert compiled["launch_sites_uncounted_graphs"] == 0  # inductor compiled every graph
         sites = compiled["launch_sites_in_graphs_per_step"]
         assert sites == sum(compiled["launch_sites_by_kind"].values()) > 0
-    assert rows["cohort-compiled"]["launch_sites_by_kind"] == PINNED_SITES
+    for path, sites in PINNED_SITES.items():
+        assert rows[path]["launch_sites_by_kind"] == sites, path
 
 
 @pytest.mark.slow

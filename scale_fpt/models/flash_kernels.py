@@ -37,6 +37,17 @@ if triton.knobs.runtime.interpret:
 
 
 @triton.jit
+def _site_key(step_key, site):
+    """``keyed_random.mix64_tensor(step_key, site)``: the key of dropout site ``site`` of a
+    step, in uint64 arithmetic (``ops.DropoutSites.next``'s keys, made here instead of by a
+    kernel of their own before each launch)."""
+    z = step_key + tl.cast(site + 1, tl.uint64) * 0x9E3779B97F4A7C15  # site: a runtime int
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+    return (z ^ (z >> 31)) >> 1
+
+
+@triton.jit
 def _keep(key, row, offs_n, threshold):
     """Whether the draws at counters ``row[:, None] + offs_n[None, :]`` (int64) of the
     uint64 ``key`` are kept: SplitMix64's output at counter + 1, top 32 bits >= threshold."""
@@ -91,17 +102,18 @@ def _keys_end(pid_m, T, BLOCK_M: tl.constexpr, FULL: tl.constexpr):
     return tl.minimum((pid_m + 1) * BLOCK_M, T) if FULL else T
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SITE"])  # one compilation for every site (1 included)
 def forward_kernel(
     Q, K, V, OUT, LSE, MASK, POS, KEYS,
     sq_n, sq_h, sq_t, sk_n, sk_h, sk_t, sv_n, sv_h, sv_t, so_n, so_h, so_t,
-    H, Tq, T, ROWS_PER_KEY, sm_scale, threshold, keep_scale,
+    H, Tq, T, ROWS_PER_KEY, SITE, sm_scale, threshold, keep_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, FULL: tl.constexpr, DROPOUT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
     """The output and log-sum-exp of one block of queries; with dropout, the kept flags of
-    every (query, key) tile it visits, into MASK (N H, Tq, cdiv(T, 8)) bytes."""
+    every (query, key) tile it visits, into MASK (N H, Tq, cdiv(T, 8)) bytes. KEYS: the
+    step's keys, one per chunk of batch rows; the mask's are those of dropout site SITE."""
     nh = tl.program_id(0).to(tl.int64)  # batch row x head: the large grid axis
     pid_m = tl.program_id(1)
     n, h = nh // H, nh % H
@@ -110,9 +122,9 @@ def forward_kernel(
     m_valid, d_valid = offs_m < Tq, offs_d < HEAD_DIM
     pos = _positions(POS, n, offs_m, m_valid, Tq, FULL)
     # The first counter of each query's row of the logical (T, T) probabilities, and the
-    # key of its chunk of batch rows.
+    # site's key of its chunk of batch rows.
     row = (((n % ROWS_PER_KEY) * H + h) * T + pos).to(tl.int64) * T
-    key = tl.load(KEYS + n // ROWS_PER_KEY).to(tl.uint64, bitcast=True)
+    key = _site_key(tl.load(KEYS + n // ROWS_PER_KEY).to(tl.uint64, bitcast=True), SITE)
     mask_rows = MASK + nh * Tq * tl.cdiv(T, 8)
     q_mask = m_valid[:, None] & d_valid[None, :]
     q = _tile(Q + n * sq_n + h * sq_h, offs_m, sq_t, offs_d, q_mask)
@@ -146,13 +158,13 @@ def forward_kernel(
 def query_grads_kernel(
     Q, K, V, OUT, DO, LSE, MASK, DELTA, DQ, POS,
     sq_n, sq_h, sq_t, sk_n, sk_h, sk_t, sv_n, sv_h, sv_t, so_n, so_h, so_t,
-    sd_n, sd_h, sd_t, H, Tq, T, sm_scale, keep_scale,
+    sd_n, sd_h, sd_t, sdq_n, sdq_h, sdq_t, H, Tq, T, sm_scale, keep_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, FULL: tl.constexpr, DROPOUT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """dQ of one block of queries, over the keys they see (dQ written contiguous), and the
-    block's ``delta = rowsum(dO * O)`` into DELTA (N H, Tq) for ``key_grads_kernel``."""
+    """dQ of one block of queries, over the keys they see (dQ written with its strides), and
+    the block's ``delta = rowsum(dO * O)`` into DELTA (N H, Tq) for ``key_grads_kernel``."""
     nh = tl.program_id(0).to(tl.int64)  # batch row x head: the large grid axis
     pid_m = tl.program_id(1)
     n, h = nh // H, nh % H
@@ -183,7 +195,7 @@ def query_grads_kernel(
             dp = tl.where(_kept(mask_rows, offs_m, m_valid, offs_n, T), dp * keep_scale, 0.0)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-    out = nh * Tq * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    out = n * sdq_n + h * sdq_h + offs_m[:, None] * sdq_t + offs_d[None, :]
     tl.store(DQ + out, (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)
 
 
@@ -191,13 +203,13 @@ def query_grads_kernel(
 def key_grads_kernel(
     Q, K, V, DO, LSE, MASK, DELTA, DK, DV, POS,
     sq_n, sq_h, sq_t, sk_n, sk_h, sk_t, sv_n, sv_h, sv_t, sd_n, sd_h, sd_t,
-    H, Tq, T, sm_scale, keep_scale,
+    sdk_n, sdk_h, sdk_t, sdv_n, sdv_h, sdv_t, H, Tq, T, sm_scale, keep_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, FULL: tl.constexpr, DROPOUT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """dK and dV of one block of keys, over every query block that can see it (dK and dV
-    are written contiguous (N, H, T, hd))."""
+    """dK and dV of one block of keys, over every query block that can see it (written with
+    their strides)."""
     nh = tl.program_id(0).to(tl.int64)  # batch row x head: the large grid axis
     pid_n = tl.program_id(1)
     n, h = nh // H, nh % H
@@ -233,6 +245,7 @@ def key_grads_kernel(
         dv += tl.dot(tl.trans(dropped.to(do.dtype)), do, input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-    out = nh * T * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=kv_mask)
+    dk_at = DK + n * sdk_n + h * sdk_h + offs_n[:, None] * sdk_t + offs_d[None, :]
+    tl.store(dk_at, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
+    dv_at = DV + n * sdv_n + h * sdv_h + offs_n[:, None] * sdv_t + offs_d[None, :]
+    tl.store(dv_at, dv.to(DV.dtype.element_ty), mask=kv_mask)

@@ -152,13 +152,20 @@ class DropoutSites:
 
     def next(self) -> torch.Tensor:
         """(C,) keys of the next site (contiguous)."""
-        site = self.site
-        self.site += 1
+        _, site = self.next_site()
         if self._block is None or site >= self._block_start + SITE_BLOCK:
             self._block_start = site
             sites = torch.arange(site, site + SITE_BLOCK, device=self.step_keys.device)
             self._block = mix64_tensor(self.step_keys[None, :], sites[:, None])  # (S, C)
         return self._block[site - self._block_start]
+
+    def next_site(self) -> tuple[torch.Tensor, int]:
+        """The step's keys and the next site's number, for a kernel that makes the site's
+        keys itself (``flash_attention``: compiled, a site's keys read by an opaque kernel
+        would be a kernel launch of their own)."""
+        site = self.site
+        self.site += 1
+        return self.step_keys, site
 
 
 SITE_BLOCK = 128
@@ -274,6 +281,13 @@ def _site_keys(sites: DropoutSites | None) -> torch.Tensor | None:
     ``dropout_keys``; None outside both."""
     sites = sites if sites is not None else _live_sites()
     return None if sites is None else sites.next()
+
+
+def _next_site(sites: DropoutSites | None) -> tuple[torch.Tensor | None, int]:
+    """``DropoutSites.next_site`` of ``sites``, else of the live ``dropout_keys``; (None, 0)
+    outside both."""
+    sites = sites if sites is not None else _live_sites()
+    return (None, 0) if sites is None else sites.next_site()
 
 
 def _global_seed() -> list[int]:
@@ -449,16 +463,32 @@ def attention_rows(query_positions: torch.Tensor, n_head: int, T: int) -> Rows:
     return Rows(index.reshape(-1), N * n_head * T)
 
 
+def unstack_heads(
+    q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The queries, keys and values of an attention's arguments (views): ``q``, ``k``, ``v``,
+    or ``q`` holding all three stacked (3, N, H, T, hd) with ``k`` and ``v`` None, or ``k``
+    holding the keys and values stacked (2, N, H, T, hd) with ``v`` None: a projection's
+    output, whose gradient the Triton kernel then writes as one tensor (no copy to stack
+    three)."""
+    if k is None:
+        return q.unbind(0)
+    if v is None:
+        return (q, *k.unbind(0))
+    return q, k, v
+
+
 def causal_attention(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
     scale: float,
     dropout_p: float = 0.0,
     query_positions: torch.Tensor | None = None,
     sites: DropoutSites | None = None,
 ) -> torch.Tensor:
-    """Causal softmax attention. q (N, H, Tq, hd), k and v (N, H, T, hd) -> (N, H, Tq, hd).
+    """Causal softmax attention. q (N, H, Tq, hd), k and v (N, H, T, hd) (or stacked:
+    ``unstack_heads``) -> (N, H, Tq, hd).
 
     ``query_positions`` (N, Tq): the positions of the queries among the T keys (a query
     attends to keys at or before its position); None: Tq == T and query i is at position i.
@@ -469,6 +499,8 @@ def causal_attention(
     # (The live keys are read only when a mask is drawn.)
     keyed = dropout_p > 0.0 and (sites is not None or (on_gpu(q) and _live_sites() is not None))
     path = attention_path(q, dropout_p, keyed, query_positions is not None)
+    if path != "flash":
+        q, k, v = unstack_heads(q, k, v)
     if path == "sdpa":
         return F.scaled_dot_product_attention(
             q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale
@@ -476,12 +508,12 @@ def causal_attention(
     if path == "flash":
         from scale_fpt.models.flash_attention import flash_attention  # triton: GPU builds only
 
-        keys = None
+        keys, site = None, 0
         if dropout_p > 0.0:
-            keys = _site_keys(sites)
+            keys, site = _next_site(sites)
             if keys is None:  # unkeyed: one key from torch's generator, drawn on the device
                 keys = torch.randint(0, 2**62, (1,), device=q.device)
-        return flash_attention(q, k, v, scale, query_positions, keys, dropout_p)
+        return flash_attention(q, k, v, scale, query_positions, keys, dropout_p, site=site)
     return materialised_attention(q, k, v, scale, dropout_p, query_positions, sites)
 
 

@@ -18,6 +18,8 @@ local Python state, so ``torch.compile`` traces it whole.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -88,11 +90,16 @@ class PackedMembers(nn.Module):
             vocab = p["input_embedding"].shape[1]
             offsets = torch.arange(Ka, device=x.device).view(Ka, 1, 1) * vocab
             return F.embedding(x + offsets, p["input_embedding"].reshape(Ka * vocab, d))
-        h = torch.baddbmm(
-            p["input_bias"].unsqueeze(1),
-            x.reshape(Ka, B * T, x.shape[-1]).to(self.dtype),
-            p["input_weight"].transpose(1, 2),
-        ).view(Ka, B, T, d)
+        x = x.reshape(Ka, B * T, x.shape[-1]).to(self.dtype)
+        bias, weight = p["input_bias"].unsqueeze(1), p["input_weight"].transpose(1, 2)
+        if x.shape[-1] == 1 and torch.compiler.is_compiling():
+            # One input per token: an outer product, which a compiled step fuses into the
+            # next kernel (a matmul of inner size 1 is a launch, and its inputs' casts one
+            # more). Eager, the matmul is one op fewer in the backward.
+            h = torch.addcmul(bias, x, weight)
+        else:
+            h = torch.baddbmm(bias, x, weight)
+        h = h.view(Ka, B, T, d)
         return ops.dropout(h, self.input_p, self.training, sites)
 
     def read_out(self, p: dict[str, torch.Tensor], h: torch.Tensor, B: int) -> torch.Tensor:
@@ -223,10 +230,10 @@ class PackedFPT(PackedMembers):
         k = spec.n_predicting_tokens
         # Only the last k (real) tokens are read out: the last block computes its queries,
         # attention output and MLP for those rows alone (keys and values for all T).
-        positions = predicting_positions(T, k, lengths, Ka * B, x.device)  # (Ka*B, k)
+        read_out = ReadOut.of(T, k, lengths, Ka * B, x.device)
         for layer in range(self.n_layer):
             last = layer == self.n_layer - 1
-            h = self._block(h, layer, p, T, positions if last else None, sites)  # (Ka, B*T|B*k, d)
+            h = self._block(h, layer, p, T, read_out if last else None, sites)  # (Ka, B*T|B*k, d)
         h = self._ln(h, p["ln_f_weight"], p["ln_f_bias"])  # (Ka, B*k, d)
         return self.read_out(p, h, B)
 
@@ -236,28 +243,29 @@ class PackedFPT(PackedMembers):
         layer: int,
         p: dict[str, torch.Tensor],
         T: int,
-        positions: torch.Tensor | None,
+        read_out: ReadOut | None,
         sites: ops.DropoutSites | None = None,
     ) -> torch.Tensor:
-        """One GPT-2 block over (Ka, N = B*T, d) rows -> (Ka, N, d); with ``positions``
-        (Ka*B, k) only those tokens' outputs -> (Ka, B*k, d)."""
+        """One GPT-2 block over (Ka, N = B*T, d) rows -> (Ka, N, d); with ``read_out`` only
+        those tokens' outputs -> (Ka, B*k, d)."""
         w_qkv, b_qkv, w_o, b_o, w_fc, b_fc, w_p, b_p = self.frozen[layer]
         Ka, d, H = h.shape[0], self.d, self.n_head
         hd = d // H
         train = self.training
         a = self._ln(h, p["ln_1_weight"][:, layer], p["ln_1_bias"][:, layer]).reshape(-1, d)
         residual_rows = None  # where h's rows sit among all B*T rows (keys its dropout masks)
-        if positions is None:
+        positions = None
+        # Queries, keys and values stacked as their projection writes them (its gradient
+        # then comes back as one tensor: ops.unstack_heads).
+        if read_out is None:
             qkv = torch.addmm(b_qkv, a, w_qkv).view(-1, T, 3, H, hd)  # one GEMM, all K
-            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (Ka*B, H, T, hd)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4), None, None  # (3, Ka*B, H, T, hd)
         else:
             kv = torch.addmm(b_qkv[d:], a, w_qkv[:, d:]).view(-1, T, 2, H, hd)
-            k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)
-            rows = positions + torch.arange(0, len(positions) * T, T, device=h.device)[:, None]
-            rows = rows.reshape(-1)  # (Ka*B*k,) rows of the read-out tokens
-            residual_rows = ops.Rows(rows, len(positions) * T)
-            h = h.reshape(-1, d).index_select(0, rows).view(Ka, -1, d)
-            q = torch.addmm(b_qkv[:d], a.index_select(0, rows), w_qkv[:, :d])
+            k, v = kv.permute(2, 0, 3, 1, 4), None  # (2, Ka*B, H, T, hd)
+            positions, residual_rows = read_out.positions, read_out.rows
+            h = read_out.take(h.reshape(-1, d)).view(Ka, -1, d)
+            q = torch.addmm(b_qkv[:d], read_out.take(a), w_qkv[:, :d])
             q = q.view(len(positions), -1, H, hd).transpose(1, 2)  # (Ka*B, H, k, hd)
         o = ops.causal_attention(
             q, k, v, self.scales[layer], self.attn_p if train else 0.0, positions, sites
@@ -267,6 +275,35 @@ class PackedFPT(PackedMembers):
         a = self._ln(h, p["ln_2_weight"][:, layer], p["ln_2_bias"][:, layer]).reshape(-1, d)
         f = torch.addmm(b_p, self.act(torch.addmm(b_fc, a, w_fc)), w_p)
         return ops.add_dropout(h, f.view_as(h), self.resid_p, train, sites, residual_rows)
+
+
+class ReadOut(NamedTuple):
+    """The tokens a model reads out, as the last block computes them alone."""
+
+    positions: torch.Tensor
+    """(N, k) their positions among the T tokens of each of N sequences."""
+    rows: ops.Rows
+    """Their rows among all N*T rows (where their dropout masks are keyed)."""
+    tail: int | None
+    """k where they are the last k tokens of every sequence (no padding), else None."""
+
+    @classmethod
+    def of(
+        cls, T: int, k: int, lengths: torch.Tensor | None, n: int, device: torch.device
+    ) -> ReadOut:
+        """The last k (real) tokens of ``n`` sequences of T (``predicting_positions``)."""
+        positions = predicting_positions(T, k, lengths, n, device)
+        rows = positions + torch.arange(0, n * T, T, device=device)[:, None]
+        return cls(positions, ops.Rows(rows.reshape(-1), n * T), k if lengths is None else None)
+
+    def take(self, x: torch.Tensor) -> torch.Tensor:
+        """Their rows (N*k, d) of ``x`` (N*T, d): without padding a slice, whose backward
+        fuses into its neighbours (a compiled step's: a gather's is a scatter of its own
+        kernels), else a gather."""
+        if self.tail is None:
+            return x.index_select(0, self.rows.index)
+        N, d = self.positions.shape[0], x.shape[-1]
+        return x.view(N, -1, d)[:, -self.tail :].reshape(-1, d)
 
 
 def predicting_positions(

@@ -27,7 +27,7 @@ from torch import nn
 from scale_fpt.models import ops
 from scale_fpt.models.families import family_of
 from scale_fpt.models.fpt import FPT
-from scale_fpt.models.packed import PackedMembers, predicting_positions
+from scale_fpt.models.packed import PackedMembers, ReadOut
 from scale_fpt.tasks.base import TaskSpec
 
 
@@ -178,9 +178,8 @@ class PackedRotaryFPT(PackedMembers):
             block = self._neox_block if self.neox else self._llama_block
             h = block(h, layer, p, T, cos, sin, sites)
         k = spec.n_predicting_tokens
-        positions = predicting_positions(T, k, lengths, Ka * B, x.device)  # (Ka*B, k)
-        rows = positions + torch.arange(0, Ka * B * T, T, device=x.device)[:, None]
-        h = h.reshape(-1, d).index_select(0, rows.reshape(-1)).view(Ka, B * k, d)
+        read_out = ReadOut.of(T, k, lengths, Ka * B, x.device)
+        h = read_out.take(h.reshape(-1, d)).view(Ka, B * k, d)
         h = self._norm(h, p, "norm_f", None)
         return self.read_out(p, h, B)
 
