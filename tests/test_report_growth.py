@@ -75,8 +75,8 @@ def test_report_at_a_thousand_seeds_an_arm(tmp_path):
     # the paired difference over 1,000 pairs (n printed), its interval finite and around the
     # 3 pp the rows were drawn with, a Monte Carlo sign-flip p with its SE
     found = re.search(
-        r"paired over 1000 shared seeds: accuracy ([+-][\d.]+) pp \[95% CI ([+-][\d.]+), "
-        r"([+-][\d.]+)\]",
+        r"paired over 1000 shared seeds: accuracy ([+-][\d.]+) pp \\?\[95% CI ([+-][\d.]+), "
+        r"([+-][\d.]+)\\?\]",  # Markdown escapes the brackets
         text,
     )
     assert found, text[:2000]
