@@ -53,6 +53,7 @@ def main_thread():
 
 walls, cpus, waits, blocked = [], [], [], []
 for _ in range(repeats):
+    results = None  # the peak is one load's, not two side by side
     wall, cpu, (ran, wait) = time.perf_counter(), time.process_time(), main_thread()
     results = load_results(folder)
     walls.append(time.perf_counter() - wall)
