@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pytest
 
 from scale_fpt.compaction import Generation, part_name
 from scale_fpt.config import TrialConfig
@@ -137,3 +138,14 @@ def test_ten_sweeps_are_reported_apart_in_at_most_twice_the_largest_alone(tmp_pa
             assert len(scope["r"].trials) == 200 + 9 * 10
             assert scope["r"].trials["sweep"].nunique() == 10
     assert len(load_results(results, "sweep3").trials) == 10
+
+
+def test_load_reads_only_the_curves_columns_asked_for(tmp_path):
+    write_arms(tmp_path, "s", seeds=3)
+    full = load_results(tmp_path)
+    few = load_results(tmp_path, curve_columns=("val_accuracy",))
+    assert list(few.curves.columns) == ["sweep", "trial_id", "step", "val_accuracy"]
+    pd.testing.assert_frame_equal(few.curves, full.curves[list(few.curves.columns)])
+    pd.testing.assert_frame_equal(few.trials, full.trials)  # trials whole, always
+    with pytest.raises(ValueError, match="no curves column val_acc "):
+        load_results(tmp_path, curve_columns=("val_acc",))
