@@ -10,7 +10,11 @@ arms as more seeds, up to 1,000 per arm, ``--evals`` evaluations per curve) in b
 ``--per-trial-max`` trials, and ``compacted`` (as the driver or ``scale-fpt results
 compact`` leaves it). Printed per folder: files, ``load_results`` seconds and the peak
 memory of the process that ran it (a fresh one per measurement: ``ru_maxrss``; the median
-wall and CPU seconds of ``--repeats`` loads: on a shared machine CPU seconds are the steadier),
+wall and CPU seconds of ``--repeats`` loads, and the loading thread's wall split by the
+kernel's schedstat into its time on a CPU, ``load_waiting_s`` (runnable, waiting for a CPU
+that other work held: the machine's load) and ``load_blocked_s`` (neither: file reads, other
+threads); on a shared machine CPU seconds are the steadier, and on an idle one the wall is
+about the CPU seconds plus the blocked ones),
 ``pd.read_parquet`` of each table directory, and, for per-trial folders, the seconds of
 ``scale-fpt results compact`` on it. ``--baseline-code DIR`` also times ``load_results``
 of the checkout at DIR on the same folders (the code before a change). Targets on a
@@ -40,17 +44,29 @@ import json, pathlib, resource, statistics, sys, time
 import pandas as pd
 from scale_fpt.results import load_results
 folder, repeats = pathlib.Path(sys.argv[1]), int(sys.argv[2])
-walls, cpus = [], []
+
+def main_thread():
+    # (seconds on a CPU, seconds runnable but waiting for a CPU) of this thread (the kernel's
+    # schedstat: the run-queue delay is the time others' work held the CPUs).
+    running, waiting = pathlib.Path("/proc/thread-self/schedstat").read_text().split()[:2]
+    return int(running) / 1e9, int(waiting) / 1e9
+
+walls, cpus, waits, blocked = [], [], [], []
 for _ in range(repeats):
-    wall, cpu = time.perf_counter(), time.process_time()
+    results = None  # the peak is one load's, not two side by side
+    wall, cpu, (ran, wait) = time.perf_counter(), time.process_time(), main_thread()
     results = load_results(folder)
     walls.append(time.perf_counter() - wall)
     cpus.append(time.process_time() - cpu)
+    ran, wait = (b - a for a, b in zip((ran, wait), main_thread()))
+    waits.append(wait)
+    blocked.append(walls[-1] - ran - wait)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 start = time.perf_counter()
 for sweep in sorted(p for p in folder.iterdir() if not p.name.startswith("_")):
     pd.read_parquet(sweep / "trials"), pd.read_parquet(sweep / "curves")
 print(json.dumps({"load_s": statistics.median(walls), "load_cpu_s": statistics.median(cpus),
+    "load_waiting_s": statistics.median(waits), "load_blocked_s": statistics.median(blocked),
     "pandas_s": time.perf_counter() - start, "trials_read": len(results.trials),
     "curves_read": len(results.curves), "peak_mb": peak}))
 """
@@ -125,10 +141,11 @@ def main() -> int:
         return 0
     print(f"python benchmarks/results_scale.py {' '.join(sys.argv[1:])}")
     print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} CPUs")
-    columns = ["trials", "layout", "files", "load_s", "load_cpu_s", "peak_mb", "pandas_s"]
+    columns = ["trials", "layout", "files", "load_s", "load_cpu_s", "load_waiting_s"]
+    columns += ["load_blocked_s", "peak_mb", "pandas_s"]
     columns.append("compact_s")
     if args.baseline_code:
-        columns[5:5] = ["baseline_load_s", "baseline_load_cpu_s"]
+        columns[7:7] = ["baseline_load_s", "baseline_load_cpu_s"]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     for row in rows:

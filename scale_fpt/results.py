@@ -421,8 +421,29 @@ def sweep_dirs(results_dir: str | os.PathLike) -> list[Path]:
     return sorted(p.parent for p in root.glob("*/_schema.json"))
 
 
-def load_results(results_dir: str | os.PathLike, sweep: str | None = None) -> Results:
-    """Load every sweep under ``results_dir`` (or one ``sweep``, or a sweep directory itself)."""
+CURVE_KEYS = ("sweep", "trial_id", "step")
+"""The curves columns every load reads: whose row it is (what ``load_results`` checks)."""
+
+
+def load_results(
+    results_dir: str | os.PathLike,
+    sweep: str | None = None,
+    curve_columns: tuple[str, ...] | None = None,
+) -> Results:
+    """Load every sweep under ``results_dir`` (or one ``sweep``, or a sweep directory itself).
+    ``curve_columns``: the curves columns to read besides ``CURVE_KEYS`` (None: all; a
+    Parquet file's other columns are never read, which at 10^5 trials is most of the
+    memory and time: the report reads the few it shows)."""
+    curve_schema = CURVE_SCHEMA
+    if curve_columns is not None:
+        unknown = sorted(set(curve_columns) - set(CURVE_SCHEMA.names))
+        if unknown:
+            raise ValueError(
+                f"curve_columns: no curves column {', '.join(unknown)} (the columns: "
+                f"{', '.join(CURVE_SCHEMA.names)})"
+            )
+        wanted = {*CURVE_KEYS, *curve_columns}
+        curve_schema = pa.schema([f for f in CURVE_SCHEMA if f.name in wanted])
 
     dirs = sweep_dirs(results_dir)
     if sweep is not None:
@@ -449,15 +470,25 @@ def load_results(results_dir: str | os.PathLike, sweep: str | None = None) -> Re
             note(notes, f"{e}: not read (the other sweeps are)")
             continue
         trials.append(sweep_rows(sweep_table(d / "trials", TRIAL_SCHEMA, notes), d, notes))
-        curves.append(sweep_rows(sweep_table(d / "curves", CURVE_SCHEMA, notes), d, notes))
+        curves.append(sweep_rows(sweep_table(d / "curves", curve_schema, notes), d, notes))
     if not trials:
         raise ResultsError([f"no readable sweep under {printable(str(results_dir))}"])
-    trial_df = pa.concat_tables(trials).to_pandas()
-    curve_df = pa.concat_tables(curves).to_pandas()
+    trial_df, curve_df = pandas_of(trials), pandas_of(curves)
     trial_df = trial_df.sort_values(["sweep", "trial_id"], ignore_index=True)
     trial_df, curve_df = once_each(trial_df, curve_df, notes)
     curve_df = curve_df.sort_values(["sweep", "trial_id", "step"], ignore_index=True)
+    # The Arrow pool keeps what the read and the sorts freed; pandas and numpy allocate
+    # elsewhere, so it goes back to the system (a 10^5-trial load: about 200 MB).
+    pa.default_memory_pool().release_unused()
     return Results(trials=trial_df, curves=curve_df, notes=notes)
+
+
+def pandas_of(tables: list[pa.Table]):
+    """One DataFrame of ``tables``, emptying the list: each Arrow buffer is freed as its
+    column is converted (``self_destruct``), so the rows are never held twice whole."""
+    rows = pa.concat_tables(tables)
+    tables.clear()
+    return rows.to_pandas(self_destruct=True, split_blocks=True)
 
 
 def sweep_table(path: Path, schema: pa.Schema, notes: list[str]) -> pa.Table:

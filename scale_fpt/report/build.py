@@ -59,6 +59,10 @@ def all_tables(results, metric: str = tables.DEFAULT_METRIC, thresholds=None) ->
     }
 
 
+CURVE_COLUMNS = ("val_accuracy", "test_accuracy")
+"""The curves columns the report reads besides whose row it is (``results.CURVE_KEYS``): steps
+to threshold and the learning curves read validation accuracy, matched horizons both."""
+
 MISSING = {
     "T1": "no FPT, fully trained transformer or fully trained LSTM trials",
     "T2": "no frozen (finetune fpt) transformer trials",
@@ -85,7 +89,7 @@ def build_report(
     RESULTS_DIR/report); returns the path of report.md. ``pool``: every sweep's trials share
     cells (``tables.pool_sweeps``), and the report says so at the top. ``seeds_for`` (pp):
     the power section also says how many seeds detect that difference."""
-    results = load_results(results_dir)
+    results = load_results(results_dir, curve_columns=CURVE_COLUMNS)
     if results.trials.empty:  # e.g. every trials file damaged (each named by load_results)
         raise ResultsError([f"no readable trial rows under {results_dir}: nothing to report"])
     sweeps = sorted(set(results.trials["sweep"].dropna()))

@@ -11,7 +11,7 @@ import pandas as pd
 from scale_fpt.config import ConfigError
 from scale_fpt.confined import write_file, write_text
 from scale_fpt.published import TASK_TITLES
-from scale_fpt.report import attention, figures, tables
+from scale_fpt.report import figures, tables
 from scale_fpt.report.render import Document, escape_md
 from scale_fpt.report.sections import first_line
 
@@ -73,6 +73,10 @@ def figures_section(doc, out, trials, curves, t4, metric) -> None:
 
 
 def attention_section(doc, out, trials, results_dir, examples: int) -> None:
+    # torch and the bit tasks load only for the maps: a report without them (--no-attention)
+    # is spared their import, about 300 MB and seconds.
+    from scale_fpt.report import attention
+
     doc.heading(2, "Attention maps (bit tasks)")
     chosen, arms = attention.attention_trials(trials)
     if chosen.empty:

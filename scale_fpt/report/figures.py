@@ -92,7 +92,9 @@ def seed_values(trials: pd.DataFrame, cells: pd.DataFrame, metric: str) -> pd.Da
 
 
 def curve_arms(trials: pd.DataFrame) -> pd.DataFrame:
-    """Used trials with an ``arm`` label (model · init · finetune, plus what varies)."""
+    """Used trials with an ``arm`` label (model · init · finetune, plus what varies among
+    ``trials``: one task's, so that a figure's labels are its own and no figure labels
+    the whole study's trials again)."""
     df, _ = tables.fixed_lr(tables.prepare(trials))
     df = df[df["used"]].copy()
     df["arm"] = df["model_label"] + " · " + df["init_label"] + " · " + df["finetune_label"]
@@ -149,8 +151,7 @@ def learning_curves_figure(trials: pd.DataFrame, curves: pd.DataFrame, task: str
     the mean across every seed with the 95% t-interval band (``stats.summarize``; no band
     for one seed). A seed that ended early is carried at its last value (dotted) and counted
     in ``n_carried``, so no mean is of survivors only."""
-    arms = curve_arms(trials)
-    arms = arms[arms["task"] == task][["sweep", "trial_id", "arm"]]
+    arms = curve_arms(trials[trials["task"] == task])[["sweep", "trial_id", "arm"]]
     data = curves.merge(arms, on=["sweep", "trial_id"]) if len(arms) else curves.iloc[:0]
     accuracy = data["val_accuracy"] if "val_accuracy" in data else pd.Series(dtype=float)
     data = carried_curves(data.assign(acc=accuracy * 100))
