@@ -46,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
         fixtures = item._fixtureinfo.name2fixturedefs.values()
         if any(defs[-1].scope in SHARED_SCOPES for defs in fixtures if defs):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-    if config.getoption("dist", "no") != "no":
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller hands out in this order
         slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
         items.sort(key=lambda item: item.module.__name__ not in slow)
 
