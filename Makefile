@@ -16,9 +16,9 @@ local: install
 	$(PYTHON) -m scale_fpt.cli sweep scale
 
 # Two pytest workers (docs/testing.md): most of a serial run's wall time is waiting (Ray's
-# start-up, subprocess drivers, the SSH node), which the other worker's tests fill. Tests that
-# share a module's fixture stay in one worker (tests/conftest.py).
-XDIST = -n 2 --dist loadgroup
+# start-up, subprocess drivers, the SSH node), which the other worker's tests fill. Each
+# worker runs whole test files, so a module's fixtures (its sweep, its own Ray) are built once.
+XDIST = -n 2 --dist loadfile
 
 test: install
 	$(PYTHON) -m pytest -q $(XDIST) --durations=20

@@ -30,22 +30,11 @@ def pytest_configure(config):
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token)
 
 
-SHARED_SCOPES = {"module", "class", "package"}
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """For `pytest -n N --dist loadgroup` (``make test``): tests that share a fixture wider
-    than a test (a module's sweep, a module's own Ray) run in one worker, in file order, so
-    that fixture is built once; every other test is scheduled on its own. Across workers,
-    the modules holding a ``slow`` test are handed out first (whole modules: a module's
-    fixtures are torn down when the next test is another module's), so the run ends on
-    short tests instead of one worker finishing a long tail while the other idles."""
-    for item in items:
-        # pytest has no public view of the fixtures a test uses with their scopes.
-        fixtures = item._fixtureinfo.name2fixturedefs.values()
-        if any(defs[-1].scope in SHARED_SCOPES for defs in fixtures if defs):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    """For `pytest -n N --dist loadfile` (``make test``), which hands each worker whole test
+    files in collection order: the files holding a ``slow`` test go first, so the run ends on
+    short files instead of one worker finishing a long one while the other idles. (Whole
+    files move, so a module's fixtures are still built once.)"""
     if hasattr(config, "workerinput"):  # an xdist worker: the controller hands out in this order
         slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
         items.sort(key=lambda item: item.module.__name__ not in slow)
