@@ -15,13 +15,18 @@ install:
 local: install
 	$(PYTHON) -m scale_fpt.cli sweep scale
 
+# Two pytest workers (docs/testing.md): most of a serial run's wall time is waiting (Ray's
+# start-up, subprocess drivers, the SSH node), which the other worker's tests fill. Each
+# worker runs whole test files, so a module's fixtures (its sweep, its own Ray) are built once.
+XDIST = -n 2 --dist loadfile
+
 test: install
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q $(XDIST) --durations=20
 
 # No install step: the inner loop runs it on an environment `make install` (or `make test`)
 # has set up. Every test not marked `slow`; the ten slowest are printed to keep it fast.
 check:
-	$(PYTHON) -m pytest -q -m "not slow" --durations=10
+	$(PYTHON) -m pytest -q $(XDIST) -m "not slow" --durations=10
 
 lint:
 	ruff check . && ruff format --check .

@@ -30,6 +30,16 @@ def pytest_configure(config):
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token)
 
 
+def pytest_collection_modifyitems(config, items):
+    """For `pytest -n N --dist loadfile` (``make test``), which hands each worker whole test
+    files in collection order: the files holding a ``slow`` test go first, so the run ends on
+    short files instead of one worker finishing a long one while the other idles. (Whole
+    files move, so a module's fixtures are still built once.)"""
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller hands out in this order
+        slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+        items.sort(key=lambda item: item.module.__name__ not in slow)
+
+
 @pytest.fixture(autouse=True)
 def default_float_mode():
     """Trainers flush denormals to zero (process-wide, no getter); a test that leaves a trainer

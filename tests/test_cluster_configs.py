@@ -36,6 +36,7 @@ from scale_fpt.cluster import (
 )
 from scale_fpt.cluster import main as cluster_main
 from scale_fpt.config import ConfigError
+from scale_fpt.prebuild import prebuild_ops
 
 ray = pytest.importorskip("ray")
 
@@ -581,16 +582,21 @@ def hidden_python_trees() -> dict[Path, set[Path]]:
     return hidden
 
 
-def sshd_command(base: Path, sshd_config: Path) -> str:
-    """The shell command that serves one SSH connection on stdin/stdout (``sshd -i``).
+def sshd_command(base: Path, sshd_config: Path, binds: dict[Path, Path]) -> str:
+    """The shell command that serves one SSH connection on stdin/stdout (``sshd -i``), in a
+    mount namespace of its own (nothing changes for the rest of the machine) in which each
+    ``binds`` target path shows its source folder.
 
     When this machine's Python lies under a directory other users cannot enter (pyenv, or a
-    venv, in a 0700 /root), the node's user could not run it; the sshd then runs in a mount
-    namespace of its own in which each such directory is an empty tmpfs holding only the
-    Python trees (bound in place). Nothing changes for the rest of the machine."""
+    venv, in a 0700 /root), the node's user could not run it; each such directory is then an
+    empty tmpfs there holding only the Python trees (bound in place). Without mount
+    namespaces the binds are left out, and Python must be readable as it is."""
     serve = f"exec {shlex.quote(SSHD)} -i -f {shlex.quote(str(sshd_config))}"
     hidden = hidden_python_trees()
-    if not hidden:
+    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        if hidden:
+            pytest.skip(f"no mount namespace for the node's view of Python: {probe.stderr.strip()}")
         return serve
     steps = []
     for n, (top, trees) in enumerate(hidden.items()):
@@ -601,10 +607,9 @@ def sshd_command(base: Path, sshd_config: Path) -> str:
         steps.append(["mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", str(top)])
         for tree, stage in staged:
             steps += [["mkdir", str(tree)], ["mount", "--move", str(stage), str(tree)]]
-    inner = " && ".join(shlex.join(step) for step in steps) + f" && {serve}"
-    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip(f"no mount namespace for the node's view of Python: {probe.stderr.strip()}")
+    for target, source in binds.items():
+        steps += [["mkdir", "-p", str(target)], ["mount", "--bind", str(source), str(target)]]
+    inner = " && ".join(shlex.join(step) for step in [*steps, ["true"]]) + f" && {serve}"
     return f"exec unshare --mount --propagation private sh -c {shlex.quote(inner)}"
 
 
@@ -658,8 +663,8 @@ def ssh_node():
     node's Python, first on its PATH from ~/.bashrc as local.yaml asks of every machine, is a
     venv of its own layered on this test's environment (``layered_venv``); the node's Ray keeps its files (and its `ray_current_cluster`) in its own
     temporary directory, apart from any other Ray here. The node starts with the fused
-    kernels this machine has built (a copy of its torch extension cache: the setup's
-    `scale_fpt.prebuild` then loads them instead of compiling for minutes). At the end every
+    kernels and DeepSpeed op this machine has built (a copy of its torch extension cache, at
+    the same path: the setup's `scale_fpt.prebuild` then loads them instead of compiling). At the end every
     process of the user is ended and the user and the directory removed."""
     if SSHD is None:
         pytest.skip("sshd is not installed (Debian: apt-get install openssh-server)")
@@ -685,11 +690,19 @@ def ssh_node():
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)])
         (home / ".ssh").mkdir(mode=0o700)
         shutil.copy(f"{key}.pub", home / ".ssh" / "authorized_keys")
+        # Torch rebuilds a JIT extension whose build commands name another folder, and the
+        # fused kernels' commands name their build folder: the node's copy of this machine's
+        # builds is shown at this machine's path (when mount namespaces allow; elsewhere the
+        # node's folder is not its own and it builds into its home).
+        prebuild_ops()
         extensions = Path(torch_extensions_dir())
-        shutil.copytree(extensions, home / ".cache" / "torch_extensions" / extensions.name)
+        node_extensions = home / ".cache" / "torch_extensions" / extensions.name
+        shutil.copytree(extensions, node_extensions)
         venv_bin = layered_venv(home / "venv")
         with open(home / ".bashrc", "a") as bashrc:
             bashrc.write(f"export PATH={venv_bin}:$PATH TMPDIR={base}/tmp\n")
+            shown = shlex.quote(str(extensions))
+            bashrc.write(f"if [ -w {shown} ]; then export TORCH_EXTENSIONS_DIR={shown}; fi\n")
         (base / "tmp").mkdir()
         (base / "shared").mkdir()
         for path in (home, base / "tmp", base / "shared"):
@@ -704,7 +717,8 @@ def ssh_node():
             "LogLevel ERROR\n"
         )
         proxy = base / "sshd"
-        proxy.write_text(f"#!/bin/sh\n{sshd_command(base, sshd_config)}\n")
+        command = sshd_command(base, sshd_config, {extensions: node_extensions})
+        proxy.write_text(f"#!/bin/sh\n{command}\n")
         proxy.chmod(0o755)
         yield SshNode(user, uid, home, base / "shared", key, proxy)
     finally:

@@ -1066,6 +1066,7 @@ def prop_value(index: int, step: int) -> float:
     return round(0.1 * index + 0.01 * step, 6)  # a deterministic trial: same step, same value
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events=TRIAL_EVENTS)
 def test_interleaved_retries_and_driver_restarts_keep_one_row_per_key(events):

@@ -99,6 +99,7 @@ def test_a_trial_given_gpus_it_cannot_use_fails_with_one_line():
     assert resolve_device(TrainConfig(accelerator="cpu"), ["0"]) == "cpu"  # asked for
 
 
+@pytest.mark.slow
 def test_a_world_of_one_ignores_what_a_larger_world_left_in_the_environment():
     """A reused Ray actor that ran rank 1 of a 2-process trial keeps RANK=1, WORLD_SIZE=2 in
     its environment; its next one-process trial must not wait for a rank 0 that is gone.

@@ -294,6 +294,7 @@ def test_blocked_and_damaged_files_are_resultserrors_a_sweep_does_not_retry(tmp_
     assert issubclass(DamagedCheckpointError, ConfigError)
 
 
+@pytest.mark.slow
 def test_report_skips_bad_weights_files_naming_each_and_reports_the_rest(tmp_path, home, capsys):
     """One arm per kind of bad weights file (a blocked pickle, empty, truncated, text, a link
     to a file outside) beside a good one: one report, each bad trial named with its file

@@ -18,6 +18,7 @@ from scale_fpt.sweep import SweepConfig
 from scale_fpt.tasks import task_spec
 
 
+@pytest.mark.slow
 def test_default_corpus_is_english_text_from_the_standard_library():
     corpus = python_docstrings(200_000)
     text = corpus.decode("utf-8")

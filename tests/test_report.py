@@ -523,6 +523,7 @@ def test_trained_checkpoint_attention_in_report(tmp_path, kind):
         assert f"| {round(share, 3)} |" in text  # the table rounds to 3 decimals
 
 
+@pytest.mark.slow
 def test_missing_checkpoint_is_reported_not_fatal(tmp_path):
     writer = ResultsWriter(tmp_path, "s")
     write(writer, "t", 0.6, init="random", checkpoint=str(tmp_path / "gone"))

@@ -257,6 +257,7 @@ OPERATIONS = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(operations=OPERATIONS)
 def test_any_history_of_writes_keeps_one_row_per_key_last_wins(operations):

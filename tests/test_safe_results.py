@@ -109,6 +109,7 @@ def report_text(results: Path, out: Path, capsys) -> str:
     return (out / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_report_refuses_a_planted_weights_file_and_a_copy_reads_its_own(tmp_path, capsys):
     original = tmp_path / "original"
     trained_results(original)

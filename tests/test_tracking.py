@@ -213,6 +213,7 @@ def test_a_failing_logger_is_dropped_with_one_warning_and_the_others_go_on(tmp_p
         assert [(e.step, e.value) for e in events.Scalars("val/accuracy")] == [(10, value)]
 
 
+@pytest.mark.slow
 def test_runs_are_named_by_what_varies_and_grouped_by_sweep(tmp_path, monkeypatch):
     """Two sweeps' member trials fed to the three trackers as the driver feeds them, read back
     with each tool's reader: a run is named by the fields that vary in its sweep
