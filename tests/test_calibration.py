@@ -152,3 +152,23 @@ def test_planted_next_runs_variance_is_caught(calibration, monkeypatch):
     monkeypatch.setattr(laws, "next_runs", old_next_runs)
     planted = rows_of(calibration.next_run_checks(LADDER, 20, np.random.default_rng(0)))
     assert not planted[name].calibrated
+
+
+def test_learn_or_not_intervals_cover_what_they_claim(calibration):
+    """Seeds that learn or not at 3 seeds: an interval is printed only where every seed of
+    each arm had one outcome (about 1 study in 4 at an even chance), and it covers the
+    difference of that outcome; against the mean over the seeds' chance to learn (what it
+    does not claim) it misses, and that row is marked not printed."""
+    design = calibration.Design("test", 3, 0, 1, 1, 1000, 100)
+    truth = calibration.FOLDER_TRUTHS[4]
+    assert truth.learns < 1
+    rows = rows_of(calibration.folder_checks(design, 12, np.random.default_rng(3), (truth,)))
+    claimed = rows[f"pretrained - random: printed 95% interval, {truth.name}"]
+    assert 0 < claimed.n_studies < 12 and claimed.coverage >= 0.75, claimed
+    lottery = next(r for n, r in rows.items() if n.startswith("learn or not"))
+    assert lottery.n_studies == claimed.n_studies and lottery.coverage <= 0.25, lottery
+    assert not lottery.printed
+    # Whichever outcome the seeds agreed on, the claim is that outcome's difference.
+    assert truth.claimed(0.4, 3) == truth.effect
+    assert truth.claimed(29.0, 3) == truth.random + truth.effect - 10.0  # cifar10 at chance
+    assert truth.claimed(29.0, 10) == truth.difference  # a mixture is visible at 10 seeds

@@ -94,8 +94,10 @@ LEARNED_MARGIN = 10.0
 """Accuracy points above the task's baseline within which a seed did not learn the task."""
 MIXED_MIN_PAIRS = 10
 """Seeds below which an arm whose seeds learn or not gets no t interval: a two-point
-mixture of seeds is far from normal, and the paired-t interval covers 0.27-0.74 at 3 seeds
-(``benchmarks/calibration.py``, learn-or-not truths)."""
+mixture of seeds is far from normal. Below it, a printed interval is of the one outcome
+every seed of each arm had (all learned, or all at the baseline): it covers that outcome's
+difference at nominal, not the mean over an arm's chance to learn, which agreeing seeds
+cannot show (``benchmarks/calibration.py``, the learn-or-not truth: ``Truth.claimed``)."""
 
 
 SETTING = ("task", "model", "finetune_label", "max_steps", "lr")
