@@ -316,6 +316,9 @@ def selection_checks(design: Design, n_studies: int, rng) -> list[Row]:
 # ``build_report`` calls (``Comparisons.compute`` and its findings, the tables' texts,
 # ``scaling_laws``, ``analysis.power``), every printed number scored against the truth.
 
+STEPS_MEDIAN = 0.25
+"""Median steps to the threshold of a folder's seeds, as a share of the budget: the same in
+both inits (no effect on steps)."""
 FAMILY = "accuracy: pretrained - random"
 SEARCH, CONFIRM = "s", f"s{CONFIRM_SUFFIX}"
 INTERVAL_PATTERN = re.compile(r"\[(?:95% CI )?([+\-]?[\d,.]+), ([+\-]?[\d,.]+)\]")
@@ -384,24 +387,28 @@ FOLDER_TRUTHS = (
 them, as it spans a preset's tasks."""
 
 
-def trial_row(sweep: str, truth: Truth, init: str, lr: float, seed: int, design, acc, val):
-    """One trial's row as the driver writes it (every column the report reads)."""
+def trial_row(
+    sweep: str, truth: Truth, init: str, lr: float, seed: int, design, acc, val, steps=None
+):
+    """One trial's row as the driver writes it (every column the report reads). ``steps``:
+    (step, reached, never) of ``steps_sample`` (default: reached at the first evaluation);
+    a seed that did not learn never reaches the threshold."""
     flat = {**TrialConfig().to_flat(), "task": truth.task, "model": "gpt2", "init": init,
             "finetune": "fpt", "lr": lr, "seed": seed, "max_steps": design.budget,
             "eval_every": design.eval_every}  # fmt: skip
-    # Steps to the threshold on the evaluation grid: a learned seed reaches it at once.
-    learned = acc >= task_baseline(truth.task) + LEARNED_MARGIN
+    step, reached, never = steps or (design.eval_every, True, False)
+    reached = reached and acc >= task_baseline(truth.task) + LEARNED_MARGIN
     return {
         **flat,
         "trial_id": f"{sweep}-{truth.task}-{init}-{lr:g}-{seed}",
         "status": "completed",
-        "steps_done": design.budget,
-        "stop_reason": "budget",
+        "steps_done": design.budget if reached or not never else step,
+        "stop_reason": "patience" if never and not reached else "budget",
         "best_val_accuracy": val / 100,
         "val_accuracy": val / 100,
         "test_accuracy": acc / 100,
         "selected_step": design.budget,
-        "steps_to_threshold": design.eval_every if learned else None,
+        "steps_to_threshold": step if reached else None,
         "final_test_accuracy": acc / 100,
         "best_test_accuracy": acc / 100,
         "total_params": 1.24e8,
@@ -431,7 +438,9 @@ def write_folder(root: Path, design: Design, rng, truths=FOLDER_TRUTHS) -> None:
             for init in inits:
                 acc = truth.accuracy(init == "pretrained", shared, rng)
                 val = float(np.clip(acc + rng.normal(0, max(truth.noise, 0.5) / 2), 0, 100))
-                w.write_trial(trial_row(w.sweep, truth, init, lr, seed, design, acc, val))
+                step, reached, never = steps_sample(design, 1, STEPS_MEDIAN * design.budget, rng)
+                steps = (int(step[0]), bool(reached[0]), bool(never[0]))
+                w.write_trial(trial_row(w.sweep, truth, init, lr, seed, design, acc, val, steps))
 
     for truth in truths:
         for lr in lrs:
@@ -463,6 +472,9 @@ def folder_checks(design: Design, n_studies: int, rng, truths=FOLDER_TRUTHS) -> 
     the one the true SD gives (at least ``stats.ASSURANCE`` of the statements)."""
     cover = {t.name: [] for t in truths}
     lottery = []  # learn-or-not intervals against the mean over seeds' chance to learn
+    steps_cover, steps_null, medians = [], [], []
+    power_range, power_family = [], []
+    median_truth = true_median(design, STEPS_MEDIAN * design.budget)
     null_p, zero, texts, bh, status, power, fdr = [], 0, 0, [], [], [], []
     by_task = {t.task: t for t in truths}
     for _ in range(n_studies):
@@ -477,6 +489,7 @@ def folder_checks(design: Design, n_studies: int, rng, truths=FOLDER_TRUTHS) -> 
         if not lr.empty:
             lr = lr[lr["contrast"] == "pretrained - random"]
             rows += [(r, "", by_task[r["task"]]) for r in lr.to_dict("records")]
+        statements = []  # this study's "detects X pp", scored once its family is known
         for r, prefix, truth in rows:
             if "[" in tables.interval_text(r, prefix):
                 low, high = r[f"{prefix}ci_low"], r[f"{prefix}ci_high"]
@@ -488,9 +501,19 @@ def folder_checks(design: Design, n_studies: int, rng, truths=FOLDER_TRUTHS) -> 
             if truth.difference == 0 and truth.learns == 1 and np.isfinite(p):
                 null_p.append(p < stats.ALPHA)
             if np.isfinite(truth.sd_difference) and np.isfinite(r[f"{prefix}detectable"]):
-                n = int(r[f"{prefix}n_pairs" if prefix else "n"])
-                true = stats.detectable_difference(truth.sd_difference, n)
-                power.append(r[f"{prefix}detectable"] >= true)
+                statements.append((r, prefix, truth))
+        # Steps to the threshold: the same law in both inits wherever every seed learns.
+        for r in init.to_dict("records"):
+            if by_task[r["task"]].learns < 1:
+                continue
+            if "[" in tables.interval_text(r, "steps_"):
+                steps_cover.append(r["steps_ci_low"] <= 0 <= r["steps_ci_high"])
+            if np.isfinite(r["steps_logrank_p"]):
+                steps_null.append(r["steps_logrank_p"] < stats.ALPHA)
+            for s in ("pretrained", "random"):
+                if r[f"n_{s}"] >= stats.KM_INTERVAL_MIN_SEEDS:  # printed with its interval
+                    low, high = r[f"steps_median_{s}_low"], r[f"steps_median_{s}_high"]
+                    medians.append(low <= median_truth <= high)
         shown = [tables.difference_text(r) for r in init.to_dict("records")]
         findings = found.findings({})
         shown += list(findings["difference (pp) [95% CI]"])
@@ -508,6 +531,19 @@ def folder_checks(design: Design, n_studies: int, rng, truths=FOLDER_TRUTHS) -> 
         unique = sorted({p for p, _ in tested})
         expected = dict(zip(unique, stats.adjust_p(unique), strict=True))
         bh += [math.isclose(a, expected[p], rel_tol=1e-9) for p, a in tested]
+        # "Detects X pp": at the SD's upper bound, its range over the SD's interval, and at
+        # the level 0.05 / m of the family's m tests, each against the true SD's.
+        for r, prefix, truth in statements:
+            n = int(r[f"{prefix}n_pairs" if prefix else "n"])
+            true = stats.detectable_difference(truth.sd_difference, n)
+            power.append(r[f"{prefix}detectable"] >= true)
+            power_range.append(
+                r[f"{prefix}detectable_low"] <= true <= r[f"{prefix}detectable_high"]
+            )
+            m = len(unique) if r[f"{prefix}family" if prefix else "family"] == family else 1
+            alpha = stats.ALPHA / max(m, 1)
+            at_family = stats.detectable_difference(truth.sd_difference, n, alpha=alpha)
+            power_family.append(r[f"{prefix}detectable_family"] >= at_family)
         rejected = [(r["task"], r["accuracy_p_adjusted"] < stats.ALPHA)
                     for r in init.to_dict("records") if r["accuracy_family"] == family]  # fmt: skip
         false = sum(hit and by_task[task].difference == 0 for task, hit in rejected)
@@ -529,6 +565,13 @@ def folder_checks(design: Design, n_studies: int, rng, truths=FOLDER_TRUTHS) -> 
         Row("learn or not: printed intervals against the mean over the seeds' chance to learn "
             "(not their claim)", name, 0.95, *rate(lottery, len(lottery) or 1), len(lottery),
             "interval", False),
+        Row("steps to threshold, no effect: printed 95% interval of the difference", name,
+            0.95, *rate(steps_cover, len(steps_cover) or 1), len(steps_cover), "interval",
+            bool(steps_cover)),
+        Row("steps to threshold, no effect: log-rank (level 0.05)", name, 0.05,
+            *rate(steps_null, len(steps_null) or 1), len(steps_null), "test", bool(steps_null)),
+        Row("Kaplan-Meier median: printed 95% interval", name, 0.95,
+            *rate(medians, len(medians) or 1), len(medians), "interval", bool(medians)),
         Row("pretrained - random: paired t-test, no effect (level 0.05)", name, 0.05,
             *rate(null_p, len(null_p) or 1), len(null_p), "test", True),
         Row("zero-wide 95% intervals printed (share of texts)", name, 0.0,
@@ -542,6 +585,13 @@ def folder_checks(design: Design, n_studies: int, rng, truths=FOLDER_TRUTHS) -> 
         Row(f"detectable difference at or above the true SD's ({stats.ASSURANCE:.0%} of "
             "statements)", name, stats.ASSURANCE, *rate(power, len(power) or 1), len(power),
             "interval, at least nominal", bool(power)),
+        Row("detectable difference: its range over the SD's 95% interval holds the true SD's",
+            name, 0.95, *rate(power_range, len(power_range) or 1), len(power_range), "interval",
+            bool(power_range)),
+        Row(f"detectable difference at the family's level 0.05 / m at or above the true SD's "
+            f"({stats.ASSURANCE:.0%})", name, stats.ASSURANCE,
+            *rate(power_family, len(power_family) or 1), len(power_family),
+            "interval, at least nominal", bool(power_family)),
     ]  # fmt: skip
 
 

@@ -97,6 +97,13 @@ def test_the_assembled_report_passes_its_folder_checks(small):
                  "family", "status 'exploratory' where the note says so"):  # fmt: skip
         assert rows[name].calibrated, rows[name]
     assert rows["pretrained - random: printed 95% interval, no effect, 3 pp noise"].n_studies
+    # Steps to threshold and every "detects X pp" are scored through the same assembly.
+    for name in ("steps to threshold, no effect: log-rank", "detectable difference: its range "
+                 "over the SD's 95% interval holds the true SD's"):  # fmt: skip
+        assert rows[name].n_studies and rows[name].printed, rows[name]
+    family = next(r for n, r in rows.items() if n.startswith("detectable difference at the fam"))
+    assert family.n_studies == rows["detectable difference: its range over the SD's 95% "
+                                    "interval holds the true SD's"].n_studies  # fmt: skip
 
 
 def test_planted_family_split_in_two_is_caught(small, monkeypatch):
