@@ -34,6 +34,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from scipy import stats as sp
@@ -44,8 +45,8 @@ from scale_fpt.analysis.means import MEANS_FORMS, fit_size_means
 from scale_fpt.analysis_plan import PLAN_FILE, AnalysisPlan
 from scale_fpt.config import TrialConfig
 from scale_fpt.recipes.studies import STUDIES
+from scale_fpt.report import figures, stats, tables
 from scale_fpt.report import scaling_laws as laws
-from scale_fpt.report import stats, tables
 from scale_fpt.report.comparisons import Comparisons
 from scale_fpt.report.sections import contrasts_display
 from scale_fpt.report.tables.differences import LEARNED_MARGIN, MIXED_MIN_PAIRS, task_baseline
@@ -595,6 +596,57 @@ def folder_checks(design: Design, n_studies: int, rng, truths=FOLDER_TRUTHS) -> 
     ]  # fmt: skip
 
 
+CURVE_TRUTH = (55.0, 90.0, 0.3, 3.0, 1.0)
+"""A seed's validation curve (%): from 55 towards 90 with time constant 0.3 of the budget,
+a seed offset of sd 3 points kept over its steps and evaluation noise of sd 1; a seed that
+stops early (``NEVER_SHARE``, at a uniform evaluation) is carried at its last value, as the
+figure carries it."""
+
+
+def curve_values(design: Design, n: int, rng) -> np.ndarray:
+    """(n, evaluations) validation accuracies (%) of n seeds, carried after an early stop."""
+    start, top, tau, seed_sd, noise = CURVE_TRUTH
+    steps = np.arange(design.eval_every, design.budget + 1, design.eval_every)
+    mean = top - (top - start) * np.exp(-steps / (tau * design.budget))
+    values = mean + rng.normal(0, seed_sd, (n, 1)) + rng.normal(0, noise, (n, len(steps)))
+    stops = np.where(rng.random(n) < NEVER_SHARE, rng.integers(0, len(steps), n), len(steps))
+    held = np.take_along_axis(values, np.minimum(stops, len(steps) - 1)[:, None], axis=1)
+    return np.where(np.arange(len(steps)) > stops[:, None], held, values)
+
+
+@depends("seeds", "budget", "eval_every")
+def curve_checks(design: Design, n_studies: int, rng) -> list[Row]:
+    """The learning-curve figure's 95% band (``figures.learning_curves_figure``, from curves
+    rows written with the project's writer and read back) at every evaluation step, against
+    the mean of the carried curves it claims (that mean from 200,000 simulated seeds)."""
+    steps = np.arange(design.eval_every, design.budget + 1, design.eval_every)
+    truth = curve_values(design, 200_000, np.random.default_rng(12345)).mean(axis=0)
+    covered = []
+    for _ in range(n_studies):
+        with tempfile.TemporaryDirectory() as tmp:
+            writer = ResultsWriter(Path(tmp), SEARCH)
+            values = curve_values(design, design.seeds, rng)
+            for seed, curve in enumerate(values):
+                stop = int(np.flatnonzero(np.diff(curve) != 0).max(initial=-1)) + 2
+                row = trial_row(SEARCH, FOLDER_TRUTHS[0], "pretrained", 1e-3, seed, design,
+                                curve[-1], curve[-1])  # fmt: skip
+                writer.write_trial(row)
+                writer.write_curve(row["trial_id"], [
+                    {"step": int(step), "val_accuracy": v / 100}
+                    for step, v in zip(steps[:stop], curve[:stop], strict=True)
+                ])  # fmt: skip
+            results = load_results(tmp)
+        _, band = figures.learning_curves_figure(results.trials, results.curves, "bit-xor")
+        plt.close("all")
+        band = band.set_index("step").reindex(steps)
+        covered += list((band["ci_low"] <= truth) & (truth <= band["ci_high"]))
+    name = f"{design.seeds} seeds, {design.budget} steps, evaluated every {design.eval_every}"
+    return [
+        Row("learning-curve band: 95% t band at each evaluation (carried seeds)", name, 0.95,
+            *rate(covered, n_studies), n_studies, "interval", design.seeds >= 2),
+    ]  # fmt: skip
+
+
 LAW_SWEEPS = ("scale", "ladder")
 """Two sweeps of one folder that ran the same sizes on the same seeds (the same random
 streams: ``seeding.py``), as scale-paper and ladder-paper do at gpt2's sizes."""
@@ -705,7 +757,7 @@ def next_run_checks(design: coverage.Design, n_studies: int, rng) -> list[Row]:
     ]  # fmt: skip
 
 
-CHECKS = [accuracy_checks, steps_checks, selection_checks, folder_checks]
+CHECKS = [accuracy_checks, steps_checks, selection_checks, folder_checks, curve_checks]
 """Each: (design, n_studies, rng) -> list of Row, marked with ``depends``. Add a check by
 appending it."""
 

@@ -17,7 +17,7 @@ from scipy.stats import binom
 from scale_fpt.analysis import coverage, power
 from scale_fpt.analysis.coverage import Design as LawDesign
 from scale_fpt.recipes.studies import STUDIES
-from scale_fpt.report import comparisons, stats
+from scale_fpt.report import comparisons, figures, stats
 from scale_fpt.report import scaling_laws as laws
 from scale_fpt.report.tables import differences, families
 
@@ -196,3 +196,20 @@ def test_a_check_fails_a_wrong_rate_at_least_95_percent_of_the_time(n):
     if n == 1100:
         assert binom.pmf(ks, n, 0.95)[covered].sum() >= 0.99
         assert binom.pmf(ks, n, 0.05)[rejected].sum() >= 0.99
+
+
+def test_planted_narrow_curve_band_is_caught(calibration, monkeypatch):
+    """The learning-curve figure's band, scored through the figure's own function: right at
+    3 seeds; planted as mean +- one standard error (no t quantile), grossly off nominal."""
+    design = calibration.Design("test", 3, 0, 1, 1, 500, 100)
+    clean = calibration.curve_checks(design, 12, np.random.default_rng(0))[0]
+    assert not clean.off_nominal and clean.coverage >= 0.85, clean
+
+    def narrow(values):
+        out = stats.summarize(values)
+        se = out["std"] / np.sqrt(out["n"])
+        return {**out, "ci_low": out["mean"] - se, "ci_high": out["mean"] + se}
+
+    monkeypatch.setattr(figures, "summarize", narrow)
+    planted = calibration.curve_checks(design, 12, np.random.default_rng(0))[0]
+    assert planted.off_nominal, planted
