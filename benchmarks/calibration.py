@@ -686,7 +686,7 @@ def law_folder_checks(design: coverage.Design, n_studies: int, rng) -> list[Row]
     measured gap's change between the smallest and largest size against the truth's, and
     every alpha the law table prints as an interval."""
     sizes = np.asarray(design.sizes[:4], dtype=float)
-    gap, alpha, repeated = [], [], []
+    gap, alpha, repeated, band = [], [], [], []
     for _ in range(n_studies):
         with tempfile.TemporaryDirectory() as tmp:
             truths = law_folder(Path(tmp), sizes, design.seeds, rng)
@@ -710,6 +710,15 @@ def law_folder_checks(design: coverage.Design, n_studies: int, rng) -> list[Row]
                 lo, hi = (float(v) for v in text.split("[")[1].rstrip("]").split(","))
                 init = "pretrained" if r["arm"].startswith("pretrained") else "random"
                 alpha.append(lo <= truths[init]["alpha"] <= hi)
+        # The law figure's band (``curve_frame``: NaN where not drawn) at each size.
+        for (_, arm, axis), (fit, _) in fits.items():
+            if fit is None or axis != "total_params":
+                continue
+            truth = truths["pretrained" if arm.startswith("pretrained") else "random"]
+            curve = laws.curve_frame(fit, sizes)
+            law = truth["E"] + truth["A"] * sizes ** -truth["alpha"]
+            drawn = curve["band_lo"].notna().to_numpy()
+            band += list(((curve["band_lo"] <= law) & (law <= curve["band_hi"]))[drawn])
     name = f"{len(sizes)} sizes x {design.seeds} seeds, sweeps {' and '.join(LAW_SWEEPS)}"
     return [
         Row("law points whose seed's streams count twice in their arm (share)", name, 0.0,
@@ -718,6 +727,8 @@ def law_folder_checks(design: coverage.Design, n_studies: int, rng) -> list[Row]
             *rate(gap, len(gap) or 1), len(gap), "interval", bool(gap)),
         Row("alpha (power_floor): printed 95% interval", name, 0.95,
             *rate(alpha, len(alpha) or 1), len(alpha), "interval", bool(alpha)),
+        Row("law figure: 95% band at each size, where drawn (power_floor)", name, 0.95,
+            *rate(band, len(band) or 1), len(band), "interval, at least nominal", bool(band)),
     ]  # fmt: skip
 
 
