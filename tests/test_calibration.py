@@ -71,8 +71,9 @@ def test_law_rows_at_a_ladder_design(calibration):
     # held-out prediction none: that interval is never printed.
     held_out = [r for r in rows if r.name.startswith("held-out") and "power_floor" in r.name]
     assert held_out and not any(r.printed for r in held_out)
-    # What the report prints is what passed its check.
-    assert all(r.calibrated for r in rows if r.printed)
+    # What the report prints (its own check, 600 studies) is not grossly off on 40 others.
+    assert any(r.printed for r in rows)
+    assert not any(r.off_nominal for r in rows if r.printed)
 
 
 LADDER = LawDesign("ladder", (1.24e8, 3.55e8, 7.74e8, 1.56e9), 3)
