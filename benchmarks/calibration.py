@@ -793,33 +793,46 @@ def law_rows(designs: list[coverage.Design], n_studies: int, seed: int) -> list[
     return rows
 
 
+LAW_CHECKS = ("law_rows", "law_folder_checks", "next_run_checks")
+"""The scaling laws' checks, run at ``run``'s law designs (the folder and next-run ones at
+ladders of 4 or more sizes)."""
+
+
 def run(
     n_studies: int,
     seed: int = 0,
     designs: list[Design] | None = None,
     law_designs: list[coverage.Design] | None = None,
     checks=None,
+    only: set[str] | None = None,
 ) -> list[Row]:
     """Every check (``checks``, default ``CHECKS``) at ``designs`` (default: every shipped
     preset's) and the scaling laws' at ``law_designs`` (default: every preset that fits a
-    law; a ladder of 4 or more sizes also through the assembled scaling section)."""
+    law; a ladder of 4 or more sizes also through the assembled scaling section); ``only``:
+    the names of the checks to run (of ``CHECKS`` and ``LAW_CHECKS``), default all."""
     designs = preset_designs() if designs is None else designs
     if law_designs is None:
         law_designs = list(coverage.preset_designs(STUDIES).values())
+    wanted = lambda name: only is None or name in only  # noqa: E731
     rng = np.random.default_rng(seed)
     rows = []
     for check in CHECKS if checks is None else checks:
+        if not wanted(check.__name__):
+            continue
         seen = set()
         for design in designs:
             key = tuple(getattr(design, f) for f in check.depends)
             if key not in seen:
                 seen.add(key)
                 rows += check(design, n_studies, rng)
-    rows += law_rows(law_designs, n_studies, seed)
+    if wanted("law_rows"):
+        rows += law_rows(law_designs, n_studies, seed)
     for design in law_designs:
         if len(design.sizes) >= 4:  # a ladder: the assembled scaling section
-            rows += law_folder_checks(design, n_studies, rng)
-            rows += next_run_checks(design, n_studies, rng)
+            if wanted("law_folder_checks"):
+                rows += law_folder_checks(design, n_studies, rng)
+            if wanted("next_run_checks"):
+                rows += next_run_checks(design, n_studies, rng)
     return rows
 
 
@@ -846,6 +859,9 @@ def main(argv=None) -> int:
                         help=f"{QUICK_STUDIES} studies per design; fails only a printed row "
                         "more than 3 Monte Carlo errors off nominal")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
+    names = [c.__name__ for c in CHECKS] + list(LAW_CHECKS)
+    parser.add_argument("--only", action="append", choices=names, metavar="CHECK",
+                        help=f"run only this check (repeatable): {', '.join(names)}")  # fmt: skip
     args = parser.parse_args(argv)
     if args.quick:
         args.studies = QUICK_STUDIES
@@ -853,7 +869,7 @@ def main(argv=None) -> int:
     print(f"calibration, {datetime.date.today().isoformat()}, {args.studies} studies per design")
     for d in designs:
         print(f"- {label(d)}: {d.presets}")
-    rows = run(args.studies, args.seed, designs)
+    rows = run(args.studies, args.seed, designs, only=set(args.only) if args.only else None)
     print(table(rows))
     wrong = [r for r in rows if r.printed and (r.off_nominal if args.quick else not r.calibrated)]
     for r in wrong:
