@@ -214,3 +214,15 @@ def test_planted_narrow_curve_band_is_caught(calibration, monkeypatch):
     monkeypatch.setattr(figures, "summarize", narrow)
     planted = calibration.curve_checks(design, 12, np.random.default_rng(0))[0]
     assert planted.off_nominal, planted
+
+
+def test_an_interval_narrower_than_its_digits_prints_its_ends_apart(calibration):
+    """Two seeds whose differences nearly tie (found by the benchmark at 2 seeds, learn or
+    not: '+29.7 [95% CI +29.7, +29.7]'): printed with the digits that tell its ends apart."""
+    row = {"diff": 29.7312, "ci_low": 29.7301, "ci_high": 29.7322}
+    text = differences.interval_text(row)
+    assert text == "+29.7312 [95% CI +29.7301, +29.7322]"
+    assert not calibration.zero_wide([text])
+    assert differences.interval_text({"diff": 14.3, "ci_low": 10.1, "ci_high": 18.5}) == (
+        "+14.3 [95% CI +10.1, +18.5]"
+    )

@@ -157,9 +157,18 @@ def interval_text(row, prefix: str = "", digits: str = "+.1f", label: str = "95%
     if not math.isfinite(diff):
         return "—"
     if math.isfinite(low) and math.isfinite(high):
+        # An interval narrower than the printed precision gets the digits that tell its
+        # ends apart (seeds that nearly tie), never '[+29.7, +29.7]'.
+        if f"{low:{digits}}" == f"{high:{digits}}" and low < high:
+            digits = f"{digits.split('.')[0]}.{significant(low, high)}f"
         return f"{diff:{digits}} [{label}{low:{digits}}, {high:{digits}}]"
     note = get("interval_note")
     return f"{diff:{digits}} ({note if isinstance(note, str) and note else 'no interval'})"
+
+
+def significant(low: float, high: float) -> int:
+    """Decimals at which ``low`` < ``high`` print apart."""
+    return max(0, math.ceil(-math.log10(high - low)) + 1)
 
 
 def with_task_thresholds(trials: pd.DataFrame, curves: pd.DataFrame, thresholds=None):
