@@ -4,8 +4,8 @@ Default: ``scale_fpt.analysis.coverage.law_checks`` at every preset that runs th
 model sizes (``preset_designs``: its sizes and seeds), for each law form the analysis plan
 may name; per interval the report prints (a size's mean, alpha, E, alpha differences, the
 curve's band, the held-out prediction) and per scenario (seed noise; a deviation per size):
-coverage, its Monte Carlo error, whether it is calibrated (the covering count not below the
-0.5% quantile of Binomial(n, 0.95)) and the share of studies whose interval was bounded.
+coverage, its Monte Carlo error, whether it is calibrated (the covering count rules out a
+coverage of 0.92: ``coverage.shows_calibrated``) and the share of studies whose interval was bounded.
 
 ``--bootstrap``: the bootstrap intervals of ``fit_scaling_law`` (seeds resampled within
 sizes) on one design, as before (``coverage_study``).

@@ -148,8 +148,9 @@ def build_parser() -> Parser:
     report.add_argument(
         "--pool",
         action="store_true",
-        help="pool the trials of every sweep into shared cells (default: a sweep's trials are "
-        "never pooled with another's; pooled seeds may repeat and share random streams)",
+        help="pool the trials of every sweep into shared cells and scaling laws (default: a "
+        "sweep's trials are never pooled with another's; pooled seeds may repeat and share "
+        "random streams)",
     )
     report.add_argument(
         "--seeds-for",
@@ -157,7 +158,9 @@ def build_parser() -> Parser:
         default=None,
         metavar="PP",
         help="also say, for every comparison, how many seeds detect a difference of PP "
-        "percentage points at 80%% power from the results' paired spread (a pilot's)",
+        "percentage points at 80%% power, planned at the upper 80%% confidence bound of the "
+        "results' paired SD (a pilot's: reached in at least 80%% of pilots) and at the "
+        "family's Benjamini-Hochberg level",
     )
     return parser
 

@@ -107,7 +107,8 @@ Presets:
     local  gpt2-tiny, language-pretrained (built locally on first use) vs random, frozen
            (fpt), 3 seeds, on budgets a 2-core CPU learns in (docs/local.md); prints
            pretrained - random on each task (accuracy and steps to the threshold) paired on
-           the seeds (paired-t 95% interval; exact log-rank p). Deviations from the paper,
+           the seeds (paired-t 95% interval, withheld where some seeds of an arm learned
+           and others did not; exact log-rank p). Deviations from the paper,
            declared in the report too:
              bit-xor     1,000 steps (paper 10,000), Adam 1e-3, batch 16;
              bit-memory  a smaller variant: 5 strings of 20 bits, one 20-bit token each

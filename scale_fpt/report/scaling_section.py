@@ -29,8 +29,9 @@ def intro(form: str) -> str:
         '"not identified" too, with the bound the data do give. Every interval printed was '
         "checked at the arm's own design (its sizes and seeds) on "
         f"{laws.CHECK_STUDIES} synthetic studies per scenario "
-        "(scale_fpt.analysis.coverage.law_checks; docs/scaling-laws.md): one that did not cover "
-        'within the binomial tolerance of 95% is printed as "not calibrated". A larger alpha '
+        "(scale_fpt.analysis.coverage.law_checks; docs/scaling-laws.md): one whose covering "
+        "count does not rule out a coverage of 0.92 (one-sided binomial test, level 0.05) is "
+        'printed as "not calibrated". A larger alpha '
         "means the error falls faster with scale. Bars on the figures: 95% t intervals of each "
         "size's mean over its seeds."
     )
@@ -72,8 +73,8 @@ def section(
         "scaling_calibration",
         f"Calibration at the designs fitted above ({laws.CHECK_STUDIES} synthetic studies per "
         "scenario: seed noise 0.03 in log error, without and with a deviation per size of "
-        "0.03; nominal 0.95): an interval is printed only where every scenario covers within "
-        "the binomial tolerance.",
+        "0.03; nominal 0.95): an interval is printed only where every scenario's covering "
+        "count rules out a coverage of 0.92 (one-sided binomial test, level 0.05).",
         laws.calibration_rows(fits),
     )
     held, checks = laws.holdout_rows(points, form)

@@ -226,7 +226,10 @@ def findings_section(doc: Document, out: Path, comparisons: Comparisons, baselin
         "below it is not evidence of no effect. 'exploratory': outside the sweep's analysis "
         "plan, or an LR-fair row on its selection seeds. A task's accuracy at one of its "
         "baselines means the arm did not learn; where some seeds of an arm did and others "
-        "did not, no interval is printed below 10 seeds (not calibrated there)."
+        "did not, no interval is printed below 10 seeds (not calibrated there). Below 10 "
+        "seeds an interval is of the outcome every seed of each arm had (all learned, or all "
+        "at the baseline), not of an arm's chance to learn: 3 seeds of a task that half of "
+        "all seeds learn agree 1 time in 4."
     )
     doc.table(findings_display(table).set_index(["task", "comparison"]))
     write_text(out / "tables" / "findings.csv", table.to_csv(index=False))

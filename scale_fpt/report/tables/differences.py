@@ -97,8 +97,10 @@ LEARNED_MARGIN = 10.0
 """Accuracy points above the task's baseline within which a seed did not learn the task."""
 MIXED_MIN_PAIRS = 10
 """Seeds below which an arm whose seeds learn or not gets no t interval: a two-point
-mixture of seeds is far from normal, and the paired-t interval covers 0.27-0.74 at 3 seeds
-(``benchmarks/calibration.py``, learn-or-not truths)."""
+mixture of seeds is far from normal. Below it, a printed interval is of the one outcome
+every seed of each arm had (all learned, or all at the baseline): it covers that outcome's
+difference at nominal, not the mean over an arm's chance to learn, which agreeing seeds
+cannot show (``benchmarks/calibration.py``, the learn-or-not truth: ``Truth.claimed``)."""
 
 
 SETTING = ("task", "model", "finetune_label", "max_steps", "lr")
@@ -158,9 +160,18 @@ def interval_text(row, prefix: str = "", digits: str = "+.1f", label: str = "95%
     if not math.isfinite(diff):
         return "—"
     if math.isfinite(low) and math.isfinite(high):
+        # An interval narrower than the printed precision gets the digits that tell its
+        # ends apart (seeds that nearly tie), never '[+29.7, +29.7]'.
+        if f"{low:{digits}}" == f"{high:{digits}}" and low < high:
+            digits = f"{digits.split('.')[0]}.{significant(low, high)}f"
         return f"{diff:{digits}} [{label}{low:{digits}}, {high:{digits}}]"
     note = get("interval_note")
     return f"{diff:{digits}} ({note if isinstance(note, str) and note else 'no interval'})"
+
+
+def significant(low: float, high: float) -> int:
+    """Decimals at which ``low`` < ``high`` print apart."""
+    return max(0, math.ceil(-math.log10(high - low)) + 1)
 
 
 def with_task_thresholds(trials: pd.DataFrame, curves: pd.DataFrame, thresholds=None):
