@@ -11,7 +11,12 @@ import pandas as pd
 
 from scale_fpt.report import tables
 from scale_fpt.report.stats import power_statement
-from scale_fpt.report.tables.differences import DETECTABLE, detectable_text, interval_text
+from scale_fpt.report.tables.differences import (
+    DETECTABLE,
+    detectable_text,
+    interval_text,
+    p_bh_text,
+)
 from scale_fpt.report.tables.families import (
     EXPLORATORY,
     Shown,
@@ -106,9 +111,7 @@ def findings_display(findings: pd.DataFrame) -> pd.DataFrame:
     rows = findings.to_dict("records")
     texts = {
         "difference (pp) [95% CI]": [interval_text(r, label="") for r in rows],
-        "p (BH)": [
-            f"{r['p']:.2g} ({r['p_adjusted']:.2g})" if math.isfinite(r["p"]) else "—" for r in rows
-        ],
+        "p (BH)": [p_bh_text(r["p"], r["p_adjusted"]) for r in rows],
         "detectable at 80% power (pp)": [
             detectable_text(r) if math.isfinite(r["detectable"]) else "—" for r in rows
         ],

@@ -14,7 +14,7 @@ from scale_fpt.confined import write_text
 from scale_fpt.report import tables
 from scale_fpt.report.comparisons import Comparisons, findings_display
 from scale_fpt.report.render import Document, escape_md
-from scale_fpt.report.tables.differences import DETECTABLE
+from scale_fpt.report.tables.differences import DETECTABLE, p_bh_text
 
 MAX_LISTED_IDS = 30
 
@@ -404,10 +404,7 @@ def contrasts_display(contrasts: pd.DataFrame) -> pd.DataFrame:
             "d_z [95% CI]": [
                 f"{r['d_z']:.2f} [{r['d_z_low']:.2f}, {r['d_z_high']:.2f}]" for r in rows
             ],
-            "p (BH)": [
-                f"{r['p']:.2g} ({r['p_adjusted']:.2g})" if np.isfinite(r["p"]) else "—"
-                for r in rows
-            ],
+            "p (BH)": [p_bh_text(r["p"], r["p_adjusted"]) for r in rows],
             "p (sign-flip; exact to 16 pairs)": [
                 sign_flip_text(r["p_sign_flip"], r["p_sign_flip_min"], r["n"], r["p_sign_flip_se"])
                 for r in rows

@@ -306,12 +306,27 @@ def median_text(median: float, low: float, high: float, n: int) -> str:
     return f"{steps(median)} [95% CI {steps(low)}, {steps(high)}]"
 
 
+# The smallest p a float64 holds to two digits; a test's p below it (a t-test at 1,000 seeds
+# apart by many SDs) underflows to 0, which would read as a certainty no test gives.
+SMALLEST_SHOWN_P = 1e-300
+
+
+def p_number(p: float) -> str:
+    """'0.012', or '< 1e-300' for a p that underflowed to zero."""
+    return f"< {SMALLEST_SHOWN_P:.0e}" if p < SMALLEST_SHOWN_P else f"{p:.2g}"
+
+
+def p_bh_text(p: float, adjusted: float) -> str:
+    """'0.012 (0.03)': a raw p and its BH-adjusted p, as the 'p (BH)' columns show them."""
+    return f"{p_number(p)} ({p_number(adjusted)})" if np.isfinite(p) else "—"
+
+
 def monte_carlo_text(p: float, se: float) -> str:
     """'0.012', or with a Monte Carlo p its standard error: '0.012 ± 0.0008 (Monte Carlo,
     20,000 draws)'."""
     if np.isfinite(se) and se > 0:
-        return f"{p:.2g} ± {se:.1g} (Monte Carlo, {MONTE_CARLO_DRAWS:,} draws)"
-    return f"{p:.2g}"
+        return f"{p_number(p)} ± {se:.1g} (Monte Carlo, {MONTE_CARLO_DRAWS:,} draws)"
+    return p_number(p)
 
 
 def p_text(p: float, adjusted: float, least: float = math.nan, se: float = math.nan) -> str:
@@ -319,7 +334,7 @@ def p_text(p: float, adjusted: float, least: float = math.nan, se: float = math.
     text = f"p {monte_carlo_text(p, se)}"
     if np.isfinite(least):
         text += f" (least possible {least:.2g})"
-    return text + f", BH-adjusted {adjusted:.2g}"
+    return text + f", BH-adjusted {p_number(adjusted)}"
 
 
 def accuracy_text(row, prefix: str = "accuracy_") -> str:
