@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from scale_fpt.compaction import Generation, part_name
 from scale_fpt.config import TrialConfig
 from scale_fpt.report.build import build_report
-from scale_fpt.report.figures import MAX_SEED_LINES
+from scale_fpt.report.figures import MAX_SEED_LINES, scaling_figure
 from scale_fpt.results import ResultsWriter, load_results
 from scale_fpt.results_schema import CURVE_SCHEMA, TRIAL_SCHEMA
 
@@ -153,3 +154,19 @@ def test_load_reads_only_the_curves_columns_asked_for(tmp_path):
     pd.testing.assert_frame_equal(few.trials, full.trials)  # trials whole, always
     with pytest.raises(ValueError, match="no curves column val_acc "):
         load_results(tmp_path, curve_columns=("val_acc",))
+
+
+def test_rows_without_a_recorded_size_are_left_off_the_size_figure(tmp_path):
+    """Trial rows whose total_params is empty (an older or foreign writer) still report: the
+    size figure leaves their cells out and says how many, where it used to raise."""
+    write_arms(tmp_path, seeds=5)
+    for part in (tmp_path / "big" / "trials").glob("*.parquet"):
+        table_ = pq.read_table(part)
+        column = table_.schema.get_field_index("total_params")
+        table_ = table_.set_column(column, "total_params", pa.nulls(len(table_), pa.int64()))
+        pq.write_table(table_, part)
+    trials = load_results(tmp_path).trials
+    fig, data = scaling_figure(trials)
+    assert data.empty
+    assert "2 cell(s) without" in fig.axes[0].get_title()
+    assert build_report(tmp_path, tmp_path / "report", attention_maps=False).exists()

@@ -42,12 +42,19 @@ def panels(n: int, width: float = 4.2, height: float = 3.4):
 def scaling_figure(trials: pd.DataFrame, metric: str = tables.DEFAULT_METRIC):
     """Accuracy vs total parameters for frozen (fpt) transformers, one line per init."""
     cells = tables.table6_size(trials, metric)
-    if cells.empty or not (cells["n"] > 0).any():
+    cells = cells[cells["n"] > 0] if not cells.empty else cells
+    # A cell without a recorded size (a row from an older or foreign writer) has no place on
+    # the size axis: it is left out and the panel says how many were.
+    unsized = int(cells["total_params"].isna().sum()) if not cells.empty else 0
+    if len(cells) == unsized:
         fig, axes = panels(1)
-        axes[0].set_title("no frozen transformer trials")
+        axes[0].set_title(
+            f"no frozen transformer trials with a recorded size ({unsized} cell(s) without)"
+            if unsized
+            else "no frozen transformer trials"
+        )
         return fig, pd.DataFrame()
-    data = cells[cells["n"] > 0]
-    cells = data
+    data = cells = cells[cells["total_params"].notna()]
     # One line per init and per setting that differs between cells (e.g. '· steps=500').
     data = data.assign(
         line=[
@@ -78,6 +85,9 @@ def scaling_figure(trials: pd.DataFrame, metric: str = tables.DEFAULT_METRIC):
                 ax.annotate(row.model_label, (row.total_params, row.mean), fontsize=7)
         ax.set_xscale("log")
         ax.set_title(TASK_TITLES.get(task, task))
+        if unsized:
+            ax.set_title(f"{unsized} cell(s) without a recorded size left out", loc="right",
+                         fontsize=7)  # fmt: skip
         ax.set_xlabel("total parameters")
         ax.set_ylabel("test accuracy (%)")
         ax.legend(fontsize=8)
