@@ -252,13 +252,21 @@ def run_experiment(plan: SweepPlan, resume: bool):
             max_concurrent_trials=sweep.max_concurrent or None,
             reuse_actors=sweep.reuse_actors,
         ),
-        run_config=tune.RunConfig(
-            name=experiment,
-            storage_path=sweep.ray_storage,
-            callbacks=[callbacks],
-            failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=KEPT_CHECKPOINTS),
-            verbose=0,
-        ),
+        run_config=run_config(experiment, sweep.ray_storage, callbacks, sweep.max_failures),
     )
     return fit_reporting_write_failures(tuner), search_alg
+
+
+def run_config(experiment: str, storage: str, callbacks, max_failures: int):
+    """Ray Tune's run configuration of a sweep's experiment: its storage, the driver's
+    callbacks, retries, ``KEPT_CHECKPOINTS`` per trial, and no trial table (``progress``)."""
+    from ray import tune
+
+    return tune.RunConfig(
+        name=experiment,
+        storage_path=storage,
+        callbacks=[callbacks],
+        failure_config=tune.FailureConfig(max_failures=max_failures),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=KEPT_CHECKPOINTS),
+        verbose=0,
+    )

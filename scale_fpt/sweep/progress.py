@@ -243,7 +243,7 @@ def progress_callback_class():
         def states(self, trials) -> list[tuple[str, list[str]]]:
             return [(trial.status, self.members(trial)) for trial in trials]
 
-        def on_step(self, iteration, trials, **info):
+        def on_step_end(self, iteration, trials, **info):
             now = time.monotonic()
             if now - self.progress.last_shown >= self.progress.every_s:
                 self.progress.update_trials(self.states(trials))
