@@ -5,7 +5,11 @@ trial, and the progress output is one line per interval whatever the sweep's siz
 from __future__ import annotations
 
 import io
+import json
+import os
 import re
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -99,3 +103,24 @@ def test_a_sweep_of_one_evaluation_trials_saves_its_state_on_a_clock_not_per_tri
     assert 1 <= len(status) <= 2 + elapsed / 5, (len(status), elapsed)
     assert status[-1].startswith(f"[scale-fpt] drive: trials {trials} done, 0 running")
     assert status[-1].endswith(f"experiment state saved {saves} times")
+
+
+@pytest.mark.slow
+def test_driver_scale_benchmark_measures_each_size_through_the_command():
+    """``benchmarks/driver_scale.py --quick``: two sweeps (4 and 8 trials) through `scale-fpt
+    sweep`, each size's figures read off the command's rows, log and processes."""
+    repo = Path(__file__).resolve().parent.parent
+    command = [sys.executable, "benchmarks/driver_scale.py", "--quick", "--json"]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    sizes = json.loads(done.stdout.splitlines()[-1])
+    assert [s["trials"] for s in sizes] == [4, 8] and [s["tune_trials"] for s in sizes] == [4, 8]
+    for size in sizes:
+        assert 0 < size["training_summed_s"] < size["wall_to_last_row_s"] <= size["exit_s"]
+        assert size["driver_cpu_s"] > 0 and size["driver_peak_rss_mb"] > 50
+        assert size["ray_cpu_s"] > 0 and size["ray_peak_rss_mb"] > 50
+        # A line per trial and the last status line, which counts Tune's state saves.
+        assert size["progress_lines"] >= size["trials"] + 1 and size["status_lines"] >= 1
+        assert size["experiment_state_saves"] >= 1 and size["experiment_state_mb"] > 0
+    assert "target: overhead per trial grows at most 10% per size" in done.stdout
