@@ -51,6 +51,16 @@ written 113 times for 100 one-evaluation trials). With 2, a trial that evaluates
 forces a save, and a longer one at most every second evaluation (docs/performance.md)."""
 
 
+class GridValues(list):
+    """A grid axis's values that Ray Tune's variant generator shares instead of copying. It
+    deep-copies the whole search space, every value of the grid included, for each trial it
+    makes: O(trials) a trial, O(trials^2) a sweep (12.7 ms of CPU a trial at 2,000 Tune
+    trials; 0.1 ms shared). Each trial's config gets its own value, which nothing mutates."""
+
+    def __deepcopy__(self, memo):
+        return self
+
+
 def search_algorithm(plan: SweepPlan):
     """The searcher of a sweep's searched arms: one ``search.SeedMeanSearcher`` per arm (its
     configurations trained for every seed, scored on the seed mean, in the arm's own Optuna
@@ -228,7 +238,7 @@ def run_experiment(plan: SweepPlan, resume: bool):
         # One grid axis over whole member lists: exactly arms(), overrides included, in
         # the planned cohorts (one arm per Tune trial when they do not pack).
         groups = [list(cohort.members) for cohort in plan.cohorts]
-        param_space = {"sweep": sweep.name, "members": tune.grid_search(groups)}
+        param_space = {"sweep": sweep.name, "members": tune.grid_search(GridValues(groups))}
     scheduler = None
     if sweep.asha:
         trains = [config.train for config in plan.configs]
