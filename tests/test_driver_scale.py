@@ -4,6 +4,7 @@ trial, and the progress output is one line per interval whatever the sweep's siz
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from scale_fpt.sweep.driver import GridValues
 from scale_fpt.sweep.progress import MAX_ARM_LINES, SweepProgress, progress_callback_class
 
 
@@ -41,6 +43,20 @@ def test_a_plain_status_line_names_the_best_arms_only_whatever_the_sweep_size():
     assert len(best) == MAX_ARM_LINES + 1
     assert best[0] == f"bit-xor/m{arms - 1}/random/fpt {(arms - 1) / arms:.3f}"
     assert best[-1] == f"... and {arms - MAX_ARM_LINES} more arms"
+
+
+def test_a_grid_of_cohorts_gives_each_trial_its_cohort_without_copying_the_grid():
+    # Tune's variant generator deep-copies the search space for every trial it makes: the
+    # grid's values are shared, so a trial costs the same at 10 or 10,000 cohorts.
+    from ray import tune
+    from ray.tune.search.variant_generator import generate_variants
+
+    groups = GridValues([[{"seed": i, "lr": 1e-3}, {"seed": i, "lr": 3e-3}] for i in range(500)])
+    space = {"sweep": "s", "members": tune.grid_search(groups)}
+    assert copy.deepcopy(space)["members"]["grid_search"] is groups
+    configs = [config for _, config in generate_variants(space)]
+    assert [c["members"] for c in configs] == list(groups)
+    assert all(c["sweep"] == "s" for c in configs)
 
 
 def test_the_status_line_counts_ray_tunes_saves_of_the_experiment_state():
