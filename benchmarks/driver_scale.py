@@ -233,7 +233,8 @@ def main(argv=None) -> int:
                 print(f"kept: {work}")
             else:
                 shutil.rmtree(work, ignore_errors=True)
-        print(f"done: {n_trials:,} trials, load average {os.getloadavg()[0]:.1f}", flush=True)
+        # Each size's figures as soon as measured: a long run stopped later keeps them.
+        print(f"done: {json.dumps(asdict(measured[-1]))}", flush=True)
     overhead_growth = growth(measured, "overhead_per_trial_s")
     cpu_growth = growth(measured, "driver_cpu_per_trial_ms")
     rows = [

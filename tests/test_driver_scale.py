@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from scale_fpt.sweep.driver import GridValues
+from scale_fpt.sweep.driver import SharedGrid
 from scale_fpt.sweep.progress import MAX_ARM_LINES, SweepProgress, progress_callback_class
 
 
@@ -48,14 +48,17 @@ def test_a_plain_status_line_names_the_best_arms_only_whatever_the_sweep_size():
 def test_a_grid_of_cohorts_gives_each_trial_its_cohort_without_copying_the_grid():
     # Tune's variant generator deep-copies the search space for every trial it makes: the
     # grid's values are shared, so a trial costs the same at 10 or 10,000 cohorts.
-    from ray import tune
+    # (Tune first swaps the values for its placeholders' copy, as Tuner.fit does.)
+    from ray.tune.impl.placeholder import create_resolvers_map, inject_placeholders
     from ray.tune.search.variant_generator import generate_variants
 
-    groups = GridValues([[{"seed": i, "lr": 1e-3}, {"seed": i, "lr": 3e-3}] for i in range(500)])
-    space = {"sweep": "s", "members": tune.grid_search(groups)}
-    assert copy.deepcopy(space)["members"]["grid_search"] is groups
+    groups = [[{"seed": i, "lr": 1e-3}, {"seed": i, "lr": 3e-3}] for i in range(500)]
+    space = {"sweep": "s", "members": SharedGrid(grid_search=groups)}
+    space = inject_placeholders(copy.deepcopy(space), create_resolvers_map())
+    axis = space["members"]
+    assert copy.deepcopy(space)["members"] is axis
     configs = [config for _, config in generate_variants(space)]
-    assert [c["members"] for c in configs] == list(groups)
+    assert [c["members"] for c in configs] == groups
     assert all(c["sweep"] == "s" for c in configs)
 
 
