@@ -8,6 +8,7 @@ import copy
 import io
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -17,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from scale_fpt.sweep.driver import SharedGrid
+from scale_fpt.sweep.config import SweepConfig
+from scale_fpt.sweep.driver import SharedGrid, trial_resources
+from scale_fpt.sweep.placement import Devices, sweep_gpus
+from scale_fpt.sweep.plan import plan_sweep
 from scale_fpt.sweep.progress import MAX_ARM_LINES, SweepProgress, progress_callback_class
 
 
@@ -60,6 +64,26 @@ def test_a_grid_of_cohorts_gives_each_trial_its_cohort_without_copying_the_grid(
     configs = [config for _, config in generate_variants(space)]
     assert [c["members"] for c in configs] == groups
     assert all(c["sweep"] == "s" for c in configs)
+
+
+def test_the_resources_callback_pickles_as_a_token_whatever_the_plans_size():
+    # Tune unpickles the registered trainable, this callback with it, for every trial it
+    # makes: the plan of 2,000 cohorts must not travel with it.
+    def plan_of(seeds: int):
+        sweep = SweepConfig(
+            name="s", base={"task": "bit-xor", "model": "gpt2-tiny", "init": "random"},
+            grid={"lr": [1e-3, 3e-3]}, seeds=tuple(range(seeds)), pack="auto", gpus_per_trial="0",
+        )  # fmt: skip
+        devices = Devices(gpus=0, slots=2, slot_bytes=0)
+        return plan_sweep(sweep, sweep.trials(), sweep_gpus(sweep), devices)
+
+    small, large = trial_resources(plan_of(2)), trial_resources(plan_of(2_000))
+    assert len(pickle.dumps(large)) == len(pickle.dumps(small)) < 200
+    again = pickle.loads(pickle.dumps(large))
+    assert again is large  # in the driver: the live callback, its plan and lookup table
+    cohort = large.plan.cohorts[-1]
+    asked = again({"sweep": "s", "members": list(cohort.members)})
+    assert asked.bundles == cohort.resources().bundles == [{"CPU": 1}]
 
 
 def test_the_status_line_counts_ray_tunes_saves_of_the_experiment_state():

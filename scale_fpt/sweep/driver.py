@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import sys
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,15 +201,46 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
 
-def trial_resources(plan: SweepPlan):
+def trial_resources(plan: SweepPlan) -> PlannedResources:
     """Ray Tune's resources callback of an experiment: each Tune trial's request, looked up
     in its plan."""
+    return PlannedResources(plan)
 
-    def resources(config: dict):
+
+class PlannedResources:
+    """Each Tune trial's resources, looked up in the plan. Tune registers the trainable, this
+    callback with it, and unpickles it again for every trial it makes: it pickles as a
+    token (``planned_resources``), not as the plan, whose size and lookup table grow with
+    the sweep (O(cohorts) a trial, O(trials^2) a sweep)."""
+
+    def __init__(self, plan: SweepPlan):
+        self.plan = plan
+        self.token = secrets.token_hex(8)
+        LIVE_PLANS[self.token] = self
+
+    def __call__(self, config: dict):
         _, members = tune_members(without_search_configs(config))
-        return plan.cohort(members).resources()
+        return self.plan.cohort(members).resources()
 
-    return resources
+    def __reduce__(self):
+        return planned_resources, (self.token,)
+
+
+LIVE_PLANS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+"""This process's resources callbacks by token: the driver's, while its Tuner holds them."""
+
+
+def planned_resources(token: str):
+    """What a pickled ``PlannedResources`` becomes: the driver's own (Tune asks it for every
+    trial on the driver), or elsewhere (a worker, which never asks) a callback that says
+    why it cannot answer."""
+    if token in LIVE_PLANS:
+        return LIVE_PLANS[token]
+
+    def elsewhere(config: dict):
+        raise RuntimeError("a sweep's trial resources are looked up on its driver only")
+
+    return elsewhere
 
 
 def run_experiment(plan: SweepPlan, resume: bool):
