@@ -243,6 +243,13 @@ def driver_callbacks_class():
             """The results callback (the first)."""
             return self[0]
 
+        def on_trial_result(self, **info):
+            super().on_trial_result(**info)
+            # Its curve rows are written (Parquet, Tune's result.json) and shown; Tune keeps
+            # each trial's last result in memory for the whole sweep and writes all of them
+            # at each save of the experiment state (a one-evaluation trial's: 27 -> 25 KB).
+            info["result"].pop("curve_rows", None)
+
         def __reduce__(self):
             return restored_callbacks, (self.token, self.results_dir)
 

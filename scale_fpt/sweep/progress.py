@@ -81,6 +81,8 @@ class SweepProgress:
         """Arm -> best validation accuracy so far."""
         self.counts = {"done": 0, "running": 0, "pending": 0, "failed": 0}
         self.drawn_lines = 0
+        self.state_saves = 0
+        """Ray Tune's saves of the experiment state (each writes every trial's state)."""
 
     def __getstate__(self):  # Tune pickles callbacks; a stream does not pickle
         return {"name": self.name, "planned_steps": self.planned_steps, "every_s": None}
@@ -162,19 +164,23 @@ class SweepProgress:
         eta = ""
         if self.planned_steps and rate > 0:
             eta = f", ETA {duration((self.planned_steps - done_steps) / rate)}"
+        saves = f"; experiment state saved {self.state_saves} times" if self.state_saves else ""
         return (
             f"[scale-fpt] {self.name}: trials {c['done']} done, {c['running']} running, "
             f"{c['pending']} pending, {c['failed']} failed; {rate:,.1f} trial-steps/s"
-            f"{eta}; elapsed {duration(time.monotonic() - self.started)}"
+            f"{eta}; elapsed {duration(time.monotonic() - self.started)}{saves}"
         )
 
-    def arm_lines(self, limit: int | None = None) -> list[str]:
+    def best_arms(self, limit: int | None = None) -> tuple[list[tuple[str, float]], int]:
+        """The ``limit`` arms of best validation accuracy, best first, and how many more."""
         ranked = sorted(self.best.items(), key=lambda item: -item[1])
         shown = ranked if limit is None else ranked[:limit]
+        return shown, len(ranked) - len(shown)
+
+    def arm_lines(self, limit: int | None = None) -> list[str]:
+        shown, more = self.best_arms(limit)
         lines = [f"  best val acc {acc:.3f}  {arm}" for arm, acc in shown]
-        if len(ranked) > len(shown):
-            lines.append(f"  ... and {len(ranked) - len(shown)} more arms")
-        return lines
+        return lines + ([f"  ... and {more} more arms"] if more else [])
 
     def tick(self, force: bool = False) -> None:
         """Show the state if ``every_s`` passed since it was last shown (or ``force``)."""
@@ -185,7 +191,10 @@ class SweepProgress:
         if self.terminal:
             self.draw([self.status_line(), *self.arm_lines(MAX_ARM_LINES)])
         else:
-            best = "; ".join(f"{arm} {acc:.3f}" for arm, acc in sorted(self.best.items()))
+            # One line per interval whatever the sweep's size: the best arms, not every arm.
+            shown, more = self.best_arms(MAX_ARM_LINES)
+            best = "; ".join(f"{arm} {acc:.3f}" for arm, acc in shown)
+            best += f"; ... and {more} more arms" if more else ""
             self.say(self.status_line() + (f"; best val acc: {best}" if best else ""))
 
     def draw(self, lines: list[str]) -> None:
@@ -234,7 +243,7 @@ def progress_callback_class():
         def states(self, trials) -> list[tuple[str, list[str]]]:
             return [(trial.status, self.members(trial)) for trial in trials]
 
-        def on_step(self, iteration, trials, **info):
+        def on_step_end(self, iteration, trials, **info):
             now = time.monotonic()
             if now - self.progress.last_shown >= self.progress.every_s:
                 self.progress.update_trials(self.states(trials))
@@ -242,6 +251,11 @@ def progress_callback_class():
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
             self.progress.add_rows(result.get("trial_rows", []))
+
+        def get_state(self):
+            # Tune asks every callback for its state at each save of the experiment state.
+            self.progress.state_saves += 1
+            return None
 
         def on_trial_error(self, iteration, trials, trial, **info):
             ids = [m for m in self.members(trial) if m not in self.progress.ended]
