@@ -20,8 +20,7 @@ import pytest
 
 from scale_fpt.sweep.config import SweepConfig
 from scale_fpt.sweep.driver import SharedGrid, trial_resources
-from scale_fpt.sweep.placement import Devices, sweep_gpus
-from scale_fpt.sweep.plan import plan_sweep
+from scale_fpt.sweep.plan import plan_sweep, sweep_placement
 from scale_fpt.sweep.progress import MAX_ARM_LINES, SweepProgress, progress_callback_class
 
 
@@ -74,8 +73,7 @@ def test_the_resources_callback_pickles_as_a_token_whatever_the_plans_size():
             name="s", base={"task": "bit-xor", "model": "gpt2-tiny", "init": "random"},
             grid={"lr": [1e-3, 3e-3]}, seeds=tuple(range(seeds)), pack="auto", gpus_per_trial="0",
         )  # fmt: skip
-        devices = Devices(gpus=0, slots=2, slot_bytes=0)
-        return plan_sweep(sweep, sweep.trials(), sweep_gpus(sweep), devices)
+        return plan_sweep(sweep, sweep_placement(sweep, {"CPU": 2.0}))  # two CPU slots
 
     small, large = trial_resources(plan_of(2)), trial_resources(plan_of(2_000))
     assert len(pickle.dumps(large)) == len(pickle.dumps(small)) < 200
