@@ -688,3 +688,14 @@ def test_preprocessing_table_lists_each_tasks_choices(results):
     assert split["as published"] == "no" and split["reference code"].startswith("full train")
     xor = steps[steps["task"] == "bit-xor"]
     assert len(xor) == 6 and set(xor["as published"]) == {"yes"}
+
+
+def test_detectable_differences_and_effect_sizes_print_without_exponents():
+    """'34 pp at 80% power [8.3, 100]', never '[8.3, 1e+02]': what a reader of a power
+    statement at 3 seeds meets; p values keep their exponents, below 1e-300 as '< 1e-300'."""
+    row = {"detectable": 34.4, "detectable_low": 8.31, "detectable_high": 99.7,
+           "detectable_family": 1234.0}  # fmt: skip
+    text = tables.differences.detectable_text(row)
+    assert text.startswith("34 pp at 80% power [8.3, 100]") and "1,200 at the family" in text
+    assert "e+" not in text
+    assert tables.differences.p_bh_text(0.0, 3e-5) == "< 1e-300 (3e-05)"

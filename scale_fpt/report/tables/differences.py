@@ -311,6 +311,13 @@ def median_text(median: float, low: float, high: float, n: int) -> str:
 SMALLEST_SHOWN_P = 1e-300
 
 
+def two_digits(x: float) -> str:
+    """Two significant digits without an exponent a reader must decode: '0.57', '34',
+    '100' or '1,200' (``:.2g`` writes 100 as '1e+02')."""
+    rounded = float(f"{x:.2g}")
+    return f"{rounded:.2g}" if not abs(rounded) >= 100 else f"{rounded:,.0f}"
+
+
 def p_number(p: float) -> str:
     """'0.012', or '< 1e-300' for a p that underflowed to zero."""
     return f"< {SMALLEST_SHOWN_P:.0e}" if p < SMALLEST_SHOWN_P else f"{p:.2g}"
@@ -347,7 +354,8 @@ def accuracy_text(row, prefix: str = "accuracy_") -> str:
 
     text = interval_text(row, prefix).replace(" ", " pp ", 1)
     if np.isfinite(get("d_z")):
-        text += f", d_z {get('d_z'):.2g} [{get('d_z_low'):.2g}, {get('d_z_high'):.2g}]"
+        d_z = (two_digits(get(k)) for k in ("d_z", "d_z_low", "d_z_high"))
+        text += ", d_z {} [{}, {}]".format(*d_z)
     if np.isfinite(get("p")):
         text += "; t-test " + p_text(get("p"), get("p_adjusted"))
     if np.isfinite(get("p_sign_flip")) and get("p_sign_flip_min") < ALPHA:
@@ -369,11 +377,11 @@ def detectable_text(row, prefix: str = "") -> str:
         return math.nan if value is None else float(value)
 
     text = (
-        f"{get('detectable'):.2g} pp at 80% power [{get('detectable_low'):.2g}, "
-        f"{get('detectable_high'):.2g}] (SD's upper 80% bound; over its 95% interval)"
+        f"{two_digits(get('detectable'))} pp at 80% power [{two_digits(get('detectable_low'))}, "
+        f"{two_digits(get('detectable_high'))}] (SD's upper 80% bound; over its 95% interval)"
     )
     if np.isfinite(get("detectable_family")) and get("detectable_family") > get("detectable"):
-        text += f", {get('detectable_family'):.2g} at the family's BH level"
+        text += f", {two_digits(get('detectable_family'))} at the family's BH level"
     return text
 
 
