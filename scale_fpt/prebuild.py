@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from pathlib import Path
 
 from filelock import FileLock
@@ -36,6 +37,25 @@ def node_build_lock() -> FileLock:
     return FileLock(directory / BUILD_LOCK)
 
 
+# The extensions scale_fpt builds on a node: the fused kernels (named by their source's hash)
+# and DeepSpeed's CPU communication op.
+OWN_EXTENSIONS = ("scale_fpt_fused_cpu_*", "deepspeed_shm_comm")
+
+
+def clear_stale_batons(directory: Path) -> list[Path]:
+    """Remove torch's build batons (``<extension>/lock``) of this node's own extensions, and
+    return them. Torch waits forever on a baton whose build was killed (Ctrl-C in a first
+    run), and its baton is a plain file that outlives the process. Called under the node's
+    build lock, which every build of these extensions holds: a baton found then is stale."""
+    # Torch adds a "py311_cpu"-like folder under its default root, none under
+    # TORCH_EXTENSIONS_DIR.
+    places = [f"{depth}{pattern}/lock" for depth in ("", "*/") for pattern in OWN_EXTENSIONS]
+    stale = [baton for place in places for baton in directory.glob(place)]
+    for baton in stale:
+        baton.unlink(missing_ok=True)
+    return stale
+
+
 @functools.cache
 def prebuild_ops(deepspeed: bool = True) -> None:
     """Build (or load) the fused CPU kernels, and DeepSpeed's CPU op unless ``deepspeed`` is
@@ -49,6 +69,9 @@ def prebuild_ops(deepspeed: bool = True) -> None:
     from scale_fpt.models.ops import fused_kernels  # torch: only a CPU trial builds them
 
     with node_build_lock():
+        for baton in clear_stale_batons(extensions_dir()):
+            print(f"scale-fpt: removed the stale build lock {baton} (a build was killed)",
+                  file=sys.stderr)  # fmt: skip
         if deepspeed:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
             from deepspeed.ops.op_builder import ShareMemCommBuilder
