@@ -97,13 +97,18 @@ def test_report_at_a_thousand_seeds_an_arm(tmp_path):
     assert seconds < 300
 
 
-def cpu_seconds(fn) -> float:
-    start = time.process_time()
-    fn()
-    return time.process_time() - start
+def cpu_seconds(fn, repeats: int = 2) -> float:
+    """The least CPU seconds of ``repeats`` calls (one call's CPU time moves by ~10% with
+    the allocator's and caches' state)."""
+    times = []
+    for _ in range(repeats):
+        start = time.process_time()
+        fn()
+        times.append(time.process_time() - start)
+    return min(times)
 
 
-@pytest.mark.slow  # about 25 s of CPU: ten sweeps reported, then the largest alone
+@pytest.mark.slow  # about 35 s of CPU: ten sweeps reported, then the largest alone, twice
 def test_ten_sweeps_are_reported_apart_in_at_most_twice_the_largest_alone(tmp_path, monkeypatch):
     """One sweep of 40 arms and nine of 2 (5 seeds an arm, the benchmark's proportions):
     reported apart in at most twice the CPU seconds of the largest alone (CPU seconds: the

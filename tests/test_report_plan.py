@@ -142,8 +142,9 @@ def test_power_section_says_how_many_seeds_detect_a_difference(tmp_path):
     shown = power_display(pd.DataFrame([row]), 5.0).iloc[0]
     assert shown["SD of differences (pp) [95% CI]"] == f"{sd:.3g} [{low:.3g}, {high:.3g}]"
     assert shown["detectable at 80% power (pp)"].startswith(
-        f"{stats.detectable_difference(upper, 3):.2g} pp at 80% power "
-        f"[{stats.detectable_difference(low, 3):.2g}, {stats.detectable_difference(high, 3):.2g}]"
+        f"{tables.differences.two_digits(stats.detectable_difference(upper, 3))} pp at 80% power "
+        f"[{tables.differences.two_digits(stats.detectable_difference(low, 3))}, "
+        f"{tables.differences.two_digits(stats.detectable_difference(high, 3))}]"
     )
     assert shown["seeds to detect 5 pp"] == str(stats.seeds_needed(upper, 5.0))
     assert stats.seeds_needed(upper, 5.0) > stats.seeds_needed(sd, 5.0)
