@@ -32,7 +32,8 @@ from __future__ import annotations
 import torch
 import triton
 
-from scale_fpt.models import flash_kernels, ops
+from scale_fpt.models import flash_kernels
+from scale_fpt.models.heads import unstack_heads
 
 BLOCK = 64
 """Query and key block size on a GPU (tests pass smaller ones to cross block edges)."""
@@ -112,9 +113,9 @@ def flash_forward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out (N, H, Tq, hd), log-sum-exp (N, H, Tq) float32, the bit-packed dropout mask
     (``_mask_shape``) uint8) of causal attention with keyed dropout (see the module
-    docstring) of ``ops.unstack_heads(q, k, v)``: one kernel launch. ``out`` is laid out
+    docstring) of ``unstack_heads(q, k, v)``: one kernel launch. ``out`` is laid out
     token-major (``_token_major``)."""
-    q, k, v = ops.unstack_heads(q, k, v)
+    q, k, v = unstack_heads(q, k, v)
     _check(q, k, v, positions, keys, block)
     N, H, Tq, _ = q.shape
     T = k.shape[-2]
@@ -134,7 +135,7 @@ def flash_forward(
 
 @flash_forward.register_fake
 def _(q, k, v, positions, keys, site, scale, p, block):
-    q, k, v = ops.unstack_heads(q, k, v)
+    q, k, v = unstack_heads(q, k, v)
     mask = q.new_empty(_mask_shape(q, k, keys, p), dtype=torch.uint8)
     return _token_major(q), q.new_empty(q.shape[:3], dtype=torch.float32), mask
 
@@ -158,8 +159,8 @@ def flash_backward(
     as they were given) for the output gradient ``grad``, laid out token-major
     (``_token_major``): two kernel launches, no torch kernels (written in q's dtype)."""
     grads = [_token_major(t) for t in (q, k, v) if t is not None]
-    dq, dk, dv = ops.unstack_heads(*grads, *[None] * (3 - len(grads)))
-    q, k, v = ops.unstack_heads(q, k, v)
+    dq, dk, dv = unstack_heads(*grads, *[None] * (3 - len(grads)))
+    q, k, v = unstack_heads(q, k, v)
     N, H, Tq, _ = q.shape
     T = k.shape[-2]
     grad = grad if grad.stride(-1) == 1 else grad.contiguous()

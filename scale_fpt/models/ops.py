@@ -67,6 +67,7 @@ import torch
 import torch.nn.functional as F
 
 from scale_fpt.keyed_random import keep_mask, keep_mask_rows, mix64_tensor
+from scale_fpt.models.heads import unstack_heads
 
 GELU_C = 2.0 * math.sqrt(2.0 / math.pi)  # tanh(z) = 2 sigmoid(2z) - 1, z = sqrt(2/pi)(x + a x^3)
 GELU_A = 0.044715
@@ -461,21 +462,6 @@ def attention_rows(query_positions: torch.Tensor, n_head: int, T: int) -> Rows:
     batch = torch.arange(N, device=query_positions.device)
     index = (batch[:, None, None] * n_head + heads[None, :, None]) * T + query_positions[:, None]
     return Rows(index.reshape(-1), N * n_head * T)
-
-
-def unstack_heads(
-    q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The queries, keys and values of an attention's arguments (views): ``q``, ``k``, ``v``,
-    or ``q`` holding all three stacked (3, N, H, T, hd) with ``k`` and ``v`` None, or ``k``
-    holding the keys and values stacked (2, N, H, T, hd) with ``v`` None: a projection's
-    output, whose gradient the Triton kernel then writes as one tensor (no copy to stack
-    three)."""
-    if k is None:
-        return q.unbind(0)
-    if v is None:
-        return (q, *k.unbind(0))
-    return q, k, v
 
 
 def causal_attention(

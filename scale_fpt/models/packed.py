@@ -256,7 +256,7 @@ class PackedFPT(PackedMembers):
         residual_rows = None  # where h's rows sit among all B*T rows (keys its dropout masks)
         positions = None
         # Queries, keys and values stacked as their projection writes them (its gradient
-        # then comes back as one tensor: ops.unstack_heads).
+        # then comes back as one tensor: heads.unstack_heads).
         if read_out is None:
             qkv = torch.addmm(b_qkv, a, w_qkv).view(-1, T, 3, H, hd)  # one GEMM, all K
             q, k, v = qkv.permute(2, 0, 3, 1, 4), None, None  # (3, Ka*B, H, T, hd)
