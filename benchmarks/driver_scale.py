@@ -36,10 +36,8 @@ import itertools
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -225,14 +223,8 @@ def main(argv=None) -> int:
     e2e.prebuild(e2e.sweep_env())
     measured: list[Size] = []
     for n_trials in sizes:
-        work = Path(tempfile.mkdtemp(prefix=f"scale_fpt_driver_{n_trials}_"))
-        try:
+        with e2e.scratch(f"scale_fpt_driver_{n_trials}_", args.keep) as work:
             measured.append(run_size(args, n_trials, work))
-        finally:
-            if args.keep:
-                print(f"kept: {work}")
-            else:
-                shutil.rmtree(work, ignore_errors=True)
         # Each size's figures as soon as measured: a long run stopped later keeps them.
         print(f"done: {json.dumps(asdict(measured[-1]))}", flush=True)
     overhead_growth = growth(measured, "overhead_per_trial_s")

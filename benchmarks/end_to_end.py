@@ -33,6 +33,7 @@ in ``ray_overhead.py``: a node builds them once, not once per sweep.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -200,6 +201,19 @@ def sweep_env() -> dict:
     }
 
 
+@contextlib.contextmanager
+def scratch(prefix: str, keep: bool):
+    """A fresh folder for one run's sweep, removed after it unless ``keep`` (then named)."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield work
+    finally:
+        if keep:
+            print(f"kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
 def run_once(args: argparse.Namespace, work: Path, n_trials: int) -> Run:
     sweep_file = work / "sweep.yaml"
     sweep_file.write_text(sweep_yaml(args))
@@ -316,14 +330,8 @@ def main(argv=None) -> int:
     )
     runs = []
     for _ in range(args.repeats):
-        work = Path(tempfile.mkdtemp(prefix="scale_fpt_e2e_"))
-        try:
+        with scratch("scale_fpt_e2e_", args.keep) as work:
             runs.append(run_once(args, work, n_trials))
-        finally:
-            if args.keep:
-                print(f"kept: {work}")
-            else:
-                shutil.rmtree(work, ignore_errors=True)
     problems = [p for run in runs for p in row_problems(run.trials, n_trials)]
     if problems:
         print("rows: " + "; ".join(dict.fromkeys(problems)))
