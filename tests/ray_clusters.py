@@ -8,6 +8,7 @@ machine, other people's included.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import socket
@@ -33,10 +34,28 @@ def wait_until(condition, what: str, done: threading.Event | None = None, timeou
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+# Ports for the nodes' servers, a range per pytest-xdist worker, between Ray's worker ports
+# (10002-19999) and Linux's ephemeral range (32768-60999: what a bind to port 0 and every
+# outgoing connection take). A port handed out by bind(0) and closed can be taken by any
+# process before the node binds it, and gRPC servers bind with SO_REUSEPORT: a Ray of
+# another test worker could then share the GCS's port and answer its clients.
+PORT_RANGE = 2_000
+FIRST_PORT = 20_000 + PORT_RANGE * (int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]) % 6)
+ports_handed_out = itertools.count()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port no process listens on, from this test worker's own range, none handed out
+    twice until the range wraps."""
+    for _ in range(PORT_RANGE):
+        port = FIRST_PORT + next(ports_handed_out) % PORT_RANGE
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))  # every address: a listener on any one of them is busy
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {FIRST_PORT}-{FIRST_PORT + PORT_RANGE - 1}")
 
 
 class LocalCluster:
@@ -80,6 +99,42 @@ class LocalCluster:
         assert head.poll() is None, self.log(head)
         self.address = address_file.read_text().strip()
         self.workers = [self.start([f"--address={self.address}"]) for _ in range(workers)]
+        self.wait_for_nodes(1 + workers)
+
+    def wait_for_nodes(self, count: int, timeout: float = 120) -> None:
+        """Until ``count`` nodes are alive, as a driver attached through RAY_ADDRESS sees
+        them (a driver of its own process, as every test's driver is): a test then starts
+        on the cluster it asked for, and a cluster a driver cannot reach fails here, with
+        the nodes' logs."""
+        wait = (
+            "import sys, time, ray\n"
+            "ray.init(log_to_driver=False)\n"
+            "deadline = time.monotonic() + float(sys.argv[2])\n"
+            "alive = lambda: sum(node['Alive'] for node in ray.nodes())\n"
+            "while alive() < int(sys.argv[1]) and time.monotonic() < deadline:\n"
+            "    time.sleep(0.2)\n"
+            "print(alive())\n"
+        )
+        found = subprocess.run(
+            [sys.executable, "-c", wait, str(count), str(timeout)],
+            env={**self.env, "RAY_ADDRESS": self.address},
+            capture_output=True,
+            text=True,
+            timeout=timeout + 120,  # the driver's own connect retries, then the wait
+        )
+        alive = found.stdout.strip().splitlines()[-1:] if found.returncode == 0 else []
+        assert alive == [str(count)], (
+            f"{count} nodes asked, a driver found {alive or 'none'}:\n"
+            f"{found.stdout[-1500:]}{found.stderr[-3000:]}\n{self.logs()}"
+        )
+
+    def logs(self) -> str:
+        """The tails of each node's `ray start` output and of the head's GCS log."""
+        gcs = Path(self.temp_dir) / "session_latest" / "logs" / "gcs_server.out"
+        tails = [f"node {k}:\n{self.log(node)}" for k, node in enumerate(self.nodes)]
+        if gcs.exists():
+            tails.append(f"GCS:\n{gcs.read_text()[-3000:]}")
+        return "\n".join(tails)
 
     def start(self, args: list[str]) -> subprocess.Popen:
         ports = (

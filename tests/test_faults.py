@@ -1013,7 +1013,11 @@ def test_killed_worker_node_trials_resume_elsewhere_from_checkpoints(ray_cluster
         try:
             found = wait_until(trial_on_worker_node, "a trial on the worker", driver_done)
         except AssertionError as e:
-            raise AssertionError(f"{e}; the driver printed:\n{driver.stdout.read()[-3000:]}") from e
+            driver.kill()  # its output ends: a driver still retrying would hold the pipe open
+            printed = driver.communicate()[0][-3000:]
+            raise AssertionError(
+                f"{e}; the driver printed:\n{printed}\n{ray_cluster.logs()}"
+            ) from e
         trial_dir, pid, lr = found
         killed = ray_cluster.kill(worker_node)
         output, _ = driver.communicate(timeout=400)
