@@ -29,7 +29,7 @@ from scale_fpt.analysis.means import (
     Profile,
     exponent_difference_arrays,
     interval_at,
-    profile_intervals,
+    law_intervals,
 )
 from scale_fpt.scaling import GPT2_SIZES, PYTHIA_SIZES, gpt2_group_params
 
@@ -262,7 +262,7 @@ def law_checks(
         draws, own = simulate(truth, sizes, design.seeds, scenario, n_studies, rng)
         rows.append(size_mean_row(draws, own, design, tag))
         profile, z_ref = profiles(draws, sizes, form)
-        est = profile_intervals(profile, k - p, NOMINAL, z_ref)
+        est = law_intervals(profile.floor, profile.z, profile.y, k - p, NOMINAL, z_ref)
         names = ["alpha", "E"] if form == "power_floor" else ["alpha"]
         for name in names:
             lo, hi = getattr(est, f"{name}_lo"), getattr(est, f"{name}_hi")
