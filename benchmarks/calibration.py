@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import re
@@ -34,6 +35,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import calibration_jobs as jobs
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -806,24 +808,43 @@ LAW_CHECKS = ("law_rows", "law_folder_checks", "next_run_checks")
 ladders of 4 or more sizes)."""
 
 
-def run(
-    n_studies: int,
-    seed: int = 0,
+SECONDS_PER_STUDY = {
+    "accuracy_checks": 0.03,
+    "steps_checks": 0.03,
+    "selection_checks": 0.03,
+    "folder_checks": 15.0,
+    "curve_checks": 1.0,
+    "law_rows": 0.15,
+    "law_folder_checks": 8.0,
+    "next_run_checks": 0.16,
+}
+"""Projected seconds of one study of each check at one design on one core, as measured on
+this project's shared 2-core CPU (load 10-27, ``nice``; ``folder_checks`` took 5-24 s by
+design, ``effective_data_checks`` and ``matched_checks`` below): what ``--plan`` and a
+shard's first line add up."""
+WHOLE = ("law_rows", "next_run_checks")
+"""Checks run whole at a design (not in chunks of studies): ``law_rows`` is vectorised over
+its studies on a stream of its own, ``next_run_checks`` compares medians over all of them."""
+
+
+def units(
+    seed: int,
     designs: list[Design] | None = None,
     law_designs: list[coverage.Design] | None = None,
     checks=None,
     only: set[str] | None = None,
-) -> list[Row]:
-    """Every check (``checks``, default ``CHECKS``) at ``designs`` (default: every shipped
-    preset's) and the scaling laws' at ``law_designs`` (default: every preset that fits a
-    law; a ladder of 4 or more sizes also through the assembled scaling section); ``only``:
-    the names of the checks to run (of ``CHECKS`` and ``LAW_CHECKS``), default all."""
+) -> list[tuple[str, object]]:
+    """(check name, function (n_studies, rng) -> rows) of a run, in order: every check
+    (``checks``, default ``CHECKS``) once per design of ``designs`` (default: every shipped
+    preset's) that differs in what it ``depends`` on, and the scaling laws' at
+    ``law_designs`` (default: every preset that fits a law; a ladder of 4 or more sizes also
+    through the assembled scaling section); ``only``: the names of the checks to run (of
+    ``CHECKS`` and ``LAW_CHECKS``), default all."""
     designs = preset_designs() if designs is None else designs
     if law_designs is None:
         law_designs = list(coverage.preset_designs(STUDIES).values())
     wanted = lambda name: only is None or name in only  # noqa: E731
-    rng = np.random.default_rng(seed)
-    rows = []
+    out = []
     for check in CHECKS if checks is None else checks:
         if not wanted(check.__name__):
             continue
@@ -832,16 +853,46 @@ def run(
             key = tuple(getattr(design, f) for f in check.depends)
             if key not in seen:
                 seen.add(key)
-                rows += check(design, n_studies, rng)
-    if wanted("law_rows"):
-        rows += law_rows(law_designs, n_studies, seed)
+                out.append((check.__name__, functools.partial(check, design)))
     for design in law_designs:
+        if wanted("law_rows"):
+            out.append(("law_rows", lambda n, rng, d=design: law_rows([d], n, seed)))
         if len(design.sizes) >= 4:  # a ladder: the assembled scaling section
-            if wanted("law_folder_checks"):
-                rows += law_folder_checks(design, n_studies, rng)
-            if wanted("next_run_checks"):
-                rows += next_run_checks(design, n_studies, rng)
-    return rows
+            for check in (law_folder_checks, next_run_checks):
+                if wanted(check.__name__):
+                    out.append((check.__name__, functools.partial(check, design)))
+    return out
+
+
+def tasks_of(work: list[tuple[str, object]], n_studies: int) -> list[jobs.Task]:
+    """Each unit of ``work`` as tasks of at most ``jobs.CHUNK_STUDIES`` studies."""
+    return [task for i, (name, _) in enumerate(work)
+            for task in jobs.chunks(name, i, n_studies, SECONDS_PER_STUDY.get(name, 1.0),
+                                    name in WHOLE)]  # fmt: skip
+
+
+def run_shard(work, tasks: list[jobs.Task], seed: int, log=lambda *_: None) -> dict[str, list]:
+    """{task key: rows} of ``tasks``, each on its own random stream (``Task.rng_key``)."""
+    return jobs.run_tasks(
+        tasks,
+        lambda t: work[t.unit][1](t.studies, np.random.default_rng(t.rng_key(seed))),
+        log,
+    )
+
+
+def run(
+    n_studies: int,
+    seed: int = 0,
+    designs: list[Design] | None = None,
+    law_designs: list[coverage.Design] | None = None,
+    checks=None,
+    only: set[str] | None = None,
+) -> list[Row]:
+    """Every task of ``units`` (same arguments) in this process, merged: the rows a run's
+    shards merge into."""
+    work = units(seed, designs, law_designs, checks, only)
+    tasks = tasks_of(work, n_studies)
+    return jobs.merge(tasks, run_shard(work, tasks, seed))
 
 
 def table(rows: list[Row]) -> str:
@@ -859,6 +910,15 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def verdict(rows: list[Row], quick: bool) -> int:
+    """Prints the table and every printed row that fails; 1 if any does."""
+    print(table(rows))
+    wrong = [r for r in rows if r.printed and (r.off_nominal if quick else not r.calibrated)]
+    for r in wrong:
+        print(f"PRINTED BUT NOT CALIBRATED: {r.name} at {r.design}: {r.coverage:.3f}")
+    return 1 if wrong else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--studies", type=int, default=N_STUDIES,
@@ -870,19 +930,54 @@ def main(argv=None) -> int:
     names = [c.__name__ for c in CHECKS] + list(LAW_CHECKS)
     parser.add_argument("--only", action="append", choices=names, metavar="CHECK",
                         help=f"run only this check (repeatable): {', '.join(names)}")  # fmt: skip
+    parser.add_argument("--plan", type=int, metavar="N",
+                        help="print the projected hours of each of N shards and exit")  # fmt: skip
+    parser.add_argument("--shard", metavar="K/N",
+                        help="run shard K of N (tasks balanced by projected time) and write "
+                        "its rows to --out (benchmarks/calibration_jobs.py)")  # fmt: skip
+    parser.add_argument("--out", type=Path,
+                        help="a shard's JSON file (default calibration-shard-K-of-N.json)")  # fmt: skip
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
+                        help="merge the JSON files of every shard of one run: its table "
+                        "and verdict")  # fmt: skip
     args = parser.parse_args(argv)
     if args.quick:
         args.studies = QUICK_STUDIES
+    try:
+        if args.studies < 1 or (args.plan is not None and args.plan < 1):
+            raise ValueError("--studies and --plan take a positive number")
+        shard = jobs.parse_shard(args.shard) if args.shard else None
+        if args.merge:
+            header, tasks, rows = jobs.read_shards(args.merge, Row)
+    except ValueError as e:
+        print(f"calibration: {e}", file=sys.stderr)
+        return 2
+    if args.merge:
+        print(f"calibration, {len(args.merge)} shard files, {header['studies']} studies per "
+              "design")  # fmt: skip
+        return verdict(jobs.merge(tasks, rows), header["quick"])
     designs = preset_designs()
+    work = units(args.seed, designs, only=set(args.only) if args.only else None)
+    tasks = tasks_of(work, args.studies)
+    if args.plan:
+        print(jobs.plan_text(jobs.shards(tasks, args.plan)))
+        return 0
     print(f"calibration, {datetime.date.today().isoformat()}, {args.studies} studies per design")
     for d in designs:
         print(f"- {label(d)}: {d.presets}")
-    rows = run(args.studies, args.seed, designs, only=set(args.only) if args.only else None)
-    print(table(rows))
-    wrong = [r for r in rows if r.printed and (r.off_nominal if args.quick else not r.calibrated)]
-    for r in wrong:
-        print(f"PRINTED BUT NOT CALIBRATED: {r.name} at {r.design}: {r.coverage:.3f}")
-    return 1 if wrong else 0
+    if shard:
+        k, n = shard
+        mine = jobs.shards(tasks, n)[k - 1]
+        print(f"shard {k}/{n}: {len(mine)} of {len(tasks)} tasks, projected "
+              f"{sum(t.seconds for t in mine) / 3600:.2f} h on one core")  # fmt: skip
+        rows = run_shard(work, mine, args.seed, log=print)
+        out = args.out or Path(f"calibration-shard-{k}-of-{n}.json")
+        header = {"studies": args.studies, "seed": args.seed, "quick": args.quick,
+                  "tasks": [dataclasses.asdict(t) for t in tasks]}  # fmt: skip
+        jobs.write_shard(out, header, rows)
+        print(f"wrote {out}")
+        return 0
+    return verdict(jobs.merge(tasks, run_shard(work, tasks, args.seed, log=print)), args.quick)
 
 
 if __name__ == "__main__":
