@@ -52,6 +52,7 @@ from scale_fpt.report import scaling_laws as laws
 from scale_fpt.report.comparisons import Comparisons, findings_display
 from scale_fpt.report.sections import contrasts_display
 from scale_fpt.report.tables.differences import LEARNED_MARGIN, MIXED_MIN_PAIRS, task_baseline
+from scale_fpt.report.tables.matched import MATCHES
 from scale_fpt.results import ResultsWriter, load_results
 from scale_fpt.vocabulary import CONFIRM_SUFFIX
 
@@ -778,7 +779,136 @@ def next_run_checks(design: coverage.Design, n_studies: int, rng) -> list[Row]:
     ]  # fmt: skip
 
 
-CHECKS = [accuracy_checks, steps_checks, selection_checks, folder_checks, curve_checks]
+TRANSFER_SIZES = (1_000, 3_000, 10_000, 30_000)
+"""train_examples both inits of a transfer folder ran at (no shipped preset varies them;
+the report's section runs wherever a study does)."""
+TRANSFER_TRUTH = {"smallest": 0.5, "E": 0.05, "alpha": 0.5, "multiple": 4.0, "noise": 0.03}
+"""The random arm's error law E + A D^-alpha (0.5 at the smallest size); the pretrained arm
+at D_F errs as the random one at ``multiple`` x D_F, so D_E = 4 D_F (D_T = 3 D_F: the two
+largest sizes' D_E lie beyond the random arm's data); seed noise, log sd of the error."""
+
+
+@depends("seeds")
+def effective_data_checks(design: Design, n_studies: int, rng) -> list[Row]:
+    """Folders of both inits at ``TRANSFER_SIZES`` x the design's seeds through the report's
+    transfer section (``scaling_laws.transfer_rows``): at each D_F, how often the printed
+    D_E interval holds the true D_E (D_T's interval is D_E's less D_F: the same coverage)."""
+    t = TRANSFER_TRUTH
+    sizes = np.asarray(TRANSFER_SIZES, dtype=float)
+    A = (t["smallest"] - t["E"]) * sizes[0] ** t["alpha"]
+    covered: dict[float, list] = {float(d): [] for d in sizes}
+    for _ in range(n_studies):
+        with tempfile.TemporaryDirectory() as tmp:
+            writer = ResultsWriter(Path(tmp), SEARCH)
+            for init, factor in (("pretrained", t["multiple"]), ("random", 1.0)):
+                for d in sizes:
+                    for seed in range(design.seeds):
+                        noise = rng.normal(-(t["noise"] ** 2) / 2, t["noise"])
+                        error = (t["E"] + A * (factor * d) ** -t["alpha"]) * math.exp(noise)
+                        row = trial_row(SEARCH, FOLDER_TRUTHS[0], init, 1e-3, seed, design,
+                                        100 * (1 - error), 100 * (1 - error))  # fmt: skip
+                        row.update(train_examples=int(d), trial_id=f"{init}-{int(d)}-{seed}")
+                        writer.write_trial(row)
+            trials = load_results(tmp).trials
+        for r in laws.transfer_rows(trials, tables.DEFAULT_METRIC).to_dict("records"):
+            truth = t["multiple"] * r["D_F"]
+            covered[r["D_F"]].append(r["D_E_low"] <= truth <= r["D_E_high"])
+    name = f"{design.seeds} seeds at {len(sizes)} train_examples sizes"
+    return [
+        Row(f"effective data: D_E 95% interval at D_F {d:g}"
+            f"{' (extrapolated)' if t['multiple'] * d > sizes[-1] else ''}", name, 0.95,
+            *rate(hits, len(hits) or 1), len(hits), "interval", bool(hits))
+        for d, hits in covered.items()
+    ]  # fmt: skip
+
+
+MATCHED_ARMS = {
+    ("pretrained", "fpt"): (4e9, 85.0, 0.3),
+    ("random", "fpt"): (4e9, 80.0, 0.3),
+    ("pretrained", "full"): (6e9, 88.0, 0.15),
+}
+"""(init, finetune) -> (FLOPs per step, plateau accuracy %, time constant as a share of the
+budget) of a matched folder's arms: every curve rises from 50% to its plateau; a full
+fine-tuning step costs 1.5x a frozen one, so at equal FLOPs full reads 2/3 of its budget."""
+MATCHED_NOISE = (3.0, 2.0)
+"""Seed noise (points): shared by a seed's arms, and each arm's own; a trial keeps its
+offset over its evaluations, so its best validation evaluation is its last within a
+horizon."""
+
+
+def matched_mean(arm: tuple[str, str], steps: np.ndarray, design: Design) -> np.ndarray:
+    _, top, tau = MATCHED_ARMS[arm]
+    return top - (top - 50.0) * np.exp(-steps / (tau * design.budget))
+
+
+@depends("seeds", "budget", "eval_every")
+def matched_checks(design: Design, n_studies: int, rng) -> list[Row]:
+    """Folders of ``MATCHED_ARMS`` with their curves through the report's comparisons
+    (``Comparisons.compute``: the Matched budgets rows at equal FLOPs and examples): how
+    often each printed interval holds the true difference of the two arms' means at their
+    last evaluations within the horizon, and zero-wide intervals printed."""
+    steps = np.arange(design.eval_every, design.budget + 1, design.eval_every)
+    # Every row of every chunk of studies, printed or not, in one order.
+    covered: dict[str, list] = {f"{c} at equal {unit}": [] for c in ("full - fpt",
+                                "pretrained - random") for _, unit in MATCHES.values()}  # fmt: skip
+    zero = texts = 0
+    for _ in range(n_studies):
+        with tempfile.TemporaryDirectory() as tmp:
+            writer = ResultsWriter(Path(tmp), SEARCH)
+            for seed in range(design.seeds):
+                shared = rng.normal(0, MATCHED_NOISE[0])
+                for (init, finetune), (cost, _, _) in MATCHED_ARMS.items():
+                    curve = matched_mean((init, finetune), steps, design) + shared + rng.normal(
+                        0, MATCHED_NOISE[1])  # fmt: skip
+                    row = trial_row(SEARCH, FOLDER_TRUTHS[0], init, 1e-3, seed, design,
+                                    curve[-1], curve[-1])  # fmt: skip
+                    row.update(finetune=finetune, flops_per_step=cost,
+                               trial_id=f"{init}-{finetune}-{seed}")  # fmt: skip
+                    writer.write_trial(row)
+                    writer.write_curve(row["trial_id"], [
+                        {"step": int(s), "val_accuracy": v / 100, "test_accuracy": v / 100}
+                        for s, v in zip(steps, curve, strict=True)
+                    ])  # fmt: skip
+            results = load_results(tmp)
+        batch = float(results.trials["batch_size"].iloc[0])
+        found = Comparisons.compute(results.trials, results.curves, tables.DEFAULT_METRIC,
+                                    None, {})  # fmt: skip
+        for r in found.matched.to_dict("records"):
+            text = tables.interval_text(r, "")
+            zero += zero_wide([text])
+            texts += 1
+            if "[" not in text:
+                continue
+            a, b = r["contrast"].split(" - ")
+            arms = {a: ("pretrained", a), b: ("pretrained", b)}
+            if a == "pretrained":
+                arms = {a: (a, "fpt"), b: (b, "fpt")}
+            means = []
+            for arm in arms.values():
+                per_step = MATCHED_ARMS[arm][0] if r["match"] == "FLOPs" else batch
+                reached = steps[steps * per_step <= r["horizon"] * (1 + 1e-9)]
+                means.append(matched_mean(arm, reached[-1:], design)[0])
+            key = f"{r['contrast']} at equal {r['match']}"
+            covered[key].append(r["ci_low"] <= means[0] - means[1] <= r["ci_high"])
+    name = label(design)
+    return [
+        *(Row(f"matched budgets: {key}, printed 95% interval", name, 0.95,
+              *rate(hits, len(hits) or 1), len(hits), "interval", True)
+          for key, hits in covered.items()),
+        Row("matched budgets: zero-wide 95% intervals printed (share of texts)", name, 0.0,
+            zero / max(texts, 1), 0.0, n_studies, "never", True),
+    ]  # fmt: skip
+
+
+CHECKS = [
+    accuracy_checks,
+    steps_checks,
+    selection_checks,
+    folder_checks,
+    curve_checks,
+    effective_data_checks,
+    matched_checks,
+]
 """Each: (design, n_studies, rng) -> list of Row, marked with ``depends``. Add a check by
 appending it."""
 
@@ -817,6 +947,8 @@ SECONDS_PER_STUDY = {
     "law_rows": 0.15,
     "law_folder_checks": 8.0,
     "next_run_checks": 0.16,
+    "effective_data_checks": 6.5,
+    "matched_checks": 3.0,
 }
 """Projected seconds of one study of each check at one design on one core, as measured on
 this project's shared 2-core CPU (load 10-27, ``nice``; ``folder_checks`` took 5-24 s by

@@ -5,6 +5,7 @@ studies here; the benchmark runs 1,100 per design), and each defect of issue 33 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -14,23 +15,25 @@ import pandas as pd
 import pytest
 from scipy.stats import binom
 
-from scale_fpt.analysis import coverage, power
+from scale_fpt.analysis import coverage, means, power
 from scale_fpt.analysis.coverage import Design as LawDesign
 from scale_fpt.recipes.studies import STUDIES
 from scale_fpt.report import comparisons, figures, stats
 from scale_fpt.report import scaling_laws as laws
-from scale_fpt.report.tables import differences, families
+from scale_fpt.report.tables import differences, families, matched
 
 PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "calibration.py"
 
 
 @pytest.fixture(scope="module")
 def calibration():
+    sys.path.insert(0, str(PATH.parent))  # it imports calibration_jobs beside it
     spec = importlib.util.spec_from_file_location("calibration", PATH)
     module = importlib.util.module_from_spec(spec)
     sys.modules["calibration"] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
-    return module
+    yield module
+    sys.path.remove(str(PATH.parent))
 
 
 def test_every_shipped_preset_has_a_design(calibration):
@@ -226,3 +229,104 @@ def test_an_interval_narrower_than_its_digits_prints_its_ends_apart(calibration)
     assert differences.interval_text({"diff": 14.3, "ci_low": 10.1, "ci_high": 18.5}) == (
         "+14.3 [95% CI +10.1, +18.5]"
     )
+
+
+def test_shards_merged_are_the_run(calibration, tmp_path):
+    """A run cut into tasks of at most 100 studies on streams of their own, shared out to
+    shards, written as JSON and merged: the same rows as the run in one process; a missing
+    shard or one of another run is refused by name."""
+    jobs = sys.modules["calibration_jobs"]
+    design = calibration.Design("test", 3, 3, 4, 1, 600, 100)
+    kw = {"designs": [design], "law_designs": [], "checks": [calibration.selection_checks]}
+    whole = calibration.run(250, 0, **kw)
+    work = calibration.units(0, **kw)
+    tasks = calibration.tasks_of(work, 250)
+    assert [t.studies for t in tasks] == [100, 100, 50]
+    header = {"studies": 250, "seed": 0, "quick": False,
+              "tasks": [dataclasses.asdict(t) for t in tasks]}  # fmt: skip
+    files = []
+    for k, mine in enumerate(jobs.shards(tasks, 2), 1):
+        files.append(tmp_path / f"{k}.json")
+        jobs.write_shard(files[-1], header, calibration.run_shard(work, mine, 0))
+    _, read, rows = jobs.read_shards(files, calibration.Row)
+    assert jobs.merge(read, rows) == whole
+    assert whole[0].n_studies == 250
+    with pytest.raises(ValueError, match="tasks missing"):
+        jobs.read_shards(files[:1], calibration.Row)
+    other = tmp_path / "other.json"
+    jobs.write_shard(other, {**header, "seed": 1}, {})
+    with pytest.raises(ValueError, match="another run"):
+        jobs.read_shards([files[0], other], calibration.Row)
+    assert calibration.main(["--merge", str(other)]) == 2
+
+
+def test_shards_balance_projected_time(calibration):
+    jobs = sys.modules["calibration_jobs"]
+    tasks = [jobs.Task("c", i, 0, 1, s) for i, s in enumerate((9, 5, 4, 3, 3, 2))]
+    parts = jobs.shards(tasks, 2)
+    # Longest first, each to the least loaded: within the largest task but one of even.
+    assert sorted(sum(t.seconds for t in p) for p in parts) == [12, 14]
+    assert sorted(t.key for p in parts for t in p) == sorted(t.key for t in tasks)
+    with pytest.raises(ValueError, match="K/N"):
+        jobs.parse_shard("3")
+    with pytest.raises(ValueError, match=r"1\.\.N"):
+        jobs.parse_shard("5/4")
+
+
+def test_law_intervals_hold_under_noise_in_points(monkeypatch):
+    """Alpha at Pythia's 8 sizes with noise constant in accuracy points: under relative
+    weights alone it covered 0.945 (0.934 in the benchmark); the hull over both variance
+    models covers it, and contains each model's interval."""
+    pythia = coverage.preset_designs(STUDIES)["families-pythia-ladder"]
+    name = "alpha, seed sd 0.01, size sd 0.0, in points"
+
+    def points_row():
+        rows = coverage.law_checks(pythia, 1000, 7, "power")
+        return next(r for r in rows if r["name"] == name)
+
+    hull = points_row()
+    assert hull["coverage"] >= 0.96 and hull["calibrated"], hull
+    relative_only = lambda floor, z, y, df, level, z_ref: means.profile_intervals(  # noqa: E731
+        means.Profile(floor, z, y, 1 / y**2), df, level, z_ref)  # fmt: skip
+    monkeypatch.setattr(coverage, "law_intervals", relative_only)
+    planted = points_row()
+    assert planted["coverage"] < hull["coverage"] - 0.015, (planted, hull)
+
+
+def test_planted_narrow_effective_data_interval_is_caught(calibration, monkeypatch):
+    """Effective data (the transfer section's D_E), scored through ``transfer_rows``: a
+    planted interval of D_E +- 1% is grossly off nominal."""
+    monkeypatch.setattr(laws, "REPORT_BOOT", 40)  # the planted defect needs no precision
+    design = calibration.Design("test", 3, 0, 1, 1, 1000, 100)
+    clean = calibration.effective_data_checks(design, 3, np.random.default_rng(0))
+    assert len(clean) == len(calibration.TRANSFER_SIZES)
+    assert all(r.n_studies == 3 and not r.off_nominal for r in clean[:2]), clean
+    narrow = laws.effective_data
+
+    def planted(*args, **kwargs):
+        out = narrow(*args, **kwargs)
+        return out.assign(D_E_low=out["D_E"] * 0.99, D_E_high=out["D_E"] * 1.01)
+
+    monkeypatch.setattr(laws, "effective_data", planted)
+    caught = calibration.effective_data_checks(design, 3, np.random.default_rng(0))
+    assert all(r.off_nominal for r in caught), caught
+
+
+def test_planted_narrow_matched_interval_is_caught(calibration, monkeypatch):
+    """Matched budgets at equal FLOPs and examples, scored through ``Comparisons.compute``
+    against the arms' means at the horizon: right at 3 seeds; a planted +-0.1 point
+    interval is grossly off nominal."""
+    design = calibration.Design("test", 3, 0, 1, 1, 600, 100)
+    clean = rows_of(calibration.matched_checks(design, 4, np.random.default_rng(0)))
+    flops = clean["matched budgets: full - fpt at equal FLOPs"]
+    assert flops.n_studies == 4 and not flops.off_nominal, flops
+    assert clean["matched budgets: zero-wide 95% intervals printed"].calibrated
+    compare = matched.compare_arms
+
+    def planted(*args, **kwargs):
+        out = compare(*args, **kwargs)
+        return {**out, "ci_low": out["diff"] - 0.1, "ci_high": out["diff"] + 0.1}
+
+    monkeypatch.setattr(matched, "compare_arms", planted)
+    caught = rows_of(calibration.matched_checks(design, 4, np.random.default_rng(0)))
+    assert caught["matched budgets: full - fpt at equal FLOPs"].off_nominal
