@@ -2,7 +2,11 @@
 preset: studies simulated from known truths, each statistic's coverage (intervals) or
 type-I error (tests) with its Monte Carlo error, and whether the report prints it there.
 
-    python benchmarks/calibration.py [--studies 400] [--seed 0]
+    python benchmarks/calibration.py [--studies 1100] [--seed 0] [--only CHECK]
+    python benchmarks/calibration.py --plan N | --shard K/N --out F.json | --merge F.json...
+
+The full run (about 56 core-hours here) is a job of tasks of at most 100 studies, shared
+out to N shards by projected time and merged (``calibration_jobs``; docs/statistics.md).
 
 A design is read from each preset of ``scale_fpt.recipes.studies.STUDIES`` (never written here):
 its seeds per arm, confirmation seeds, learning-rate candidates, model sizes and its
@@ -16,7 +20,9 @@ not over-cover by more than ``TOLERANCE_Z`` Monte Carlo errors. Each row also sa
 the statistic at that design (its rule in ``scale_fpt.report.stats``); the run ends with
 exit code 1 if the report prints anything that is not calibrated.
 
-Checks are plain functions in ``CHECKS`` (design, n_studies, rng) -> rows; add yours there.
+Checks are plain functions in ``CHECKS`` (design, n_studies, rng) -> rows, each row a rate
+over independent studies (chunks of studies merge), the same rows in the same order
+whatever the studies show; add yours there, with its ``SECONDS_PER_STUDY``.
 The scaling laws' checks come from ``scale_fpt.analysis.coverage.law_checks``, at the design
 of every preset that fits a law.
 """
