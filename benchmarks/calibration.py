@@ -797,12 +797,14 @@ largest sizes' D_E lie beyond the random arm's data); seed noise, log sd of the 
 @depends("seeds")
 def effective_data_checks(design: Design, n_studies: int, rng) -> list[Row]:
     """Folders of both inits at ``TRANSFER_SIZES`` x the design's seeds through the report's
-    transfer section (``scaling_laws.transfer_rows``): at each D_F, how often the printed
-    D_E interval holds the true D_E (D_T's interval is D_E's less D_F: the same coverage)."""
+    transfer section (``scaling_laws.transfer_rows``): at each D_F, how often its D_E
+    interval holds the true D_E (D_T's interval is D_E's less D_F: the same coverage), and
+    whether the report prints it (``withhold_transfer_intervals``)."""
     t = TRANSFER_TRUTH
     sizes = np.asarray(TRANSFER_SIZES, dtype=float)
     A = (t["smallest"] - t["E"]) * sizes[0] ** t["alpha"]
     covered: dict[float, list] = {float(d): [] for d in sizes}
+    printed = False
     for _ in range(n_studies):
         with tempfile.TemporaryDirectory() as tmp:
             writer = ResultsWriter(Path(tmp), SEARCH)
@@ -816,14 +818,16 @@ def effective_data_checks(design: Design, n_studies: int, rng) -> list[Row]:
                         row.update(train_examples=int(d), trial_id=f"{init}-{int(d)}-{seed}")
                         writer.write_trial(row)
             trials = load_results(tmp).trials
-        for r in laws.transfer_rows(trials, tables.DEFAULT_METRIC).to_dict("records"):
+        table = laws.transfer_rows(trials, tables.DEFAULT_METRIC, intervals=True)
+        printed |= bool(laws.withhold_transfer_intervals(table)["D_E_low"].notna().any())
+        for r in table.to_dict("records"):
             truth = t["multiple"] * r["D_F"]
             covered[r["D_F"]].append(r["D_E_low"] <= truth <= r["D_E_high"])
     name = f"{design.seeds} seeds at {len(sizes)} train_examples sizes"
     return [
         Row(f"effective data: D_E 95% interval at D_F {d:g}"
             f"{' (extrapolated)' if t['multiple'] * d > sizes[-1] else ''}", name, 0.95,
-            *rate(hits, len(hits) or 1), len(hits), "interval", bool(hits))
+            *rate(hits, len(hits) or 1), len(hits), "interval", printed)
         for d, hits in covered.items()
     ]  # fmt: skip
 

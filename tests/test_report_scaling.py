@@ -120,7 +120,9 @@ def test_scaling_section_fits_checks_and_draws(report_dir, monkeypatch):
     assert len(next_run) == 3 and next_run["best next run"].str.startswith("a new size").all()
     transfer = pd.read_csv(out / "tables" / "effective_data.csv")
     assert transfer["D_F"].tolist() == [100, 200, 400, 800]
-    assert transfer["D_T_low"].iloc[0] <= 300 <= transfer["D_T_high"].iloc[0]
+    # Its seed bootstrap under-covers (benchmarks/calibration.py): no interval is printed.
+    assert transfer["D_T_low"].isna().all() and transfer["D_T"].notna().all()
+    assert transfer["interval_note"].str.startswith("not calibrated at this design").all()
     for csv in out.glob("*/*.csv"):  # tables and figures' data: the report's column vocabulary
         assert columns.problems(pd.read_csv(csv).columns) == [], csv.name
     law = pd.read_csv(out / "figures" / "law_bit-xor.csv")

@@ -188,9 +188,10 @@ def transfer(doc, out, trials, metric, save_figure) -> None:
         "train_examples) to match the pretrained model's error at D_F; D_T = D_E - D_F. The "
         "'scratch' arm here is the random-init arm of the same design (frozen where the "
         "pretrained arm is frozen), not a model trained from scratch in full, so D_T measures "
-        "what pretraining adds to that arm. Intervals from the random law's bootstrap paired "
-        "with resampled pretrained seeds (seed noise only; not in the calibration checks); "
-        "'extrapolated': D_E lies beyond the largest train_examples the random arm ran."
+        "what pretraining adds to that arm. No intervals: the random law's bootstrap paired "
+        "with resampled pretrained seeds sees seed noise only and under-covers "
+        f"({laws.TRANSFER_NOTE}); 'extrapolated': D_E lies beyond the largest "
+        "train_examples the random arm ran."
     )
     frame(doc, out, "effective_data", "", table)
     if "D_T" in table:
