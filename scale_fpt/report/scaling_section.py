@@ -23,7 +23,9 @@ def intro(form: str) -> str:
         "total and trained parameters: weighted least squares on each size's mean error, whose "
         "spread around the law includes each size's own deviation from it as well as its seeds' "
         "noise (scale_fpt.analysis.means). Intervals (95%) are profile-likelihood (F) "
-        "intervals with sizes - parameters degrees of freedom: with as many sizes as "
+        "intervals with sizes - parameters degrees of freedom (alpha's and E's: the hull of "
+        "those under noise relative to the error and constant in accuracy points, which the "
+        "seeds cannot tell apart): with as many sizes as "
         "parameters nothing is left to estimate that spread and the table says "
         f'"not identified"; an exponent not bounded within [0, {ALPHA_MAX:g}] by the data is '
         '"not identified" too, with the bound the data do give. Every interval printed was '
