@@ -14,6 +14,7 @@ node of a CPU cluster (any scheduler; a shard reads nothing but the code), then 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import json
 import math
 import time
@@ -80,11 +81,11 @@ def shards(tasks: list[Task], n: int) -> list[list[Task]]:
     the shard with the least so far (ties to the lowest number), so every shard of a run
     computes the same split."""
     out: list[list[Task]] = [[] for _ in range(n)]
-    load = [0.0] * n
+    load = [(0.0, i) for i in range(n)]  # a heap: (projected seconds, shard)
     for task in sorted(tasks, key=lambda t: (-t.seconds, t.key)):
-        i = min(range(n), key=lambda j: (load[j], j))
+        seconds, i = heapq.heappop(load)
         out[i].append(task)
-        load[i] += task.seconds
+        heapq.heappush(load, (seconds + task.seconds, i))
     return out
 
 
