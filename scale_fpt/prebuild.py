@@ -42,15 +42,37 @@ def node_build_lock() -> FileLock:
 OWN_EXTENSIONS = ("scale_fpt_fused_cpu_*", "deepspeed_shm_comm")
 
 
+def held_open(paths: list[Path]) -> set[Path] | None:
+    """Those of ``paths`` that a live process holds open, read from /proc (torch's baton
+    keeps its file open until the build ends); None where there is no /proc to read."""
+    proc = Path("/proc")
+    if not (proc / "self" / "fd").is_dir():
+        return None
+    wanted = {str(path.resolve()): path for path in paths}
+    held = set()
+    for fd_dir in proc.glob("[0-9]*/fd"):
+        try:
+            links = [os.readlink(entry) for entry in os.scandir(fd_dir)]
+        except OSError:  # a process that ended, or one this user may not read
+            continue
+        held.update(wanted[link] for link in links if link in wanted)
+    return held
+
+
 def clear_stale_batons(directory: Path) -> list[Path]:
-    """Remove torch's build batons (``<extension>/lock``) of this node's own extensions, and
-    return them. Torch waits forever on a baton whose build was killed (Ctrl-C in a first
-    run), and its baton is a plain file that outlives the process. Called under the node's
-    build lock, which every build of these extensions holds: a baton found then is stale."""
+    """Remove torch's build batons (``<extension>/lock``) of this node's own extensions that no
+    live process holds open, and return them. Torch waits forever on a baton whose build was
+    killed (Ctrl-C in a first run), and its baton is a plain file that outlives the process.
+    A build that did not take the node's build lock (DeepSpeed building its op on first use,
+    a test importing the kernels) still holds its baton open, and keeps it. Where /proc
+    cannot tell, the node's build lock, held by every build that goes through
+    ``prebuild_ops``, is what says a baton found is stale."""
     # Torch adds a "py311_cpu"-like folder under its default root, none under
     # TORCH_EXTENSIONS_DIR.
     places = [f"{depth}{pattern}/lock" for depth in ("", "*/") for pattern in OWN_EXTENSIONS]
-    stale = [baton for place in places for baton in directory.glob(place)]
+    batons = [baton for place in places for baton in directory.glob(place)]
+    held = held_open(batons) or set()
+    stale = [baton for baton in batons if baton not in held]
     for baton in stale:
         baton.unlink(missing_ok=True)
     return stale
