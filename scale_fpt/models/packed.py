@@ -59,6 +59,11 @@ FPT_NAMES = {
 ``ln_1``/``ln_2`` stacks map to ``backbone.h.<layer>.ln_<n>.<part>``)."""
 
 
+SUMMED_OUTPUTS = 8
+"""Read-out heads of at most this many outputs compile as sums over the width, not a
+matmul (``PackedMembers.read_out``): inductor unrolls reductions this short."""
+
+
 class PackedMembers(nn.Module):
     """What every packed model shares: the K members' trained tensors stacked on a leading
     member axis (parameters named as in ``PARAM_GROUPS``), their input layer and their
@@ -105,7 +110,14 @@ class PackedMembers(nn.Module):
     def read_out(self, p: dict[str, torch.Tensor], h: torch.Tensor, B: int) -> torch.Tensor:
         """(Ka, B*k, d) final-norm read-out rows -> logits (Ka, B, k, m, C)."""
         spec = self.spec
-        logits = torch.baddbmm(p["output_bias"].unsqueeze(1), h, p["output_weight"].transpose(1, 2))
+        weight, bias = p["output_weight"], p["output_bias"].unsqueeze(1)
+        if weight.shape[1] <= SUMMED_OUTPUTS and torch.compiler.is_compiling():
+            # A few outputs: each a sum over the width, which inductor fuses with the final
+            # norm and, unrolled, the loss's backward into the norm's backward (a matmul is
+            # a launch of its own each way, and two in the backward).
+            logits = torch.add(bias, (h.unsqueeze(2) * weight.unsqueeze(1)).sum(-1))
+        else:
+            logits = torch.baddbmm(bias, h, weight.transpose(1, 2))
         return logits.view(
             h.shape[0], B, spec.n_predicting_tokens, spec.outputs_per_token, spec.n_classes
         )
