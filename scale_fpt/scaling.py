@@ -181,12 +181,12 @@ def readout_flops_skipped(
     d_model: int, n_inner: int, n_tokens: int, n_read: int, batch: int, training: bool = True
 ) -> int:
     """FLOPs a step skips by running the last block only for the ``n_read`` tokens that
-    are read out (what ``packing.PackedFPT`` does): for the other tokens that block's query
-    projection, attention products, attention output projection and MLP (keys and values
-    are still needed for every token). Forward 2 FLOPs per weight per token; training adds
-    the activation gradients (frozen weights: 2 more) and twice the attention forward."""
+    are read out (what ``packing.PackedFPT`` does): for the other tokens that block's
+    attention products, attention output projection and MLP (queries, keys and values are
+    projected for every token, in one GEMM). Forward 2 FLOPs per weight per token; training
+    adds the activation gradients (frozen weights: 2 more) and twice the attention forward."""
     skipped_tokens = n_tokens - n_read
-    weights = d_model * d_model + d_model * d_model + 2 * d_model * n_inner
+    weights = d_model * d_model + 2 * d_model * n_inner
     attention = 2 * 2 * skipped_tokens * n_tokens * d_model
     if training:
         return batch * (skipped_tokens * 4 * weights + 3 * attention)

@@ -39,7 +39,7 @@ interpreted = pytest.mark.skipif(
 @pytest.mark.skipif(INTERPRETING, reason="the child itself")
 def test_kernels_in_tritons_interpreter():
     output = run_pytest_child(__file__, {"TRITON_INTERPRET": "1"})
-    assert "\n8 passed, 1 skipped in" in output  # every check ran
+    assert "\n9 passed, 1 skipped in" in output  # every check ran
 
 
 @pytest.fixture
@@ -175,6 +175,32 @@ def test_stacked_inputs_equal_separate_ones_with_token_major_output(flash):
         args = (*(t if t is None else t.detach() for t in args), positions if read_out else None)
         args = (*args, keys, 0, 0.3, 0.1, BLOCK)
         torch.library.opcheck(forward, args, test_utils=("test_schema", "test_faketensor"))
+
+
+@interpreted
+def test_read_out_queries_viewed_in_their_projection_equal_gathered_ones(flash):
+    """The last block's read-out queries without padding (the last k tokens), read in place
+    from the stacked projection as a strided view (what ``PackedFPT`` passes: every token's
+    query projected in one GEMM), give the output and the projection's gradient of the
+    same queries copied into a tensor of their own, exactly."""
+    N, H, T, hd, k = 4, 2, 17, 8, 2
+    generator = torch.Generator().manual_seed(3)
+    projection = torch.randn(N, T, 3, H, hd, generator=generator).requires_grad_()
+    positions = torch.arange(T - k, T).expand(N, k)
+    keys = step_keys([5, 6])
+
+    def attention(in_place: bool):
+        qkv = projection.permute(2, 0, 3, 1, 4)  # (3, N, H, T, hd)
+        q = qkv[0][:, :, -k:]
+        assert not q.is_contiguous()
+        q = q if in_place else q.contiguous()
+        out = flash(q, qkv[1:], None, 0.3, positions, keys, p=0.1, block=BLOCK)
+        return out, grads(out, (projection,))[0]
+
+    (out, grad), (expected, expected_grad) = attention(True), attention(False)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    torch.testing.assert_close(grad, expected_grad, rtol=0, atol=0)
+    assert grad[:, : T - k, 0].abs().sum() == 0 < grad[:, T - k :, 0].abs().sum()
 
 
 @interpreted

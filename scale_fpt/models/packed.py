@@ -3,8 +3,8 @@
     x (K, B, T, W) -> input (per member) + wpe (per member) -> for each block:
         LN (per member gains) -> one GEMM on the (K*B*T, d) stacked rows (frozen)
         -> causal attention on (K*B, H, T, T) -> one GEMM -> LN -> two GEMMs (frozen)
-        (the last block: keys and values for all T tokens, everything else only for
-        the k read-out tokens, whose outputs are all the head reads)
+        (the last block: queries, keys and values for all T tokens, everything else
+        only for the k read-out tokens, whose outputs are all the head reads)
     -> ln_f (per member) -> output head (per member) -> (K, B, k, m, C)
 
 A member's rows are one contiguous chunk of every activation (the member axis leads), laid
@@ -59,6 +59,11 @@ FPT_NAMES = {
 ``ln_1``/``ln_2`` stacks map to ``backbone.h.<layer>.ln_<n>.<part>``)."""
 
 
+SUMMED_OUTPUTS = 8
+"""Read-out heads of at most this many outputs compile as sums over the width, not a
+matmul (``PackedMembers.read_out``): inductor unrolls reductions this short."""
+
+
 class PackedMembers(nn.Module):
     """What every packed model shares: the K members' trained tensors stacked on a leading
     member axis (parameters named as in ``PARAM_GROUPS``), their input layer and their
@@ -105,7 +110,14 @@ class PackedMembers(nn.Module):
     def read_out(self, p: dict[str, torch.Tensor], h: torch.Tensor, B: int) -> torch.Tensor:
         """(Ka, B*k, d) final-norm read-out rows -> logits (Ka, B, k, m, C)."""
         spec = self.spec
-        logits = torch.baddbmm(p["output_bias"].unsqueeze(1), h, p["output_weight"].transpose(1, 2))
+        weight, bias = p["output_weight"], p["output_bias"].unsqueeze(1)
+        if weight.shape[1] <= SUMMED_OUTPUTS and torch.compiler.is_compiling():
+            # A few outputs: each a sum over the width, which inductor fuses with the final
+            # norm and, unrolled, the loss's backward into the norm's backward (a matmul is
+            # a launch of its own each way, and two in the backward).
+            logits = torch.add(bias, (h.unsqueeze(2) * weight.unsqueeze(1)).sum(-1))
+        else:
+            logits = torch.baddbmm(bias, h, weight.transpose(1, 2))
         return logits.view(
             h.shape[0], B, spec.n_predicting_tokens, spec.outputs_per_token, spec.n_classes
         )
@@ -228,8 +240,8 @@ class PackedFPT(PackedMembers):
         h = ops.dropout(h + p["wpe"][:, None, :T], self.embd_p, self.training, sites)
         h = h.reshape(Ka, B * T, d)
         k = spec.n_predicting_tokens
-        # Only the last k (real) tokens are read out: the last block computes its queries,
-        # attention output and MLP for those rows alone (keys and values for all T).
+        # Only the last k (real) tokens are read out: the last block computes its attention
+        # and MLP for those rows alone (queries, keys and values in one GEMM for all T).
         read_out = ReadOut.of(T, k, lengths, Ka * B, x.device)
         for layer in range(self.n_layer):
             last = layer == self.n_layer - 1
@@ -256,17 +268,18 @@ class PackedFPT(PackedMembers):
         residual_rows = None  # where h's rows sit among all B*T rows (keys its dropout masks)
         positions = None
         # Queries, keys and values stacked as their projection writes them (its gradient
-        # then comes back as one tensor: heads.unstack_heads).
+        # then comes back as one tensor: heads.unstack_heads), all K in one GEMM.
+        qkv = torch.addmm(b_qkv, a, w_qkv)  # (Ka*B*T, 3d)
         if read_out is None:
-            qkv = torch.addmm(b_qkv, a, w_qkv).view(-1, T, 3, H, hd)  # one GEMM, all K
-            q, k, v = qkv.permute(2, 0, 3, 1, 4), None, None  # (3, Ka*B, H, T, hd)
+            q, k, v = qkv.view(-1, T, 3, H, hd).permute(2, 0, 3, 1, 4), None, None
         else:
-            kv = torch.addmm(b_qkv[d:], a, w_qkv[:, d:]).view(-1, T, 2, H, hd)
-            k, v = kv.permute(2, 0, 3, 1, 4), None  # (2, Ka*B, H, T, hd)
-            positions, residual_rows = read_out.positions, read_out.rows
-            h = read_out.take(h.reshape(-1, d)).view(Ka, -1, d)
-            q = torch.addmm(b_qkv[:d], read_out.take(a), w_qkv[:, :d])
-            q = q.view(len(positions), -1, H, hd).transpose(1, 2)  # (Ka*B, H, k, hd)
+            # Every token's query is projected in the same GEMM (one launch each way, where
+            # projecting the read-out rows apart took three) and the read-out rows' queries
+            # are read from it: a strided view without padding.
+            k = qkv.view(-1, T, 3, H, hd)[:, :, 1:].permute(2, 0, 3, 1, 4)  # (2, Ka*B, H, T, hd)
+            v, positions, residual_rows = None, read_out.positions, read_out.rows
+            h = read_out.take(h.reshape(-1, d)).reshape(Ka, -1, d)
+            q = read_out.take(qkv[:, :d]).view(len(positions), -1, H, hd).transpose(1, 2)
         o = ops.causal_attention(
             q, k, v, self.scales[layer], self.attn_p if train else 0.0, positions, sites
         )
@@ -297,13 +310,13 @@ class ReadOut(NamedTuple):
         return cls(positions, ops.Rows(rows.reshape(-1), n * T), k if lengths is None else None)
 
     def take(self, x: torch.Tensor) -> torch.Tensor:
-        """Their rows (N*k, d) of ``x`` (N*T, d): without padding a slice, whose backward
-        fuses into its neighbours (a compiled step's: a gather's is a scatter of its own
-        kernels), else a gather."""
-        if self.tail is None:
-            return x.index_select(0, self.rows.index)
+        """Their rows (N, k, d) of ``x`` (N*T, d): without padding a strided view, which a
+        compiled step's kernels read in place (and whose backward fuses into its
+        neighbours; a gather's is a scatter of its own kernels), else a gather."""
         N, d = self.positions.shape[0], x.shape[-1]
-        return x.view(N, -1, d)[:, -self.tail :].reshape(-1, d)
+        if self.tail is None:
+            return x.index_select(0, self.rows.index).view(N, -1, d)
+        return x.view(N, -1, d)[:, -self.tail :]
 
 
 def predicting_positions(

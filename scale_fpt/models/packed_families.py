@@ -179,7 +179,7 @@ class PackedRotaryFPT(PackedMembers):
             h = block(h, layer, p, T, cos, sin, sites)
         k = spec.n_predicting_tokens
         read_out = ReadOut.of(T, k, lengths, Ka * B, x.device)
-        h = read_out.take(h.reshape(-1, d)).view(Ka, B * k, d)
+        h = read_out.take(h.reshape(-1, d)).reshape(Ka, B * k, d)
         h = self._norm(h, p, "norm_f", None)
         return self.read_out(p, h, B)
 
