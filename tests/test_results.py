@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scale_fpt import compaction
 from scale_fpt import config as cfgmod
 from scale_fpt.config import CONCERNS, ConfigError, TrialConfig, flag
 from scale_fpt.results import ResultsError, ResultsWriter, load_results
@@ -209,6 +210,44 @@ def test_damaged_files_are_skipped_and_named_and_a_damaged_curve_is_rewritten(tm
     resumed.write_curve("b", [curve_row(20)])
     assert pq.read_table(curve_b).column("step").to_pylist() == [20]
     assert sum(str(curve_b) in r.getMessage() for r in caplog.records) == 1
+
+
+def test_many_trials_files_are_read_in_bounded_scans_naming_each_damaged_file_once(
+    tmp_path, caplog, monkeypatch
+):
+    """Trials' own files are read a scan of ``SCAN_FILES`` files at a time, each scan's rows
+    one chunk per column (not one per file); a damaged file fails only its own scan, whose
+    other files are read alone, and is named once; compaction reads the same way."""
+    monkeypatch.setattr(compaction, "SCAN_FILES", 3)
+    writer = ResultsWriter(tmp_path, SWEEP)
+    ids = [f"t{i}" for i in range(8)]
+    for trial_id in ids:
+        writer.write_trial(trial_row(trial_id))
+        writer.write_curve(trial_id, [curve_row(10), curve_row(20)])
+    bad_trial = tmp_path / SWEEP / "trials" / "t4.parquet"
+    bad_trial.write_bytes(bad_trial.read_bytes()[:100])
+    bad_curve = tmp_path / SWEEP / "curves" / "t7.parquet"
+    bad_curve.write_bytes(b"not parquet at all")
+
+    caplog.clear()
+    trials = compaction.read_table(tmp_path / SWEEP / "trials", TRIAL_SCHEMA)
+    assert sorted(trials["trial_id"].to_pylist()) == [i for i in ids if i != "t4"]
+    # 8 files in scans of 3, 3 and 2 files: a chunk per scan, t4's scan one row short.
+    assert sorted(len(c) for c in trials["trial_id"].chunks if len(c)) == [2, 2, 3]
+    results = load_results(tmp_path)
+    assert results.trials["trial_id"].tolist() == [i for i in ids if i != "t4"]
+    assert results.curves.groupby("trial_id").size().to_dict() == {i: 2 for i in ids[:7]}
+    named = [r.getMessage() for r in caplog.records]
+    assert sum(str(bad_trial) in m for m in named) == 2  # once per read, two reads
+    assert sum(str(bad_curve) in m for m in named) == 1
+    assert len(named) == 3
+
+    caplog.clear()
+    moved = writer.compact()
+    assert (moved.trials, moved.curves) == (7, 6)  # t4's and t7's damaged files stay
+    left = {t: compaction.listing(tmp_path / SWEEP / t).small for t in ("trials", "curves")}
+    assert (sorted(left["trials"]), sorted(left["curves"])) == (["t4"], ["t4", "t7"])
+    assert load_results(tmp_path).trials["trial_id"].tolist() == results.trials["trial_id"].tolist()
 
 
 def test_same_trial_twice_replaces_its_row(tmp_path):
