@@ -209,6 +209,14 @@ class ResultsWriter:
         found = self.read_rows("trials", trial_id)
         return found.column("status")[0].as_py() if found is not None and found.num_rows else None
 
+    def trial_rows(self) -> pa.Table:
+        """This sweep's trial rows on disk, each trial once (``compaction.read_table``; a
+        damaged file left out with one warning, rows claiming another sweep left out): what
+        its driver chooses each arm's confirmed configuration from."""
+        with self.lock:  # a compaction beside it swaps generations in
+            found = read_table(self.root / "trials", TRIAL_SCHEMA)
+        return found.filter(pc.equal(found["sweep"], self.sweep))
+
     def read_rows(self, name: str, trial_id: str) -> pa.Table | None:
         """A trial's rows of table ``name`` as on disk (None: no file, or a damaged one)."""
         schema = SCHEMAS[name]

@@ -8,7 +8,7 @@ import pytest
 
 from scale_fpt.config import ConfigError
 from scale_fpt.sweep import SweepConfig
-from scale_fpt.sweep.confirm import confirmation_arms, confirmation_sweep
+from scale_fpt.sweep.confirm import confirmation
 
 SWEEP = SweepConfig(
     name="lr",
@@ -34,7 +34,7 @@ def test_each_arm_confirms_its_best_configuration_that_completed_every_seed():
         + rows("random", 1e-3, [0.6, 0.6, 0.6])
         + rows("random", 1e-2, [0.7, 0.7, 0.7])
     )
-    arms, unchosen = confirmation_arms(SWEEP, trials)
+    confirm, arms, unchosen = confirmation(SWEEP, trials)
     assert unchosen == []
     chosen = {(a["init"], a["seed"]): a["lr"] for a in arms}
     assert chosen == {
@@ -43,7 +43,6 @@ def test_each_arm_confirms_its_best_configuration_that_completed_every_seed():
         ("random", 10): 1e-2,
         ("random", 11): 1e-2,
     }
-    confirm = confirmation_sweep(SWEEP)
     assert confirm.name == "lr-confirm" and confirm.seeds == (10, 11)
     assert confirm.grid == {"init": ["pretrained", "random"]} and not confirm.confirm_seeds
 
@@ -54,7 +53,7 @@ def test_an_arm_whose_every_configuration_lost_a_seed_is_named_not_confirmed():
         + rows("random", 1e-3, [0.6, 0.6, 0.6], ("completed", "failed", "completed"))
         + rows("random", 1e-2, [0.7, 0.7], ("completed", "completed"))  # seed 2 never ran
     )
-    arms, unchosen = confirmation_arms(SWEEP, trials)
+    _, arms, unchosen = confirmation(SWEEP, trials)
     assert {a["init"] for a in arms} == {"pretrained"}
     assert unchosen == ["bit-xor/gpt2-tiny/random"]
 
