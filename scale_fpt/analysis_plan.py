@@ -121,8 +121,9 @@ def write_plan(sweep: SweepConfig, trials: list[dict]) -> Path:
     unless one is there (a resumed sweep keeps its first plan); returns its path."""
     path = Path(sweep.results_dir) / sweep.name / PLAN_FILE
     if not os.path.lexists(path):
+        text = json.dumps(dataclasses.asdict(plan_for(sweep, trials)), indent=2) + "\n"
         make_folders(path.parent)
-        write_text(path, json.dumps(dataclasses.asdict(plan_for(sweep, trials)), indent=2) + "\n")
+        write_text(path, text)
     return path
 
 

@@ -120,19 +120,19 @@ class ResultsWriter:
             self.root / "curves",
         )
         made = [p for p in folders if not p.exists()]
+        existing = marker.exists()
+        if existing:  # another version's folder is refused before anything is made in it
+            version = read_schema_version(self.root)
+            if version != SCHEMA_VERSION:
+                raise ResultsError(
+                    [
+                        f"--results: {self.root} holds results of schema version {version}, "
+                        f"this scale_fpt writes version {SCHEMA_VERSION}; use a new results "
+                        "directory (or another --sweep name)"
+                    ]
+                )
         try:
             make_folders(self.root, "trials", "curves")  # real folders: no link out
-            existing = marker.exists()
-            if existing:
-                version = read_schema_version(self.root)
-                if version != SCHEMA_VERSION:
-                    raise ResultsError(
-                        [
-                            f"--results: {self.root} holds results of schema version {version}, "
-                            f"this scale_fpt writes version {SCHEMA_VERSION}; use a new results "
-                            "directory (or another --sweep name)"
-                        ]
-                    )
             # Probe even an existing sweep (a resumed one may now be read-only or full); the
             # name is per process, so writers starting side by side never remove each other's.
             probe = self.root / f"_write-probe.{os.getpid()}"
@@ -142,7 +142,7 @@ class ResultsWriter:
                 with contextlib.suppress(OSError):
                     probe.unlink()
             if not existing:
-                write_text_atomic(marker, json.dumps({"schema_version": SCHEMA_VERSION}))
+                write_text(marker, json.dumps({"schema_version": SCHEMA_VERSION}))
         except (OSError, ResultsError) as e:
             for path in reversed(made):
                 with contextlib.suppress(OSError):
@@ -401,13 +401,6 @@ def read_schema_version(sweep_dir: Path):
                 "scale_fpt results directory, or it was damaged: use a new results directory"
             ]
         ) from None
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    try:
-        write_text(path, text)
-    except OSError as e:
-        raise ResultsError([f"cannot write {path}: {e.strerror or e}"]) from None
 
 
 @dataclass

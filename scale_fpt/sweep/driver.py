@@ -255,7 +255,7 @@ def run_experiment(plan: SweepPlan, writer: ResultsWriter, resume: bool, optuna_
     trainable = tune.with_resources(
         tune_search_members if sweep.search else tune_trial, trial_resources(plan)
     )
-    callbacks = sweep_callbacks(writer, plan.planned_steps, sweep.loggers, sweep.varying_fields())
+    callbacks = sweep_callbacks(writer, plan.planned_steps, sweep.loggers, plan.varying_fields)
     if resume and tune.Tuner.can_restore(path):
         repoint_trial_generator(path)  # a copied sweep generates its new trials here too
         with serving(callbacks):

@@ -267,6 +267,9 @@ class SweepPlan:
     searches: tuple[tuple[tuple[dict, ...], int], ...] = ()
     """A search's: each searched arm's seeds (one search each) with the members per cohort
     its drawn configurations run in (``search_pack``)."""
+    varying_fields: tuple[str, ...] = ()
+    """The fields that tell the experiment's trials apart (``SweepConfig.varying_fields``):
+    what names a tracker's runs."""
     _found: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -315,7 +318,10 @@ def plan_sweep(
     (``planned_arms``: ConfigError naming every trial no GPU holds), then a grid's cohorts
     (``sweep.pack``) each planned; a search's cohort sizes, its cohorts planned as it draws
     them."""
-    arms, profiles = planned_arms(sweep.trials() if trials is None else trials, placement)
+    varying = sweep.varying_fields()
+    if trials is None:
+        trials = sweep.trials()
+    arms, profiles = planned_arms(trials, placement)
     if sweep.search:
         searches = tuple(
             (
@@ -324,12 +330,14 @@ def plan_sweep(
             )
             for group in seed_groups(arms)
         )
-        return SweepPlan(sweep, placement, tuple(arms), tuple(profiles), (), searches)
+        return SweepPlan(sweep, placement, tuple(arms), tuple(profiles), (), searches, varying)
     cohorts = tuple(
         plan_cohort([arms[i] for i in group], profiles[group[0]], placement)
         for group in grid_cohorts(sweep, profiles, placement)
     )
-    return SweepPlan(sweep, placement, tuple(arms), tuple(profiles), cohorts)
+    return SweepPlan(
+        sweep, placement, tuple(arms), tuple(profiles), cohorts, varying_fields=varying
+    )
 
 
 def planned_arms(trials: list[dict], placement: Placement) -> tuple[list[dict], list[TrialProfile]]:
