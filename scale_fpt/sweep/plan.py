@@ -87,7 +87,7 @@ def sweep_placement(sweep: SweepConfig, resources: dict | None = None) -> Placem
     """Where ``sweep``'s trials run: on the connected Ray cluster of ``resources``
     (``ray.cluster_resources()``), or, None, where ``--plan`` assumes without a cluster
     (``assumed_resources``)."""
-    request = planner.parse_gpus_per_trial(sweep.gpus_per_trial)
+    request = sweep.gpu_request
     offer = sweep_gpus(sweep, request, connected=resources is not None)
     if resources is None:
         resources = assumed_resources(offer)
@@ -101,8 +101,7 @@ def placement_on(
 ) -> Placement:
     """``sweep``'s trials on the GPUs of a known ``offer`` in the slots of ``devices`` (what
     ``scale-fpt plan`` plans one trial at)."""
-    request = planner.parse_gpus_per_trial(sweep.gpus_per_trial)
-    return Placement(offer, devices, request, sweep.cpus_per_trial, fused_attention)
+    return Placement(offer, devices, sweep.gpu_request, sweep.cpus_per_trial, fused_attention)
 
 
 def sweep_gpus(sweep: SweepConfig, request: planner.GPURequest, connected: bool) -> GPUOffer:
