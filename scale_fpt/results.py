@@ -46,6 +46,7 @@ from scale_fpt.compaction import (
     read_files,
     read_parquet,
     read_table,
+    recover,
 )
 from scale_fpt.confined import (
     ResultsError,
@@ -100,10 +101,7 @@ class ResultsWriter:
         files before a write publishes nothing (its rows would be the old ones)."""
         self.epoch = 0
         """Changes of the compacted files; a compaction that read them before one retries."""
-        self.compacted = {
-            name: part_index(self.root / name, "status" if name == "trials" else None)
-            for name in TABLES
-        }
+        self.compacted = compacted_index(self.root)
         """Per table, compacted trials: trial id -> (compacted file, its status or None)."""
         self.can_exchange = True
         self.part_steps: dict[str, dict[str, set[int]]] = {}
@@ -152,6 +150,16 @@ class ResultsWriter:
             raise ResultsError(
                 [f"--results: cannot write to {self.root}: {e.strerror or e}"]
             ) from None
+
+    def recover(self) -> None:
+        """What a sweep's driver does once it holds the driver lock, before its first write:
+        remove what a killed compaction left (``compaction.recover``) and read the compacted
+        files afresh (a driver that ended since this writer was made may have compacted)."""
+        with self.lock:
+            recover(self.root)
+            self.compacted = compacted_index(self.root)
+            self.part_steps.clear()
+            self.epoch += 1
 
     def write_trial(self, row: dict) -> None:
         checkpoint = recorded_checkpoint(row.get("checkpoint"), self.root.parent)
@@ -210,12 +218,13 @@ class ResultsWriter:
         return found.column("status")[0].as_py() if found is not None and found.num_rows else None
 
     def trial_rows(self) -> pa.Table:
-        """This sweep's trial rows on disk, each trial once (``compaction.read_table``; a
-        damaged file left out with one warning, rows claiming another sweep left out): what
-        its driver chooses each arm's confirmed configuration from."""
+        """This sweep's trial rows on disk, each trial once, by trial id
+        (``compaction.read_table``; a damaged file left out with one warning, rows claiming
+        another sweep left out): what its driver chooses each arm's confirmed configuration
+        from."""
         with self.lock:  # a compaction beside it swaps generations in
             found = read_table(self.root / "trials", TRIAL_SCHEMA)
-        return found.filter(pc.equal(found["sweep"], self.sweep))
+        return found.filter(pc.equal(found["sweep"], self.sweep)).sort_by("trial_id")
 
     def read_rows(self, name: str, trial_id: str) -> pa.Table | None:
         """A trial's rows of table ``name`` as on disk (None: no file, or a damaged one)."""
@@ -387,6 +396,14 @@ def results_root(results_dir: str | os.PathLike) -> Path:
     (one holding ``_schema.json``), which its rows' relative checkpoints are under."""
     root = Path(results_dir)
     return root.parent if (root / "_schema.json").exists() else root
+
+
+def compacted_index(root: Path) -> dict[str, dict[str, tuple]]:
+    """Per table of the sweep folder ``root``, its compacted trials: trial id -> (compacted
+    file, its status or None) (``compaction.part_index``)."""
+    return {
+        name: part_index(root / name, "status" if name == "trials" else None) for name in TABLES
+    }
 
 
 def read_schema_version(sweep_dir: Path):

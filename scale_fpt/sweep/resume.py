@@ -28,8 +28,8 @@ def saved_unfinished(path: str) -> int:
 def unfinished_trials(plan: SweepPlan, writer: ResultsWriter, searcher=None) -> int:
     """Trials of the planned sweep still to run after its experiment returned: for a grid,
     each arm without a final row on disk (the project's own Parquet rows, read by the
-    sweep's ``writer``); for a fresh
-    search, the configurations its live ``searcher`` has not told; for a search resumed
+    sweep's ``writer``); for a fresh search, the configurations its live ``searcher`` has
+    not told; for a search resumed
     with ``--resume`` (``searcher`` None: Tune restored its own), ``search_trials`` per
     searched arm less the trials Tune's saved state holds as finished, read only then
     (``--resume`` trusts the Tune storage). A fresh sweep never reads the folder's Tune
