@@ -25,7 +25,7 @@ Memory of one training process on one GPU (bytes):
 ZeRO stage 1 shards the optimiser state over the data-parallel workers, stage 2 also the
 gradients, stage 3 also the weights (keeping the two blocks being gathered whole).
 
-Over 500 lines on purpose: both step kinds' memory models, the per-step tensors they share
+Over 500 lines: both step kinds' memory models, the per-step tensors they share
 (``activation_bytes``, ``attention_bytes``) and the plans made from them are one model of
 a step's memory; apart, each part would call back into the others.
 """
