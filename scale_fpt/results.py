@@ -23,6 +23,7 @@ Columns: ``results_schema.TRIAL_SCHEMA`` and ``CURVE_SCHEMA`` (every config fiel
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -46,7 +47,6 @@ from scale_fpt.compaction import (
     read_files,
     read_parquet,
     read_table,
-    recover,
 )
 from scale_fpt.confined import (
     ResultsError,
@@ -101,11 +101,15 @@ class ResultsWriter:
         files before a write publishes nothing (its rows would be the old ones)."""
         self.epoch = 0
         """Changes of the compacted files; a compaction that read them before one retries."""
-        self.compacted = compacted_index(self.root)
-        """Per table, compacted trials: trial id -> (compacted file, its status or None)."""
         self.can_exchange = True
         self.part_steps: dict[str, dict[str, set[int]]] = {}
         """Curve steps by trial of each compacted file read (names are never reused)."""
+
+    @functools.cached_property
+    def compacted(self) -> dict[str, dict[str, tuple]]:
+        """Per table, compacted trials: trial id -> (compacted file, its status or None); read
+        on first use (a driver's: once it holds the sweep's driver lock)."""
+        return {n: part_index(self.root / n, "status" if n == "trials" else None) for n in TABLES}
 
     def prepare(self) -> None:
         """Fail at start-up, not mid-sweep, if the directory is unusable. A directory that
@@ -150,16 +154,6 @@ class ResultsWriter:
             raise ResultsError(
                 [f"--results: cannot write to {self.root}: {e.strerror or e}"]
             ) from None
-
-    def recover(self) -> None:
-        """What a sweep's driver does once it holds the driver lock, before its first write:
-        remove what a killed compaction left (``compaction.recover``) and read the compacted
-        files afresh (a driver that ended since this writer was made may have compacted)."""
-        with self.lock:
-            recover(self.root)
-            self.compacted = compacted_index(self.root)
-            self.part_steps.clear()
-            self.epoch += 1
 
     def write_trial(self, row: dict) -> None:
         checkpoint = recorded_checkpoint(row.get("checkpoint"), self.root.parent)
@@ -218,12 +212,8 @@ class ResultsWriter:
         return found.column("status")[0].as_py() if found is not None and found.num_rows else None
 
     def trial_rows(self) -> pa.Table:
-        """This sweep's trial rows on disk, each trial once, by trial id
-        (``compaction.read_table``; a damaged file left out with one warning, rows claiming
-        another sweep left out): what its driver chooses each arm's confirmed configuration
-        from."""
-        with self.lock:  # a compaction beside it swaps generations in
-            found = read_table(self.root / "trials", TRIAL_SCHEMA)
+        """This sweep's trial rows on disk by trial id (what its confirmation chooses from)."""
+        found = read_table(self.root / "trials", TRIAL_SCHEMA)  # safe beside a compaction
         return found.filter(pc.equal(found["sweep"], self.sweep)).sort_by("trial_id")
 
     def read_rows(self, name: str, trial_id: str) -> pa.Table | None:
@@ -396,14 +386,6 @@ def results_root(results_dir: str | os.PathLike) -> Path:
     (one holding ``_schema.json``), which its rows' relative checkpoints are under."""
     root = Path(results_dir)
     return root.parent if (root / "_schema.json").exists() else root
-
-
-def compacted_index(root: Path) -> dict[str, dict[str, tuple]]:
-    """Per table of the sweep folder ``root``, its compacted trials: trial id -> (compacted
-    file, its status or None) (``compaction.part_index``)."""
-    return {
-        name: part_index(root / name, "status" if name == "trials" else None) for name in TABLES
-    }
 
 
 def read_schema_version(sweep_dir: Path):

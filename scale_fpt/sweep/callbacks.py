@@ -12,6 +12,7 @@ import time
 import weakref
 from pathlib import Path
 
+from scale_fpt.compaction import recover
 from scale_fpt.results import ResultsError, ResultsWriter
 from scale_fpt.sweep.config import SweepConfig
 from scale_fpt.sweep.progress import progress_callback_class, trial_error_text
@@ -74,7 +75,7 @@ def results_callback_class():
             if self._writer is None:
                 self._writer = ResultsWriter(self.results_dir, self.sweep)
             if self._compactor is None:
-                self._writer.recover()
+                recover(self._writer.root)
                 self._compactor = Compactor(self._writer)
             return self._writer, self._compactor
 
