@@ -84,6 +84,7 @@ def timing_callback_class():
 def run(trainable, param_space: dict, name: str, storage: str, results: str, concurrent: int):
     from ray import tune
 
+    from scale_fpt.results import ResultsWriter
     from scale_fpt.sweep import results_callback_class
 
     timing = timing_callback_class()()
@@ -94,7 +95,7 @@ def run(trainable, param_space: dict, name: str, storage: str, results: str, con
         run_config=tune.RunConfig(
             name=name,
             storage_path=storage,
-            callbacks=[timing, results_callback_class()(results, name)],
+            callbacks=[timing, results_callback_class()(ResultsWriter(results, name))],
             verbose=0,
         ),
     )

@@ -97,10 +97,10 @@ def declared_contrasts(sweep: SweepConfig) -> list[str]:
     return out
 
 
-def plan_for(sweep: SweepConfig) -> AnalysisPlan:
-    """The plan of ``sweep``: its tasks' thresholds, one family per (measure, contrast) it
-    runs, its seeds."""
-    tasks = sorted({str(arm["task"]) for arm in sweep.trials()})
+def plan_for(sweep: SweepConfig, trials: list[dict]) -> AnalysisPlan:
+    """The plan of ``sweep`` running ``trials`` (its flat configs, ``SweepConfig.trials``):
+    its tasks' thresholds, one family per (measure, contrast) it runs, its seeds."""
+    tasks = sorted({str(arm["task"]) for arm in trials})
     families = {
         f"{kind}: {contrast}": [contrast]
         for contrast in declared_contrasts(sweep)
@@ -116,13 +116,14 @@ def plan_for(sweep: SweepConfig) -> AnalysisPlan:
     )
 
 
-def write_plan(sweep: SweepConfig) -> Path:
-    """Write ``sweep``'s plan where its results go, unless one is there (a resumed sweep
-    keeps its first plan); returns its path."""
+def write_plan(sweep: SweepConfig, trials: list[dict]) -> Path:
+    """Write the plan of ``sweep`` running ``trials`` (``plan_for``) where its results go,
+    unless one is there (a resumed sweep keeps its first plan); returns its path."""
     path = Path(sweep.results_dir) / sweep.name / PLAN_FILE
     if not os.path.lexists(path):
+        text = json.dumps(dataclasses.asdict(plan_for(sweep, trials)), indent=2) + "\n"
         make_folders(path.parent)
-        write_text(path, json.dumps(dataclasses.asdict(plan_for(sweep)), indent=2) + "\n")
+        write_text(path, text)
     return path
 
 

@@ -146,7 +146,7 @@ masks are drawn in blocks of this many elements (~0.9 GB of temporaries at most)
 DRAW_BYTES_PER_ELEMENT = 56
 """Bytes per element a block's draw holds at its peak, the mask included: 50.5 measured on
 the CPU for a bf16 mask (``tests/test_gpu_path.py``), rounded up; the planner counts
-``DRAW_BLOCK`` of them (``scaling.attention_bytes``)."""
+``DRAW_BLOCK`` of them (``planner.attention_bytes``)."""
 
 
 def keep_mask(keys: torch.Tensor, chunk: int, p: float, dtype: torch.dtype) -> torch.Tensor:

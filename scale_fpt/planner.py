@@ -16,7 +16,7 @@ Memory of one training process on one GPU (bytes):
   (Korthikanti et al. 2022), only when a trained parameter lies below the output head;
 - attention: with dropout on and no fused kernel (``gpu_fuses_attention``), the (B, H, T,
   T) scores, probabilities and keyed masks of the materialised attention path, per block
-  kept for backward, plus the mask draw's temporaries (``scaling.attention_bytes``);
+  kept for backward, plus the mask draw's temporaries (``attention_bytes``);
   SDPA's and the Triton kernel's fused attention hold none;
 - on top: the one memory policy of every step kind (``device_bytes``): the caching
   allocator's slack (fragmentation) in proportion to what is allocated, and the CUDA
@@ -24,6 +24,10 @@ Memory of one training process on one GPU (bytes):
 
 ZeRO stage 1 shards the optimiser state over the data-parallel workers, stage 2 also the
 gradients, stage 3 also the weights (keeping the two blocks being gathered whole).
+
+Over 500 lines: both step kinds' memory models, the per-step tensors they share
+(``activation_bytes``, ``attention_bytes``) and the plans made from them are one model of
+a step's memory; apart, each part would call back into the others.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from typing import NamedTuple
 from scale_fpt.cluster import GPUOffer
 from scale_fpt.config import ConfigError, TrainConfig
 from scale_fpt.gpus import DEFAULT_GPU, GPU, GPUS, MIB
-from scale_fpt.scaling import BlockShape, activation_bytes, attention_bytes
+from scale_fpt.scaling import BlockShape
 from scale_fpt.vocabulary import StepKind
 
 CUDA_CONTEXT_BYTES = 640 * MIB
@@ -83,11 +87,11 @@ class ModelShape:
     """Training FLOPs of one example (``profile.step_flops``), for time estimates."""
     block: BlockShape | None = None
     """The family's block (``families.block_shape``: gated MLP, RMSNorm) whose saved
-    activations ``scaling.activation_bytes`` counts; None: a GPT-2 block of ``d_model``."""
+    activations ``activation_bytes`` counts; None: a GPT-2 block of ``d_model``."""
     n_head: int = 0
     """Attention heads per block (0: no attention, e.g. the LSTM)."""
     dropout: float = 0.0
-    """The trial's dropout rate: above 0, attention is materialised (``scaling.attention_bytes``)."""
+    """The trial's dropout rate: above 0, attention is materialised (``attention_bytes``)."""
     body_params: int = 0
     """Parameters of the frozen body a cohort holds once (attention, feed-forward)."""
     member_params: int = 0
@@ -104,7 +108,7 @@ class TrialMemory:
     optimizer: int
     activations: int
     attention: int = 0
-    """The materialised attention of a step with dropout (``scaling.attention_bytes``)."""
+    """The materialised attention of a step with dropout (``attention_bytes``)."""
     workspace: int = CUDA_WORKSPACE_BYTES
     """The CUDA libraries' workspaces (``CUDA_WORKSPACE_BYTES``; a CPU step has none)."""
 
@@ -192,12 +196,76 @@ def trial_memory(
     return TrialMemory(weights, module_grads + fp32_grads, optimizer, activations, attention)
 
 
+def activation_bytes(
+    n_layer: int,
+    d_model: int,
+    n_tokens: int,
+    batch: int,
+    precision: str,
+    block: BlockShape | None = None,
+) -> int:
+    """Activations kept for backward: ``block.activation_units`` per token and block
+    (default: a GPT-2 block of width ``d_model``, 34 d), in the training precision."""
+    width = 4 if precision == "fp32" else 2
+    units = (block or BlockShape(d_model, 4 * d_model)).activation_units
+    return n_layer * batch * n_tokens * units * width // 2
+
+
+ATTENTION_KEPT_WITH_DROPOUT = 3
+"""(B, H, T, T) tensors one block keeps for backward when its attention probabilities take
+keyed dropout (``models.ops.causal_attention``'s materialised path): exp(scores), the
+dropout mask and the dropped probabilities (the softmax division saves its inputs, the
+product with the values saves the dropped probabilities)."""
+ATTENTION_WORKING = 4
+"""(B, H, T, T) tensors beyond those kept, live at once in the block being computed: the
+scores, exp(scores) and probabilities when its mask is drawn in the forward pass; the
+gradients of the dropped probabilities, the probabilities and exp(scores) in backward."""
+
+
+def attention_bytes(
+    n_layer: int,
+    n_head: int,
+    n_tokens: int,
+    batch: int,
+    precision: str,
+    dropout: float,
+    backward: bool = True,
+    fused: bool = False,
+) -> int:
+    """Peak bytes of materialised attention in a training step. With ``fused`` (the
+    Triton kernel ``models.flash_attention``, which a GPU with Triton runs for keyed
+    dropout: O(T) per query row, as SDPA) only its bit-packed dropout mask, T ceil(T / 8)
+    bytes per (row, head), kept by every block for the backward. Otherwise (a CPU, or a GPU without Triton or
+    with ``SCALE_FPT_FLASH=0``) keyed dropout on the attention probabilities materialises
+    them (torch's fused SDPA kernels draw their own masks). The peak is the larger of: the forward pass at the last block (the
+    blocks below keep ``ATTENTION_KEPT_WITH_DROPOUT`` (B, H, T, T) tensors each, the last
+    holds ``ATTENTION_WORKING`` while its mask is drawn in blocks of at most
+    ``keyed_random.DRAW_BLOCK`` elements with ``DRAW_BYTES_PER_ELEMENT`` each) and the start
+    of the backward pass (every block's kept tensors and the working gradients). With
+    ``backward`` False (nothing trained below the output head) nothing is kept. Without
+    dropout SDPA's fused kernels keep O(T) per query row: 0 here."""
+    from scale_fpt.keyed_random import DRAW_BLOCK, DRAW_BYTES_PER_ELEMENT  # imports torch
+
+    if dropout == 0.0 or not n_head:
+        return 0
+    if fused:
+        mask = batch * n_head * n_tokens * math.ceil(n_tokens / 8)
+        return mask * (n_layer if backward else 1)
+    width = 4 if precision == "fp32" else 2
+    elements = batch * n_head * n_tokens * n_tokens  # one (B, H, T, T) tensor
+    kept = ATTENTION_KEPT_WITH_DROPOUT * (n_layer if backward else 0)
+    forward = (max(0, kept - ATTENTION_KEPT_WITH_DROPOUT) + ATTENTION_WORKING) * elements * width
+    forward += min(elements, DRAW_BLOCK) * DRAW_BYTES_PER_ELEMENT
+    backward_start = (kept + ATTENTION_WORKING) * elements * width if backward else 0
+    return max(forward, backward_start)
+
+
 def step_tensors(
     shape: ModelShape, precision: str, batch: int, backward: bool, fused_attention: bool
 ) -> tuple[int, int]:
     """(Activations, attention) a training step of ``batch`` examples keeps, in bytes: every
     block's when ``backward`` runs through the body (else one block live), and the
-    materialised attention unless it runs ``fused_attention`` (``scaling.attention_bytes``)."""
+    materialised attention unless it runs ``fused_attention`` (``attention_bytes``)."""
     layers = shape.n_layer if backward else 1
     activations = activation_bytes(
         layers, shape.d_model, shape.n_tokens, batch, precision, shape.block
@@ -222,7 +290,7 @@ def cohort_memory(
     body once, in the training precision (``weights``); per member its trained tensors (fp32
     weights, gradients and two Adam moments), its activations and, unless the device runs
     ``fused_attention`` (a GPU with the Triton kernel), its materialised attention
-    (``scaling.attention_bytes``; each member counts a whole mask draw's temporaries, an
+    (``attention_bytes``; each member counts a whole mask draw's temporaries, an
     upper bound: a cohort draws its members' masks together)."""
     trained = shape.member_params
     activations, attention = step_tensors(shape, precision, batch_size, True, fused_attention)

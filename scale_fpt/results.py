@@ -23,6 +23,7 @@ Columns: ``results_schema.TRIAL_SCHEMA`` and ``CURVE_SCHEMA`` (every config fiel
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -100,14 +101,15 @@ class ResultsWriter:
         files before a write publishes nothing (its rows would be the old ones)."""
         self.epoch = 0
         """Changes of the compacted files; a compaction that read them before one retries."""
-        self.compacted = {
-            name: part_index(self.root / name, "status" if name == "trials" else None)
-            for name in TABLES
-        }
-        """Per table, compacted trials: trial id -> (compacted file, its status or None)."""
         self.can_exchange = True
         self.part_steps: dict[str, dict[str, set[int]]] = {}
         """Curve steps by trial of each compacted file read (names are never reused)."""
+
+    @functools.cached_property
+    def compacted(self) -> dict[str, dict[str, tuple]]:
+        """Per table, compacted trials: trial id -> (compacted file, its status or None); read
+        on first use (a driver's: once it holds the sweep's driver lock)."""
+        return {n: part_index(self.root / n, "status" if n == "trials" else None) for n in TABLES}
 
     def prepare(self) -> None:
         """Fail at start-up, not mid-sweep, if the directory is unusable. A directory that
@@ -120,19 +122,19 @@ class ResultsWriter:
             self.root / "curves",
         )
         made = [p for p in folders if not p.exists()]
+        existing = marker.exists()
+        if existing:  # another version's folder is refused before anything is made in it
+            version = read_schema_version(self.root)
+            if version != SCHEMA_VERSION:
+                raise ResultsError(
+                    [
+                        f"--results: {self.root} holds results of schema version {version}, "
+                        f"this scale_fpt writes version {SCHEMA_VERSION}; use a new results "
+                        "directory (or another --sweep name)"
+                    ]
+                )
         try:
             make_folders(self.root, "trials", "curves")  # real folders: no link out
-            existing = marker.exists()
-            if existing:
-                version = read_schema_version(self.root)
-                if version != SCHEMA_VERSION:
-                    raise ResultsError(
-                        [
-                            f"--results: {self.root} holds results of schema version {version}, "
-                            f"this scale_fpt writes version {SCHEMA_VERSION}; use a new results "
-                            "directory (or another --sweep name)"
-                        ]
-                    )
             # Probe even an existing sweep (a resumed one may now be read-only or full); the
             # name is per process, so writers starting side by side never remove each other's.
             probe = self.root / f"_write-probe.{os.getpid()}"
@@ -142,7 +144,7 @@ class ResultsWriter:
                 with contextlib.suppress(OSError):
                     probe.unlink()
             if not existing:
-                write_text_atomic(marker, json.dumps({"schema_version": SCHEMA_VERSION}))
+                write_text(marker, json.dumps({"schema_version": SCHEMA_VERSION}))
         except (OSError, ResultsError) as e:
             for path in reversed(made):
                 with contextlib.suppress(OSError):
@@ -208,6 +210,11 @@ class ResultsWriter:
             return self.compacted["trials"][trial_id][1]
         found = self.read_rows("trials", trial_id)
         return found.column("status")[0].as_py() if found is not None and found.num_rows else None
+
+    def trial_rows(self) -> pa.Table:
+        """This sweep's trial rows on disk by trial id (what its confirmation chooses from)."""
+        found = read_table(self.root / "trials", TRIAL_SCHEMA)  # safe beside a compaction
+        return found.filter(pc.equal(found["sweep"], self.sweep)).sort_by("trial_id")
 
     def read_rows(self, name: str, trial_id: str) -> pa.Table | None:
         """A trial's rows of table ``name`` as on disk (None: no file, or a damaged one)."""
@@ -393,13 +400,6 @@ def read_schema_version(sweep_dir: Path):
                 "scale_fpt results directory, or it was damaged: use a new results directory"
             ]
         ) from None
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    try:
-        write_text(path, text)
-    except OSError as e:
-        raise ResultsError([f"cannot write {path}: {e.strerror or e}"]) from None
 
 
 @dataclass

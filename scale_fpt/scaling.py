@@ -1,11 +1,11 @@
-"""Sizes and scaling rules as small pure functions: parameter counts, FLOPs, activations.
+"""Sizes and scaling rules as small pure functions: parameter counts, FLOPs, a block's
+shape (what its activations are; the planner counts their bytes per step).
 
 Nothing here builds a model; tests check every formula against the modules ``models`` builds.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 
@@ -225,67 +225,3 @@ class BlockShape:
         mlp = 2 * d + (8 if self.gated else 4) * self.inner + d
         norms = (8 if self.rms_norm else 4) * d
         return 11 * d + mlp + norms
-
-
-def activation_bytes(
-    n_layer: int,
-    d_model: int,
-    n_tokens: int,
-    batch: int,
-    precision: str,
-    block: BlockShape | None = None,
-) -> int:
-    """Activations kept for backward: ``block.activation_units`` per token and block
-    (default: a GPT-2 block of width ``d_model``, 34 d), in the training precision."""
-    width = 4 if precision == "fp32" else 2
-    units = (block or BlockShape(d_model, 4 * d_model)).activation_units
-    return n_layer * batch * n_tokens * units * width // 2
-
-
-ATTENTION_KEPT_WITH_DROPOUT = 3
-"""(B, H, T, T) tensors one block keeps for backward when its attention probabilities take
-keyed dropout (``models.ops.causal_attention``'s materialised path): exp(scores), the
-dropout mask and the dropped probabilities (the softmax division saves its inputs, the
-product with the values saves the dropped probabilities)."""
-ATTENTION_WORKING = 4
-"""(B, H, T, T) tensors beyond those kept, live at once in the block being computed: the
-scores, exp(scores) and probabilities when its mask is drawn in the forward pass; the
-gradients of the dropped probabilities, the probabilities and exp(scores) in backward."""
-
-
-def attention_bytes(
-    n_layer: int,
-    n_head: int,
-    n_tokens: int,
-    batch: int,
-    precision: str,
-    dropout: float,
-    backward: bool = True,
-    fused: bool = False,
-) -> int:
-    """Peak bytes of materialised attention in a training step. With ``fused`` (the
-    Triton kernel ``models.flash_attention``, which a GPU with Triton runs for keyed
-    dropout: O(T) per query row, as SDPA) only its bit-packed dropout mask, T ceil(T / 8)
-    bytes per (row, head), kept by every block for the backward. Otherwise (a CPU, or a GPU without Triton or
-    with ``SCALE_FPT_FLASH=0``) keyed dropout on the attention probabilities materialises
-    them (torch's fused SDPA kernels draw their own masks). The peak is the larger of: the forward pass at the last block (the
-    blocks below keep ``ATTENTION_KEPT_WITH_DROPOUT`` (B, H, T, T) tensors each, the last
-    holds ``ATTENTION_WORKING`` while its mask is drawn in blocks of at most
-    ``keyed_random.DRAW_BLOCK`` elements with ``DRAW_BYTES_PER_ELEMENT`` each) and the start
-    of the backward pass (every block's kept tensors and the working gradients). With
-    ``backward`` False (nothing trained below the output head) nothing is kept. Without
-    dropout SDPA's fused kernels keep O(T) per query row: 0 here."""
-    from scale_fpt.keyed_random import DRAW_BLOCK, DRAW_BYTES_PER_ELEMENT  # imports torch
-
-    if dropout == 0.0 or not n_head:
-        return 0
-    if fused:
-        mask = batch * n_head * n_tokens * math.ceil(n_tokens / 8)
-        return mask * (n_layer if backward else 1)
-    width = 4 if precision == "fp32" else 2
-    elements = batch * n_head * n_tokens * n_tokens  # one (B, H, T, T) tensor
-    kept = ATTENTION_KEPT_WITH_DROPOUT * (n_layer if backward else 0)
-    forward = (max(0, kept - ATTENTION_KEPT_WITH_DROPOUT) + ATTENTION_WORKING) * elements * width
-    forward += min(elements, DRAW_BLOCK) * DRAW_BYTES_PER_ELEMENT
-    backward_start = (kept + ATTENTION_WORKING) * elements * width if backward else 0
-    return max(forward, backward_start)

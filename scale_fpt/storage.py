@@ -144,10 +144,12 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())[:300]
 
 
-def check_sweep_storage(sweep) -> None:
+def check_sweep_storage(sweep) -> str:
     """Every problem of the sweep's explicitly given storages, raised as one ResultsError:
     Tune's (the default, under the results directory, is checked with it by ResultsWriter)
-    and Optuna's (a grid sweep's too: a bad URL is a mistake even where it is not used)."""
+    and Optuna's (a grid sweep's too: a bad URL is a mistake even where it is not used).
+    Returns the Optuna storage a search keeps its studies in (``--optuna-storage``, else
+    ``default_optuna_storage``; '' for a grid)."""
     problems = []
     if sweep.storage_path:
         problems.append(tune_storage_problem(sweep.storage_path))
@@ -156,3 +158,6 @@ def check_sweep_storage(sweep) -> None:
     problems = [p for p in problems if p]
     if problems:
         raise ResultsError(problems)
+    if not sweep.search:
+        return ""
+    return sweep.optuna_storage or default_optuna_storage(sweep.sweep_dir)

@@ -3,12 +3,16 @@ sweep name (scale_fpt.sweep.confirm), and the sweep fields that declare them."""
 
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 import pytest
+from test_report import write
 
 from scale_fpt.config import ConfigError
+from scale_fpt.results import ResultsWriter
 from scale_fpt.sweep import SweepConfig
-from scale_fpt.sweep.confirm import confirmation_arms, confirmation_sweep
+from scale_fpt.sweep.confirm import confirmation
 
 SWEEP = SweepConfig(
     name="lr",
@@ -34,7 +38,7 @@ def test_each_arm_confirms_its_best_configuration_that_completed_every_seed():
         + rows("random", 1e-3, [0.6, 0.6, 0.6])
         + rows("random", 1e-2, [0.7, 0.7, 0.7])
     )
-    arms, unchosen = confirmation_arms(SWEEP, trials)
+    confirm, arms, unchosen = confirmation(SWEEP, trials)
     assert unchosen == []
     chosen = {(a["init"], a["seed"]): a["lr"] for a in arms}
     assert chosen == {
@@ -43,7 +47,6 @@ def test_each_arm_confirms_its_best_configuration_that_completed_every_seed():
         ("random", 10): 1e-2,
         ("random", 11): 1e-2,
     }
-    confirm = confirmation_sweep(SWEEP)
     assert confirm.name == "lr-confirm" and confirm.seeds == (10, 11)
     assert confirm.grid == {"init": ["pretrained", "random"]} and not confirm.confirm_seeds
 
@@ -54,9 +57,42 @@ def test_an_arm_whose_every_configuration_lost_a_seed_is_named_not_confirmed():
         + rows("random", 1e-3, [0.6, 0.6, 0.6], ("completed", "failed", "completed"))
         + rows("random", 1e-2, [0.7, 0.7], ("completed", "completed"))  # seed 2 never ran
     )
-    arms, unchosen = confirmation_arms(SWEEP, trials)
+    _, arms, unchosen = confirmation(SWEEP, trials)
     assert {a["init"] for a in arms} == {"pretrained"}
     assert unchosen == ["bit-xor/gpt2-tiny/random"]
+
+
+def test_the_confirmation_chooses_from_the_trial_rows_its_sweeps_writer_reads(tmp_path):
+    """The driver's writer reads its sweep's trial rows back, compacted or not, each trial
+    once: the confirmation chooses from them. A row claiming another sweep is left out,
+    though it would complete the random arm's lr 1e-2 with the best mean."""
+    writer = ResultsWriter(tmp_path, SWEEP.name)
+    runs = [("pretrained", 1e-3, 0.8), ("pretrained", 1e-2, 0.9), ("random", 1e-3, 0.6)]
+    for init, lr, score in runs:
+        for seed in SWEEP.seeds:
+            write(writer, f"{init}-{lr}-{seed}", score, init=init, lr=lr, seed=seed,
+                  model="gpt2-tiny", task="bit-xor")  # fmt: skip
+    writer.compact()
+    for seed in (0, 1):  # seed 2 never ran: lr 1e-2 completed no configuration of random
+        write(writer, f"random-0.01-{seed}", 0.7, init="random", lr=1e-2, seed=seed,
+              model="gpt2-tiny", task="bit-xor")  # fmt: skip
+    other = ResultsWriter(tmp_path, "other")
+    write(other, "planted", 0.99, init="random", lr=1e-2, seed=2, model="gpt2-tiny", task="bit-xor")
+    os.replace(
+        other.root / "trials" / "planted.parquet", writer.root / "trials" / "planted.parquet"
+    )
+    rows = writer.trial_rows()
+    assert rows["trial_id"].to_pylist() == sorted(rows["trial_id"].to_pylist())
+    assert len(rows) == 11 and set(rows["sweep"].to_pylist()) == {SWEEP.name}
+    confirm, arms, unchosen = confirmation(SWEEP, rows.to_pandas())
+    assert unchosen == [] and confirm.name == "lr-confirm"
+    chosen = {(a["init"], a["seed"]): a["lr"] for a in arms}
+    assert chosen == {
+        ("pretrained", 10): 1e-2,
+        ("pretrained", 11): 1e-2,
+        ("random", 10): 1e-3,
+        ("random", 11): 1e-3,
+    }
 
 
 def test_confirmation_seeds_are_fresh_and_confirm_a_choice():

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from scale_fpt import scaling
+from scale_fpt import planner, scaling
 from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.models import build_model, families, ops
 from scale_fpt.models.families import block_shape
@@ -384,7 +384,7 @@ def test_activation_rule_is_within_15_percent_of_what_autograd_keeps(family_dirs
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
         module.backbone(inputs_embeds=embeds.requires_grad_(True))
     shape = block_shape(built.module.backbone.config)
-    rule = scaling.activation_bytes(L, D, spec.n_tokens, batch, "fp32", shape)
+    rule = planner.activation_bytes(L, D, spec.n_tokens, batch, "fp32", shape)
     assert abs(sum(kept.values()) / rule - 1) < 0.15, (sum(kept.values()), rule)
     assert shape.activation_units == {"gpt2": 26, "gpt-neox": 26, "llama": 38}[family] * D
 

@@ -44,7 +44,7 @@ from scale_fpt import cli
 from scale_fpt.compaction import PART_PREFIX, part_index
 from scale_fpt.config import TrialConfig
 from scale_fpt.recovery import tune_reports  # each report also records the ``pid`` that made it
-from scale_fpt.results import ResultsError, load_results
+from scale_fpt.results import ResultsError, ResultsWriter, load_results
 from scale_fpt.sweep import SweepConfig, run_sweep
 
 pytestmark = pytest.mark.faults
@@ -1086,7 +1086,7 @@ def test_interleaved_retries_and_driver_restarts_keep_one_row_per_key(events):
 
     root = Path(tempfile.mkdtemp(prefix="faults-prop-"))
     try:
-        callback = results_callback_class()(str(root), PROP_SWEEP)
+        callback = results_callback_class()(ResultsWriter(root, PROP_SWEEP))
         arms = [{**TINY, "lr": 10.0 ** -(i + 2)} for i in range(3)]
         ids = [trial_id_for(PROP_SWEEP, TrialConfig.from_flat(a).to_flat()) for a in arms]
         tune_trials = [

@@ -14,7 +14,7 @@ import torch
 from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.packing import cohorts
 from scale_fpt.profile import pack_problem, profile_of, step_kind
-from scale_fpt.results import table
+from scale_fpt.results import ResultsWriter, table
 from scale_fpt.results_schema import CURVE_SCHEMA, TRIAL_SCHEMA
 from scale_fpt.trial import TrialRun, trial_id_for
 
@@ -287,7 +287,7 @@ def test_tune_cohort_writes_every_member_once(base, tmp_path, monkeypatch):
         run_config=tune.RunConfig(
             name="packing",
             storage_path=str(tmp_path / "ray"),
-            callbacks=[results_callback_class()(str(results_dir), SWEEP)],
+            callbacks=[results_callback_class()(ResultsWriter(results_dir, SWEEP))],
             verbose=0,
         ),
     )

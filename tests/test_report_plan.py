@@ -23,7 +23,7 @@ from scale_fpt.results import ResultsWriter, load_results
 
 def test_a_sweeps_plan_is_written_once_and_read_back(tmp_path):
     sweep = dataclasses.replace(STUDIES["lr-search"].presets["local"](), results_dir=str(tmp_path))
-    path = analysis_plan.write_plan(sweep)
+    path = analysis_plan.write_plan(sweep, sweep.trials())
     assert path == tmp_path / "lr-search-local" / "analysis_plan.json"
     plan = analysis_plan.read_plan(path.parent)
     assert plan.law_form == "power_floor" and plan.schema_version == 1
@@ -32,7 +32,7 @@ def test_a_sweeps_plan_is_written_once_and_read_back(tmp_path):
     assert plan.family_of("full - fpt", "accuracy") == "accuracy: full - fpt"
     assert plan.family_of("full - fpt", "elsewhere") is None
     first = path.read_text()
-    analysis_plan.write_plan(sweep)  # a resumed sweep keeps its plan
+    analysis_plan.write_plan(sweep, sweep.trials())  # a resumed sweep keeps its plan
     assert path.read_text() == first
     assert analysis_plan.plans(tmp_path, ["lr-search-local-confirm"])["lr-search-local-confirm"]
     path.write_text(json.dumps({**json.loads(first), "schema_version": 99}))

@@ -19,7 +19,7 @@ from helpers import TINY_TRIAL as TINY
 
 from scale_fpt.config import ConfigError
 from scale_fpt.recipes import load_study
-from scale_fpt.results import checkpoint_dir, load_results
+from scale_fpt.results import ResultsWriter, checkpoint_dir, load_results
 from scale_fpt.results_schema import CURVE_SCHEMA, TRIAL_SCHEMA
 from scale_fpt.study import study_main
 from scale_fpt.sweep import Devices, SweepConfig, SweepPlan, placement_on
@@ -391,7 +391,7 @@ def test_a_restored_experiment_state_writes_where_the_restoring_command_says(tmp
     from scale_fpt.sweep import callbacks as cb
 
     def made(results: Path):
-        return cb.sweep_callbacks(SweepConfig(name="s", results_dir=str(results), base=TINY))
+        return cb.sweep_callbacks(ResultsWriter(results, "s"))
 
     first = made(tmp_path / "C")
     assert first.results.results_dir == str(tmp_path / "C")

@@ -6,6 +6,7 @@ file store with MlflowClient."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -399,6 +400,20 @@ def test_default_optuna_storage_is_a_journal_on_shared_file_systems(tmp_path, mo
     assert storage.default_optuna_storage(tmp_path) == f"sqlite:///{tmp_path / 'optuna.db'}"
     monkeypatch.setattr(storage, "filesystem_type", lambda path: "nfs4")
     assert storage.default_optuna_storage(tmp_path) == str(tmp_path / "optuna.journal")
+
+
+def test_the_start_up_check_resolves_the_optuna_storage_a_search_uses(tmp_path):
+    """What ``run_sweep`` hands its searchers: the given storage, else the default in the
+    sweep's folder; a grid uses none."""
+    from scale_fpt.storage import check_sweep_storage
+    from scale_fpt.sweep import SweepConfig
+
+    space = {"lr": ("loguniform", 1e-4, 1e-2)}
+    search = SweepConfig(name="s", results_dir=str(tmp_path), search=space)
+    assert check_sweep_storage(search) == f"sqlite:///{tmp_path / 's' / 'optuna.db'}"
+    given = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    assert check_sweep_storage(dataclasses.replace(search, optuna_storage=given)) == given
+    assert check_sweep_storage(dataclasses.replace(search, search={})) == ""
 
 
 def test_filesystem_type_reads_the_longest_mount_point():

@@ -5,13 +5,18 @@
         slots), each trial parsed and profiled, checked against the GPUs, grouped into
         cohorts (--pack), each Tune trial's members, step, GPU share, memory and Ray
         bundles (what --plan prints)-->
-        --driver.py: one Tuner per grid (or per searched arm), handed the plan: resources
-        looked up in it, the searcher, resume's count and the confirmation sweep read it-->
+        --driver.py: built once at start-up and handed along: the storages checked (the
+        Optuna storage a search uses), the sweep's one results.ResultsWriter (keyed,
+        atomic, de-duplicated), the plan; one Tuner per grid (or every searched arm side by
+        side): resources looked up in the plan, the searcher given the plan and the
+        Optuna storage, the callbacks the writer-->
         trainable.py: tune_trial (one ``TrialRun`` per member list: one trial, or a packed
         cohort); each evaluation: ray.tune.report(rows, checkpoint)
-        --> callbacks.py: ResultsCallback on the driver --> Parquet rows
-            (results.ResultsWriter: keyed, atomic, de-duplicated)
-        resume.py: what an interrupted sweep has left, for ``--resume``
+        --> callbacks.py: ResultsCallback on the driver --> Parquet rows, through the writer
+        resume.py: what an interrupted sweep has left (the plan counted against the
+            writer's rows), for ``--resume``
+        confirm.py: each arm's chosen configuration (from the writer's trial rows) on fresh
+            seeds, planned at the sweep's placement, written by its own writer
         lock.py: one driver per sweep
 
 A retried or moved trial resumes from its last Tune checkpoint; ``run_sweep(resume=True)``

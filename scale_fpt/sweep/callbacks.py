@@ -42,11 +42,12 @@ def results_callback_class():
         write stops the sweep (``run_sweep`` raises its ResultsError; ``--resume`` continues
         once the directory takes writes again): rows that cannot be recorded are not run."""
 
-        def __init__(self, results_dir: str, sweep: str):
-            self.results_dir, self.sweep = results_dir, sweep
+        def __init__(self, writer: ResultsWriter):
+            self.results_dir, self.sweep = str(writer.root.parent), writer.sweep
             self.last_rows: dict[str, dict] = {}
             self.search_configs: dict[str, dict[str, int]] = {}
-            self._writer: ResultsWriter | None = None
+            self._writer: ResultsWriter | None = writer
+            self._compactor: Compactor | None = None
 
         def __getstate__(self):  # Tune pickles callbacks into its experiment state
             return {
@@ -57,7 +58,7 @@ def results_callback_class():
             }
 
         def __setstate__(self, state):
-            self.__dict__.update(state, _writer=None)
+            self.__dict__.update(state, _writer=None, _compactor=None)
 
         @property
         def writer(self) -> ResultsWriter:
@@ -68,11 +69,12 @@ def results_callback_class():
             return self.opened()[1]
 
         def opened(self) -> tuple[ResultsWriter, Compactor]:
-            """The writer and its compactor, made on first use. Only the driver makes its
-            callbacks, holding the sweep's driver lock: what a killed compaction left is
-            removed first."""
+            """The writer (the driver's; an unpickled copy makes its own) and its compactor,
+            made on first use. Only the driver makes its callbacks, holding the sweep's
+            driver lock: what a killed compaction left is removed first."""
             if self._writer is None:
                 self._writer = ResultsWriter(self.results_dir, self.sweep)
+            if self._compactor is None:
                 recover(self._writer.root)
                 self._compactor = Compactor(self._writer)
             return self._writer, self._compactor
@@ -288,27 +290,27 @@ def serving(callbacks):
         SERVING.pop()
 
 
-def sweep_callbacks(sweep: SweepConfig, experiment: str = "", planned_steps: int = 0):
-    """The driver's callbacks (``DriverCallbacks``): our own rows first, Tune's result.json
-    (its ResultGrid reads it, and ``recovery`` re-derives lost rows from it), the live
-    progress of ``experiment`` (``planned_steps``: its member trial-steps, for the ETA) and
-    the trackers of ``sweep.loggers``. (Tune's own TensorBoard and CSV loggers would only
-    warn about the nested row lists; ``tracking`` logs per member trial instead.)"""
+def sweep_callbacks(
+    writer: ResultsWriter, planned_steps: int = 0, loggers: tuple[str, ...] = (), fields=()
+):
+    """The driver's callbacks (``DriverCallbacks``) of the experiment whose rows ``writer``
+    writes: our own rows first, Tune's result.json (its ResultGrid reads it, and
+    ``recovery`` re-derives lost rows from it), the live progress (``planned_steps``: its
+    member trial-steps, for the ETA) and the trackers of ``loggers``, whose runs are named
+    by ``fields`` (``SweepConfig.varying_fields``). (Tune's own TensorBoard and CSV loggers
+    would only warn about the nested row lists; ``tracking`` logs per member trial
+    instead.)"""
     from ray.tune.logger import JsonLoggerCallback
 
-    results_dir = str(Path(sweep.results_dir).absolute())
     callbacks = [
-        results_callback_class()(results_dir, sweep.name),
+        results_callback_class()(writer),
         JsonLoggerCallback(),
-        progress_callback_class()(experiment or sweep.name, planned_steps),
+        progress_callback_class()(writer.sweep, planned_steps),
     ]
-    if set(sweep.loggers) - {"none"}:
-        name = experiment or sweep.name
+    if set(loggers) - {"none"}:
         tracking = tracking_callback_class()
-        callbacks.append(
-            tracking(str(sweep.sweep_dir), sweep.loggers, name, sweep.varying_fields())
-        )
-    return driver_callbacks_class()(results_dir, callbacks)
+        callbacks.append(tracking(str(writer.root), loggers, writer.sweep, fields))
+    return driver_callbacks_class()(str(writer.root.parent), callbacks)
 
 
 def refuse_moved_search(sweep: SweepConfig, callbacks) -> None:

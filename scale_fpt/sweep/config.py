@@ -313,6 +313,12 @@ class SweepConfig:
     def ray_storage(self) -> str:
         return self.storage_path or str(Path(self.results_dir).absolute() / "_ray")
 
+    @property
+    def gpu_request(self) -> planner.GPURequest:
+        """``gpus_per_trial``, parsed (``planner.parse_gpus_per_trial``: ConfigError for a
+        value it does not take)."""
+        return planner.parse_gpus_per_trial(self.gpus_per_trial)
+
 
 def yaml_field_problems(cls, data: dict) -> tuple[list[str], dict]:
     """(problems, SweepConfig keyword values) of a YAML mapping: unknown keys and fields of

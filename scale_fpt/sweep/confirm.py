@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -23,7 +24,7 @@ PLACEMENT_FIELDS = ("workers", "zero_stage")
 
 def confirmation_sweep(sweep: SweepConfig) -> SweepConfig:
     """The grid sweep of the confirmation runs: the arms of ``sweep`` (without its choice
-    fields) x ``confirm_seeds``; each arm's chosen values come from ``confirmation_arms``."""
+    fields) x ``confirm_seeds``; each arm's chosen values come from ``confirmation``."""
     choice = sweep.choice_fields()
     return dataclasses.replace(
         sweep,
@@ -61,17 +62,28 @@ def chosen_configuration(
     return {k: v.item() if hasattr(v, "item") else v for k, v in zip(choice, values, strict=True)}
 
 
-def confirmation_arms(sweep: SweepConfig, trials: pd.DataFrame) -> tuple[list[dict], list[str]]:
-    """(flat configs of the confirmation trials, labels of arms with nothing to confirm):
-    every arm of ``confirmation_sweep`` with its chosen configuration from ``trials`` (the
-    sweep's rows)."""
-    choice = sweep.choice_fields()
+class Confirmation(NamedTuple):
+    """What a sweep confirms (``confirmation``)."""
+
+    sweep: SweepConfig
+    """The grid sweep of the confirmation runs (``confirmation_sweep``)."""
+    arms: list[dict]
+    """Flat configs of its trials: each arm with its chosen configuration."""
+    unchosen: list[str]
+    """Labels of the arms with nothing to confirm (no configuration completed every seed)."""
+
+
+def confirmation(sweep: SweepConfig, trials: pd.DataFrame) -> Confirmation:
+    """The confirmation of ``sweep``: every arm of ``confirmation_sweep`` with its chosen
+    configuration from ``trials`` (the sweep's rows)."""
+    confirm, choice = confirmation_sweep(sweep), sweep.choice_fields()
     out, unchosen = [], []
-    for arm in confirmation_sweep(sweep).trials():
+    for arm in confirm.trials():
         fixed = {k: v for k, v in arm.items() if k not in ("seed", *choice, *PLACEMENT_FIELDS)}
+        label = arm_label(fixed)
         chosen = chosen_configuration(trials, fixed, choice, sweep.seeds, sweep.metric)
         if chosen is None:
-            unchosen.append(arm_label(fixed))
+            unchosen.append(label)
         else:
             out.append({**arm, **chosen})
-    return out, list(dict.fromkeys(unchosen))
+    return Confirmation(confirm, out, list(dict.fromkeys(unchosen)))

@@ -16,8 +16,8 @@ from scale_fpt.confined import refuse_links
 from scale_fpt.loop import evaluation_steps
 from scale_fpt.models.backbones import scale_fpt_home
 from scale_fpt.recovery import restore_missing_rows
-from scale_fpt.results import ResultsWriter, load_results
-from scale_fpt.storage import JOURNAL_SUFFIX, check_sweep_storage, default_optuna_storage
+from scale_fpt.results import ResultsWriter
+from scale_fpt.storage import JOURNAL_SUFFIX, check_sweep_storage
 from scale_fpt.sweep.callbacks import (
     fit_reporting_write_failures,
     refuse_moved_search,
@@ -25,7 +25,7 @@ from scale_fpt.sweep.callbacks import (
     sweep_callbacks,
 )
 from scale_fpt.sweep.config import SweepConfig, arm_label
-from scale_fpt.sweep.confirm import confirmation_arms, confirmation_sweep
+from scale_fpt.sweep.confirm import confirmation
 from scale_fpt.sweep.lock import driver_lock
 from scale_fpt.sweep.plan import SweepPlan, plan_sweep, sweep_placement
 from scale_fpt.sweep.resume import repoint_trial_generator, unfinished_arms, unfinished_trials
@@ -58,11 +58,11 @@ class SharedGrid(dict):
         return self
 
 
-def search_algorithm(plan: SweepPlan):
+def search_algorithm(plan: SweepPlan, optuna_storage: str):
     """The searcher of a sweep's searched arms: one ``search.SeedMeanSearcher`` per arm (its
     configurations trained for every seed, scored on the seed mean, in the arm's own Optuna
-    study ``<sweep>-<arm>``, in cohorts of the plan's size), all run side by side
-    (``search.ArmSearchers``)."""
+    study ``<sweep>-<arm>`` in ``optuna_storage``, in cohorts of the plan's size), all run
+    side by side (``search.ArmSearchers``)."""
     from scale_fpt.search import ArmSearchers, SeedMeanSearcher  # Ray Tune
 
     sweep = plan.sweep
@@ -72,7 +72,7 @@ def search_algorithm(plan: SweepPlan):
             seed_arms=list(group),
             search=sweep.search,
             study_name=f"{sweep.name}-{slug(arm_label({**group[0], 'seed': 'seeds'}))}",
-            storage_url=sweep.optuna_storage or default_optuna_storage(sweep.sweep_dir),
+            storage_url=optuna_storage,
             n_configs=sweep.search_trials,
             pack=pack,
             parallel=sweep.max_concurrent or plan.placement.devices.slots,
@@ -132,11 +132,14 @@ def run_sweep(sweep: SweepConfig, resume: bool = False) -> SweepOutcome:
     One driver per sweep: a second one on the same results and name is refused at start-up,
     naming the live one (``sweep.lock``)."""
     sweep.validate()
-    check_sweep_storage(sweep)
-    ResultsWriter(sweep.results_dir, sweep.name)  # fail now if results cannot be written
+    optuna_storage = check_sweep_storage(sweep)
+    # The sweep's one writer, made now to fail at once if results cannot be written: the
+    # results callback writes through it, resume counts and restores with it, and the
+    # confirmation chooses from what it reads.
+    writer = ResultsWriter(sweep.results_dir, sweep.name)
     refuse_links(*written_folders(sweep))
-    with driver_lock(sweep.sweep_dir):
-        return run_locked(sweep, resume)
+    with driver_lock(writer.root):
+        return run_locked(sweep, writer, optuna_storage, resume)
 
 
 def written_folders(sweep: SweepConfig) -> list[Path]:
@@ -150,9 +153,10 @@ def written_folders(sweep: SweepConfig) -> list[Path]:
     return [*([] if sweep.storage_path else [storage]), *tune, *own]
 
 
-def run_locked(sweep: SweepConfig, resume: bool) -> SweepOutcome:
+def run_locked(
+    sweep: SweepConfig, writer: ResultsWriter, optuna_storage: str, resume: bool
+) -> SweepOutcome:
     """``run_sweep`` once this process holds the sweep's driver lock."""
-    analysis_plan.write_plan(sweep)  # before any result: what the report will confirm
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
     connect_ray(runtime_env={"env_vars": {"SCALE_FPT_HOME": str(scale_fpt_home())}})
     import ray
@@ -161,24 +165,24 @@ def run_locked(sweep: SweepConfig, resume: bool) -> SweepOutcome:
     # resume's count, the confirmation sweep) reads this plan.
     placement = sweep_placement(sweep, ray.cluster_resources())
     plan = plan_sweep(sweep, placement)
+    analysis_plan.write_plan(sweep, plan.arms)  # before any result: what the report confirms
     # One Tune experiment: a grid's trials, or every searched arm side by side (one Optuna
     # study per arm, each configuration trained for every seed).
-    grid, searcher = run_experiment(plan, resume)
+    grid, searcher = run_experiment(plan, writer, resume, optuna_storage)
     trials, experiments = len(grid), [sweep.name]
-    unfinished = unfinished_trials(plan, searcher)
+    unfinished = unfinished_trials(plan, writer, searcher)
     if sweep.confirm_seeds and not unfinished:
-        confirmed, unfinished = run_confirmation(plan, resume)
+        confirmed, unfinished = run_confirmation(plan, writer, resume)
         trials += confirmed
         experiments.append(sweep.name + CONFIRM_SUFFIX)
     return SweepOutcome(experiments, trials, unfinished)
 
 
-def run_confirmation(plan: SweepPlan, resume: bool) -> tuple[int, int]:
-    """Each arm's chosen configuration on ``confirm_seeds`` (``sweep.confirm``), read from
-    the sweep's rows on disk and planned where the sweep ran: (trials run, trials left
-    unfinished)."""
-    sweep = plan.sweep
-    arms, unchosen = confirmation_arms(sweep, load_results(sweep.results_dir, sweep.name).trials)
+def run_confirmation(plan: SweepPlan, writer: ResultsWriter, resume: bool) -> tuple[int, int]:
+    """Each arm's chosen configuration on ``confirm_seeds`` (``sweep.confirm``), chosen from
+    the sweep's rows on disk (read by its ``writer``) and planned where the sweep ran:
+    (trials run, trials left unfinished)."""
+    confirm_sweep, arms, unchosen = confirmation(plan.sweep, writer.trial_rows().to_pandas())
     for label in unchosen:
         print(
             f"[scale-fpt] {label}: no configuration completed every seed; nothing to confirm",
@@ -186,9 +190,10 @@ def run_confirmation(plan: SweepPlan, resume: bool) -> tuple[int, int]:
         )
     if not arms:
         return 0, 0
-    confirm = plan_sweep(confirmation_sweep(sweep), plan.placement, arms)
-    grid, _ = run_experiment(confirm, resume)
-    return len(grid), unfinished_arms(confirm)
+    confirm = plan_sweep(confirm_sweep, plan.placement, arms)
+    confirm_writer = ResultsWriter(writer.root.parent, confirm_sweep.name)
+    grid, _ = run_experiment(confirm, confirm_writer, resume)
+    return len(grid), unfinished_arms(confirm, confirm_writer)
 
 
 def slug(text: str) -> str:
@@ -237,10 +242,11 @@ def planned_resources(token: str):
     return elsewhere
 
 
-def run_experiment(plan: SweepPlan, resume: bool):
-    """Run (or, ``resume``, restore and continue) one Tune experiment: (its ResultGrid, the
-    searcher of a fresh searched experiment, None otherwise). Only ``resume`` reads the
-    Tune state in the folder (cloudpickle: ``docs/security.md``)."""
+def run_experiment(plan: SweepPlan, writer: ResultsWriter, resume: bool, optuna_storage: str = ""):
+    """Run (or, ``resume``, restore and continue) one Tune experiment, its rows written by
+    ``writer``: (its ResultGrid, the searcher of a fresh searched experiment, None
+    otherwise; a search's studies in ``optuna_storage``). Only ``resume`` reads the Tune
+    state in the folder (cloudpickle: ``docs/security.md``)."""
     from ray import tune
 
     sweep = plan.sweep
@@ -249,7 +255,7 @@ def run_experiment(plan: SweepPlan, resume: bool):
     trainable = tune.with_resources(
         tune_search_members if sweep.search else tune_trial, trial_resources(plan)
     )
-    callbacks = sweep_callbacks(sweep, experiment, plan.planned_steps)
+    callbacks = sweep_callbacks(writer, plan.planned_steps, sweep.loggers, plan.varying_fields)
     if resume and tune.Tuner.can_restore(path):
         repoint_trial_generator(path)  # a copied sweep generates its new trials here too
         with serving(callbacks):
@@ -260,7 +266,7 @@ def run_experiment(plan: SweepPlan, resume: bool):
 
     if sweep.search:
         param_space = {"sweep": sweep.name}
-        search_alg = search_algorithm(plan)
+        search_alg = search_algorithm(plan, optuna_storage)
         num_samples = -1  # the searcher says when it is done (Searcher.FINISHED)
     else:
         search_alg, num_samples = None, 1

@@ -87,7 +87,7 @@ def sweep_placement(sweep: SweepConfig, resources: dict | None = None) -> Placem
     """Where ``sweep``'s trials run: on the connected Ray cluster of ``resources``
     (``ray.cluster_resources()``), or, None, where ``--plan`` assumes without a cluster
     (``assumed_resources``)."""
-    request = planner.parse_gpus_per_trial(sweep.gpus_per_trial)
+    request = sweep.gpu_request
     offer = sweep_gpus(sweep, request, connected=resources is not None)
     if resources is None:
         resources = assumed_resources(offer)
@@ -101,8 +101,7 @@ def placement_on(
 ) -> Placement:
     """``sweep``'s trials on the GPUs of a known ``offer`` in the slots of ``devices`` (what
     ``scale-fpt plan`` plans one trial at)."""
-    request = planner.parse_gpus_per_trial(sweep.gpus_per_trial)
-    return Placement(offer, devices, request, sweep.cpus_per_trial, fused_attention)
+    return Placement(offer, devices, sweep.gpu_request, sweep.cpus_per_trial, fused_attention)
 
 
 def sweep_gpus(sweep: SweepConfig, request: planner.GPURequest, connected: bool) -> GPUOffer:
@@ -267,6 +266,9 @@ class SweepPlan:
     searches: tuple[tuple[tuple[dict, ...], int], ...] = ()
     """A search's: each searched arm's seeds (one search each) with the members per cohort
     its drawn configurations run in (``search_pack``)."""
+    varying_fields: tuple[str, ...] = ()
+    """The fields that tell the experiment's trials apart (``SweepConfig.varying_fields``):
+    what names a tracker's runs."""
     _found: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -315,7 +317,10 @@ def plan_sweep(
     (``planned_arms``: ConfigError naming every trial no GPU holds), then a grid's cohorts
     (``sweep.pack``) each planned; a search's cohort sizes, its cohorts planned as it draws
     them."""
-    arms, profiles = planned_arms(sweep.trials() if trials is None else trials, placement)
+    varying = sweep.varying_fields()
+    if trials is None:
+        trials = sweep.trials()
+    arms, profiles = planned_arms(trials, placement)
     if sweep.search:
         searches = tuple(
             (
@@ -324,12 +329,14 @@ def plan_sweep(
             )
             for group in seed_groups(arms)
         )
-        return SweepPlan(sweep, placement, tuple(arms), tuple(profiles), (), searches)
+        return SweepPlan(sweep, placement, tuple(arms), tuple(profiles), (), searches, varying)
     cohorts = tuple(
         plan_cohort([arms[i] for i in group], profiles[group[0]], placement)
         for group in grid_cohorts(sweep, profiles, placement)
     )
-    return SweepPlan(sweep, placement, tuple(arms), tuple(profiles), cohorts)
+    return SweepPlan(
+        sweep, placement, tuple(arms), tuple(profiles), cohorts, varying_fields=varying
+    )
 
 
 def planned_arms(trials: list[dict], placement: Placement) -> tuple[list[dict], list[TrialProfile]]:

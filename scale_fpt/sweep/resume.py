@@ -25,17 +25,18 @@ def saved_unfinished(path: str) -> int:
     return sum(trial.status not in ("TERMINATED", "ERROR") for trial in trials)
 
 
-def unfinished_trials(plan: SweepPlan, searcher=None) -> int:
+def unfinished_trials(plan: SweepPlan, writer: ResultsWriter, searcher=None) -> int:
     """Trials of the planned sweep still to run after its experiment returned: for a grid,
-    each arm without a final row on disk (the project's own Parquet rows); for a fresh
-    search, the configurations its live ``searcher`` has not told; for a search resumed
+    each arm without a final row on disk (the project's own Parquet rows, read by the
+    sweep's ``writer``); for a fresh search, the configurations its live ``searcher`` has
+    not told; for a search resumed
     with ``--resume`` (``searcher`` None: Tune restored its own), ``search_trials`` per
     searched arm less the trials Tune's saved state holds as finished, read only then
     (``--resume`` trusts the Tune storage). A fresh sweep never reads the folder's Tune
     state."""
     sweep = plan.sweep
     if not sweep.search:
-        return unfinished_arms(plan)
+        return unfinished_arms(plan, writer)
     if searcher is not None:
         return searcher.remaining()
     path = os.path.join(sweep.ray_storage, sweep.name)
@@ -44,11 +45,9 @@ def unfinished_trials(plan: SweepPlan, searcher=None) -> int:
     return max(0, sweep.search_trials * len(plan.searches) - saved_finished(path))
 
 
-def unfinished_arms(plan: SweepPlan) -> int:
-    """Planned grid trials without a final row of their sweep on disk."""
-    sweep = plan.sweep
-    writer = ResultsWriter(sweep.results_dir, sweep.name)
-    ids = [trial_id_for(sweep.name, config.to_flat()) for config in plan.configs]
+def unfinished_arms(plan: SweepPlan, writer: ResultsWriter) -> int:
+    """Planned grid trials without a final row of their sweep on disk (``writer``'s)."""
+    ids = [trial_id_for(writer.sweep, config.to_flat()) for config in plan.configs]
     return sum(writer.status(trial_id) in (None, Status.RUNNING) for trial_id in ids)
 
 
