@@ -65,6 +65,20 @@ def write(writer, tid, acc, *, status="completed", val=None, hit=None, steps_don
         writer.write_curve(tid, [{**r, **{k: flat[k] for k in keys}} for r in curve])
 
 
+def confirmed_search(root, hit=None) -> None:
+    """Sweep ``s`` searching two rates of both inits on seeds 0-2 and ``s-confirm`` re-running
+    1e-3 on seeds 3-5 (rows by ``write``, each with ``hit``): LR-fair rows on confirmation
+    seeds, the rows of a declared family."""
+    rng = np.random.default_rng(0)
+    search, confirm = ResultsWriter(root, "s"), ResultsWriter(root, "s-confirm")
+    for writer, seeds, lrs in ((search, range(3), (1e-3, 1e-4)), (confirm, range(3, 6), (1e-3,))):
+        for lr in lrs:
+            for seed in seeds:
+                for init, mean in (("pretrained", 0.8), ("random", 0.7)):
+                    acc = mean + (lr == 1e-3) * 0.05 + rng.normal(0, 0.05)
+                    write(writer, f"{init}-{lr}-{seed}", acc, seed=seed, init=init, lr=lr, hit=hit)
+
+
 def test_steps_figure_draws_every_seed(results):
     """The bars of Table 4 carry their seeds: a point per seed (an unreached one, open, at
     its last evaluated step), one data row per seed, n under each bar."""

@@ -4,10 +4,9 @@ same way, so that a new table with ``p_t`` or ``lo``/``hi`` fails here."""
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import pytest
-from test_report import build_results, write
+from test_report import build_results, confirmed_search
 
 from scale_fpt.analysis_plan import AnalysisPlan
 from scale_fpt.report import columns
@@ -16,22 +15,9 @@ from scale_fpt.report.build import all_tables
 from scale_fpt.report.comparisons import Comparisons
 from scale_fpt.report.render import Document
 from scale_fpt.report.sections import power_section
-from scale_fpt.results import ResultsWriter, load_results
+from scale_fpt.results import load_results
 
 FAMILY = {"accuracy: pretrained - random": ["pretrained - random"]}
-
-
-def confirmed_search(root) -> None:
-    """Sweep ``s`` searching two rates of both inits on seeds 0-2 and ``s-confirm`` re-running
-    1e-3 on seeds 3-5: LR-fair rows on confirmation seeds, a declared family (planned rows)."""
-    rng = np.random.default_rng(0)
-    search, confirm = ResultsWriter(root, "s"), ResultsWriter(root, "s-confirm")
-    for writer, seeds, lrs in ((search, range(3), (1e-3, 1e-4)), (confirm, range(3, 6), (1e-3,))):
-        for lr in lrs:
-            for seed in seeds:
-                for init, mean in (("pretrained", 0.8), ("random", 0.7)):
-                    acc = mean + (lr == 1e-3) * 0.05 + rng.normal(0, 0.05)
-                    write(writer, f"{init}-{lr}-{seed}", acc, seed=seed, init=init, lr=lr, hit=200)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +27,7 @@ def computed(tmp_path_factory):
     written to tables/power.csv."""
     root = tmp_path_factory.mktemp("results")
     build_results(root)
-    confirmed_search(root)
+    confirmed_search(root, hit=200)
     results = load_results(root)
     plan = AnalysisPlan(sweep="s", families=FAMILY)
     found = Comparisons.compute(results.trials, results.curves, "test_accuracy", None,

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from test_report import write
+from test_report import confirmed_search, write
 
 from scale_fpt import analysis_plan
 from scale_fpt.recipes.studies import STUDIES
@@ -163,14 +163,7 @@ def test_a_declared_family_is_adjusted_whole_across_tables(tmp_path):
     table; the confirmation sweep follows s's plan. One BH adjustment over the family, the
     test that both tables show (confirmation seeds, both arms at the same rate) counted
     once."""
-    rng = np.random.default_rng(0)
-    search, confirm = ResultsWriter(tmp_path, "s"), ResultsWriter(tmp_path, "s-confirm")
-    for writer, seeds, lrs in ((search, range(3), (1e-3, 1e-4)), (confirm, range(3, 6), (1e-3,))):
-        for lr in lrs:
-            for seed in seeds:
-                for init, mean in (("pretrained", 0.8), ("random", 0.7)):
-                    acc = mean + (lr == 1e-3) * 0.05 + rng.normal(0, 0.05)
-                    write(writer, f"{init}-{lr}-{seed}", acc, seed=seed, init=init, lr=lr)
+    confirmed_search(tmp_path)
     plan = analysis_plan.AnalysisPlan(
         sweep="s", families={"accuracy: pretrained - random": ["pretrained - random"]}
     )
