@@ -80,10 +80,9 @@ def confirmation(sweep: SweepConfig, trials: pd.DataFrame) -> Confirmation:
     out, unchosen = [], []
     for arm in confirm.trials():
         fixed = {k: v for k, v in arm.items() if k not in ("seed", *choice, *PLACEMENT_FIELDS)}
-        label = arm_label(fixed)
         chosen = chosen_configuration(trials, fixed, choice, sweep.seeds, sweep.metric)
         if chosen is None:
-            unchosen.append(label)
+            unchosen.append(arm_label(fixed))
         else:
             out.append({**arm, **chosen})
     return Confirmation(confirm, out, list(dict.fromkeys(unchosen)))
