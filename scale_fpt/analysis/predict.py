@@ -191,6 +191,7 @@ def effective_data(
     paired with resamples of the pretrained arm's ``groups`` (seeds) at each D_F, so the
     interval covers both arms' seed noise. D_E is inf where the pretrained value is below
     the scratch law's floor E: no amount of data from scratch reaches it.
+    With ``n_boot=0`` in ``fit_kw`` no bootstrap runs and the intervals are nan.
 
     Columns (the report's vocabulary, ``report.columns``): D_F, n (its seeds), pretrained
     (mean y), D_E, D_E_low, D_E_high, D_T, D_T_low, D_T_high,
@@ -216,10 +217,12 @@ def effective_data(
     for size, rows_p in df[df[arm] == pretrained].groupby(data):
         values = rows_p[y].to_numpy(dtype=float)
         observed = values.mean()
-        resampled = rng.choice(values, size=(len(draws), len(values))).mean(axis=1)
         d_e = float(invert_power_floor(natural, observed))
-        d_e_boot = invert_power_floor(draws, resampled)
-        lo, hi = np.quantile(d_e_boot, q, method="inverted_cdf")
+        lo = hi = np.nan  # n_boot=0: no interval
+        if len(draws):
+            resampled = rng.choice(values, size=(len(draws), len(values))).mean(axis=1)
+            d_e_boot = invert_power_floor(draws, resampled)
+            lo, hi = np.quantile(d_e_boot, q, method="inverted_cdf")
         rows.append(
             {
                 "D_F": float(size),

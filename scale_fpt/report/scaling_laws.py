@@ -529,7 +529,9 @@ def transfer_rows(
         if not {"pretrained", "random"} <= inits or group["train_examples"].nunique() < MIN_SIZES:
             continue
         try:
-            table = effective_data(group, "error", n_boot=n_boot or REPORT_BOOT)
+            # A withheld interval's bootstrap is not run (REPORT_BOOT refits a group).
+            boot = (n_boot or REPORT_BOOT) if intervals else 0
+            table = effective_data(group, "error", n_boot=boot)
         except ValueError as e:
             out.append(pd.DataFrame([{"task": task, "model": model, "note": str(e)}]))
             continue
