@@ -161,15 +161,16 @@ def scans(paths: list) -> list[list]:
 
 
 def read_files(
-    paths: list[Path], schema: pa.Schema, combine: bool = False
+    paths: list[Path], schema: pa.Schema, combine: bool = False, keep=None
 ) -> tuple[pa.Table, list[Path]]:
     """(the rows of ``paths`` in ``schema``, the files they came from), a scan per
-    ``SCAN_FILES`` files (``by_file``). ``combine``: each scan's rows in one chunk per
-    column (trials' own files: a chunk per file otherwise; compacted files' chunks are
-    large already, and combining them would copy them)."""
+    ``SCAN_FILES`` files (``by_file``), of the files whose rows ``keep(path, rows)`` accepts
+    (every file without it). ``combine``: each scan's rows in one chunk per column (trials'
+    own files: a chunk per file otherwise; compacted files' chunks are large already, and
+    combining them would copy them)."""
     tables, read = [], []
     for scan in scans(paths):
-        found = by_file(scan, schema)
+        found = [(p, t) for p, t in by_file(scan, schema) if keep is None or keep(p, t)]
         if found:
             rows = pa.concat_tables([t for _, t in found])
             tables.append(rows.combine_chunks() if combine else rows)
@@ -178,16 +179,11 @@ def read_files(
 
 
 def own_rows(files: dict[str, Path], schema: pa.Schema) -> pa.Table:
-    """The rows of trials' own files (trial id -> file), a scan per ``SCAN_FILES`` files,
-    of the files whose rows are all their own trial's: compacting removes exactly the files
-    whose rows it took (a file holding another trial's rows, put there by hand, stays;
-    damaged ones too)."""
-    own = []
-    for scan in scans([files[i] for i in sorted(files)]):
-        mine = [t for path, t in by_file(scan, schema) if own_file(path, t)]
-        if mine:
-            own.append(pa.concat_tables(mine).combine_chunks())
-    return pa.concat_tables(own) if own else schema.empty_table()
+    """The rows of trials' own files (trial id -> file) whose rows are all their own
+    trial's (``own_file``): compacting removes exactly the files whose rows it took (a file
+    holding another trial's rows, put there by hand, stays; damaged ones too)."""
+    paths = [files[i] for i in sorted(files)]
+    return read_files(paths, schema, combine=True, keep=own_file)[0]
 
 
 def by_file(paths: list[Path], schema: pa.Schema) -> list[tuple[Path, pa.Table]]:
