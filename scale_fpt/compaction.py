@@ -26,9 +26,13 @@ before compacting, holding the sweep's driver lock, so no live generation is rem
 reader that lists the directory just before a swap and opens a file just after can get
 FileNotFoundError, never a duplicate: it reads again.
 
-``RENAME_EXCHANGE`` is Linux's (ext4, xfs, btrfs, tmpfs; not NFS, not other systems). Where
-it is refused, step 4 does nothing, the hidden directory is removed and the small files
-stay where they are: the sweep reads as before, only not faster (one line says so).
+``RENAME_EXCHANGE`` is Linux's (ext4, xfs, btrfs, tmpfs; not NFS/EFS, not other systems),
+and a shared file system is where file opens cost most (each one a round trip). Where it is
+refused, step 4 is two renames (``Generation.replace``): the live directory aside to
+``.<table>.prev-<token>``, then the next generation into its place. Between them the table
+directory is absent, so a reader gets FileNotFoundError (pandas too), never a trial twice
+or missing: ``read_table`` then reads the complete generation waiting to be renamed in, and
+``recover`` renames in a generation whose swap was killed between the two.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ PART_TRIALS = 2048
 rewriting it, so its size bounds that cost; 10^5 trials make about 50 files per table."""
 
 NEXT_MARK = ".next-"
+PREV_MARK = ".prev-"
 TABLES = ("trials", "curves")
 
 
@@ -115,8 +120,13 @@ class Listing:
 
 
 def listing(table_dir: Path) -> Listing:
+    """The files of ``table_dir`` (none if it does not exist); FileNotFoundError if it is
+    renamed away while listed (a swap by two renames)."""
+    source = table_source(table_dir)
+    if source is None:
+        return Listing({}, {})
     small, parts = {}, {}
-    with contextlib.suppress(FileNotFoundError), os.scandir(table_dir) as entries:
+    with os.scandir(source) as entries:
         for entry in entries:
             name = entry.name
             if name[:1] in "._" or not name.endswith(".parquet"):
@@ -128,6 +138,28 @@ def listing(table_dir: Path) -> Listing:
             else:
                 small[name.removesuffix(".parquet")] = Path(entry.path)
     return Listing(small, parts)
+
+
+def table_source(table_dir: Path) -> Path | None:
+    """The directory holding a table's live generation: ``table_dir`` itself or, while a swap
+    by two renames has put it aside (or was killed between them), the complete next
+    generation waiting to take its place; None where the table has no directory. A swap
+    finishing while this looks raises FileNotFoundError: read again."""
+    if os.path.lexists(table_dir):
+        return table_dir
+    hidden, tokens = f".{table_dir.name}{PREV_MARK}", []
+    with (
+        contextlib.suppress(FileNotFoundError, NotADirectoryError),
+        os.scandir(table_dir.parent) as entries,
+    ):
+        tokens = [e.name.removeprefix(hidden) for e in entries if e.name.startswith(hidden)]
+    for token in tokens:
+        waiting = table_dir.parent / f".{table_dir.name}{NEXT_MARK}{token}"
+        if waiting.is_dir() and not waiting.is_symlink():
+            return waiting
+    if tokens:
+        raise FileNotFoundError(errno.ENOENT, "renamed in while looked at", str(table_dir))
+    return None
 
 
 def warn_damaged(path: Path, error: Exception) -> None:
@@ -267,7 +299,9 @@ class Generation:
 
     def __init__(self, table_dir: Path):
         self.live = table_dir
-        self.next = table_dir.parent / f".{table_dir.name}{NEXT_MARK}{secrets.token_hex(6)}"
+        token = secrets.token_hex(6)
+        self.next = table_dir.parent / f".{table_dir.name}{NEXT_MARK}{token}"
+        self.prev = table_dir.parent / f".{table_dir.name}{PREV_MARK}{token}"
         self.next.mkdir()
         after_file_operation("mkdir")
 
@@ -275,9 +309,9 @@ class Generation:
         write_fsynced(table, self.next / name)
         after_file_operation("write")
 
-    def publish(self, remove: set[str]) -> bool:
+    def publish(self, remove: set[str]) -> None:
         """Make this generation the live directory: the live files, less ``remove``, and the
-        ones written. False where the file system cannot swap directories (nothing changed)."""
+        ones written."""
         written = set(os.listdir(self.next))
         for entry in os.scandir(self.live):
             if entry.name in remove or entry.name in written or entry.name[:1] in "._":
@@ -295,24 +329,53 @@ class Generation:
         try:
             exchange(self.next, self.live)
         except ExchangeUnsupported:
-            self.discard()
-            return False
+            self.replace()
+            return
         after_file_operation("exchange")
         fsync_dir(self.live.parent)
         self.discard()  # now the previous generation
-        return True
+
+    def replace(self) -> None:
+        """Step 4 where directories cannot be exchanged: the live directory aside, this one
+        renamed into its place (the module's docstring says what readers see between)."""
+        os.rename(self.live, self.prev)
+        after_file_operation("rename aside")
+        try:
+            os.rename(self.next, self.live)
+        except FileNotFoundError:
+            if not self.live.is_dir():  # else a writer starting beside it renamed it in
+                raise
+        after_file_operation("rename in")
+        fsync_dir(self.live.parent)
+        shutil.rmtree(self.prev)
+        after_file_operation("rmtree")
 
     def discard(self) -> None:
         shutil.rmtree(self.next)
         after_file_operation("rmtree")
 
 
+def finish_swap(table_dir: Path) -> None:
+    """Rename in the complete generation that a swap by two renames, killed between them,
+    left waiting (nothing where none waits). Safe beside a swap under way: its own second
+    rename is this one, and it takes this one's as its own."""
+    with contextlib.suppress(FileNotFoundError):
+        waiting = table_source(table_dir)
+        if waiting is not None and waiting != table_dir:
+            os.rename(waiting, table_dir)
+
+
 def recover(sweep_dir: Path) -> None:
-    """Remove what a killed generation left (hidden ``.<table>.next-*`` directories: an
-    unpublished generation, or a published one's predecessor). Only while holding the
-    sweep's driver lock: another process's generation in progress looks the same."""
+    """Finish a swap by two renames killed between them (its next generation, complete,
+    renamed in), then remove what a killed generation left (hidden ``.<table>.next-*`` and
+    ``.prev-*`` directories: an unpublished generation, or a published one's predecessor).
+    Only while holding the sweep's driver lock: another process's generation in progress
+    looks the same."""
+    for table in TABLES:
+        finish_swap(sweep_dir / table)
+    marks = tuple(f".{t}{mark}" for t in TABLES for mark in (NEXT_MARK, PREV_MARK))
     with contextlib.suppress(FileNotFoundError), os.scandir(sweep_dir) as entries:
-        stale = [e for e in entries if any(e.name.startswith(f".{t}{NEXT_MARK}") for t in TABLES)]
+        stale = [e for e in entries if e.name.startswith(marks)]
     for entry in stale:
         if entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path)

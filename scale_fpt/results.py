@@ -40,6 +40,7 @@ from scale_fpt.compaction import (
     PART_TRIALS,
     TABLES,
     Generation,
+    finish_swap,
     listing,
     own_rows,
     part_index,
@@ -101,7 +102,6 @@ class ResultsWriter:
         files before a write publishes nothing (its rows would be the old ones)."""
         self.epoch = 0
         """Changes of the compacted files; a compaction that read them before one retries."""
-        self.can_exchange = True
         self.part_steps: dict[str, dict[str, set[int]]] = {}
         """Curve steps by trial of each compacted file read (names are never reused)."""
 
@@ -121,6 +121,8 @@ class ResultsWriter:
             self.root / "trials",
             self.root / "curves",
         )
+        for name in TABLES:  # a compaction killed mid-swap left the table renamed aside
+            finish_swap(self.root / name)
         made = [p for p in folders if not p.exists()]
         existing = marker.exists()
         if existing:  # another version's folder is refused before anything is made in it
@@ -250,10 +252,7 @@ class ResultsWriter:
             if rest.num_rows:
                 generation.write(renamed, rest)
             generation.write(f"{trial_id}.parquet", rows)
-            if not generation.publish({part}):
-                raise ResultsError(
-                    [f"cannot replace the compacted rows of trial {trial_id} in {self.root}"]
-                )
+            generation.publish({part})
             index = self.compacted[name]
             del index[trial_id]
             for key, (held, status) in list(index.items()):
@@ -267,8 +266,6 @@ class ResultsWriter:
         with their curves. Safe beside this writer's writes (a trial written meanwhile
         waits for the next call); only one process may compact a sweep (the driver lock)."""
         with self.lock:
-            if not self.can_exchange:
-                return Compacted(0, 0)
             small = listing(self.root / "trials").small
             small_curves = listing(self.root / "curves").small
             if finished is not None:
@@ -296,27 +293,12 @@ class ResultsWriter:
                 for generation, *_ in plans:
                     generation.discard()
                 return Compacted(0, 0)
-            published = set()
-            for k, (generation, name, remove, index) in enumerate(plans):
-                if not generation.publish(remove):
-                    for later, *_ in plans[k + 1 :]:
-                        later.discard()
-                    self.can_exchange = False
-                    log.warning(
-                        f"scale-fpt: results in {self.root} stay one file per trial: this file "
-                        "system cannot swap directories atomically (Linux renameat2 "
-                        "RENAME_EXCHANGE), and compacting otherwise could show a trial twice"
-                    )
-                    break
+            for generation, name, remove, index in plans:
+                generation.publish(remove)
                 kept = {i: v for i, v in self.compacted[name].items() if v[0] not in remove}
                 self.compacted[name] = kept | index
-                published.add(name)
             self.epoch += 1
-        curve_ids = curves.column("trial_id").unique()
-        return Compacted(
-            len(moved) if "trials" in published else 0,
-            len(curve_ids) if "curves" in published else 0,
-        )
+        return Compacted(len(moved), len(curves.column("trial_id").unique()))
 
     def next_generation(self, name: str, rows: pa.Table, compacted: dict):
         """A table's next generation, built hidden: ``rows`` and the trials of its compacted

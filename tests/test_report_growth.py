@@ -66,7 +66,7 @@ def write_arms(root, sweep: str = "big", seeds: int = SEEDS, lrs=(1e-3,)) -> Non
                 frame[column] = None  # a column the loop writes that this study leaves empty
         generation = Generation(Path(root) / sweep / name)
         generation.write(part_name(), pa.Table.from_pandas(frame, schema, preserve_index=False))
-        assert generation.publish(set())
+        generation.publish(set())
 
 
 def test_report_at_a_thousand_seeds_an_arm(tmp_path):
