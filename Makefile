@@ -17,8 +17,9 @@ local: install
 
 # Two pytest workers (docs/testing.md): most of a serial run's wall time is waiting (Ray's
 # start-up, subprocess drivers, the SSH node), which the other worker's tests fill. Each
-# worker runs whole test files, so a module's fixtures (its sweep, its own Ray) are built once.
-XDIST = -n 2 --dist loadfile
+# worker runs whole test files, so a module's fixtures (its sweep, its own Ray) are built once,
+# in the order tests/conftest.py gives them (the files of most slow tests first).
+XDIST = -n 2 --dist loadfile --no-loadscope-reorder
 
 test: install
 	$(PYTHON) -m pytest -q $(XDIST) --durations=20

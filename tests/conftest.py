@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import secrets
 import tempfile
+from collections import Counter
 
 import pytest
 from helpers import save_tiny_gpt2, write_long_proteins
@@ -31,13 +32,15 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """For `pytest -n N --dist loadfile` (``make test``), which hands each worker whole test
-    files in collection order: the files holding a ``slow`` test go first, so the run ends on
-    short files instead of one worker finishing a long one while the other idles. (Whole
-    files move, so a module's fixtures are still built once.)"""
+    """For `pytest -n N --dist loadfile --no-loadscope-reorder` (``make test``), which hands
+    each worker whole test files in collection order: the files with the most ``slow`` tests
+    go first and the files without one last, so the run ends on short files instead of one
+    worker finishing a long one while the other idles. (Whole files move, so a module's
+    fixtures are still built once. Without ``--no-loadscope-reorder`` xdist hands out the
+    files with the most tests first, which put minute-long files of few tests at the end.)"""
     if hasattr(config, "workerinput"):  # an xdist worker: the controller hands out in this order
-        slow = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
-        items.sort(key=lambda item: item.module.__name__ not in slow)
+        slow = Counter(item.module.__name__ for item in items if item.get_closest_marker("slow"))
+        items.sort(key=lambda item: -slow[item.module.__name__])  # stable: files stay whole
 
 
 @pytest.fixture(autouse=True)

@@ -20,6 +20,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -564,6 +565,9 @@ class SshNode:
     sshd: Path
     """`auth.ssh_proxy_command`: a script that runs this node's sshd in inetd mode on the
     connection's stdin and stdout."""
+    builds: Path | None
+    """The node's copy of this machine's torch extension cache (the kernels' builds), shown
+    at this machine's path; None without mount namespaces (the node builds in its home)."""
 
 
 def hidden_python_trees() -> dict[Path, set[Path]]:
@@ -582,10 +586,10 @@ def hidden_python_trees() -> dict[Path, set[Path]]:
     return hidden
 
 
-def sshd_command(base: Path, sshd_config: Path, binds: dict[Path, Path]) -> str:
+def sshd_command(base: Path, sshd_config: Path, binds: dict[Path, Path]) -> tuple[str, bool]:
     """The shell command that serves one SSH connection on stdin/stdout (``sshd -i``), in a
     mount namespace of its own (nothing changes for the rest of the machine) in which each
-    ``binds`` target path shows its source folder.
+    ``binds`` target path shows its source folder; and whether the binds are made.
 
     When this machine's Python lies under a directory other users cannot enter (pyenv, or a
     venv, in a 0700 /root), the node's user could not run it; each such directory is then an
@@ -597,7 +601,7 @@ def sshd_command(base: Path, sshd_config: Path, binds: dict[Path, Path]) -> str:
     if probe.returncode != 0:
         if hidden:
             pytest.skip(f"no mount namespace for the node's view of Python: {probe.stderr.strip()}")
-        return serve
+        return serve, False
     steps = []
     for n, (top, trees) in enumerate(hidden.items()):
         staged = [(tree, base / f"python{n}-{i}") for i, tree in enumerate(sorted(trees))]
@@ -610,16 +614,18 @@ def sshd_command(base: Path, sshd_config: Path, binds: dict[Path, Path]) -> str:
     for target, source in binds.items():
         steps += [["mkdir", "-p", str(target)], ["mount", "--bind", str(source), str(target)]]
     inner = " && ".join(shlex.join(step) for step in [*steps, ["true"]]) + f" && {serve}"
-    return f"exec unshare --mount --propagation private sh -c {shlex.quote(inner)}"
+    return f"exec unshare --mount --propagation private sh -c {shlex.quote(inner)}", True
 
 
 def layered_venv(target: Path) -> Path:
     """A virtual environment at ``target`` for the node's user, over this test's packages: a
-    ``.pth`` file puts this interpreter's site-packages after the venv's own, and the console
-    scripts beside ``sys.executable`` (``ray`` ...) are copied to run the venv's Python. So the
-    node has this machine's torch and Ray without reinstalling them, its `pip install` writes
-    to a folder the node's user owns, and what it installs (the synced package) comes first.
-    Returns the venv's ``bin``."""
+    ``.pth`` file puts this interpreter's site-packages after the venv's own, the console
+    scripts beside ``sys.executable`` (``ray`` ...) are copied to run the venv's Python, and
+    its other programs (``ninja`` ...) are linked. So the node has this machine's torch, Ray
+    and ninja without reinstalling them, its `pip install` writes to a folder the node's user
+    owns, and what it installs (the synced package) comes first. (Another ninja, e.g. the
+    system's older one, cannot read the build log of this machine's and rebuilds the kernels
+    the node was given: two minutes of the SSH test.) Returns the venv's ``bin``."""
     subprocess.run([sys.executable, "-m", "venv", str(target)], check=True)
     bin_dir = target / "bin"
     python = bin_dir / "python"
@@ -636,8 +642,12 @@ def layered_venv(target: Path) -> Path:
         if copy.exists() or not script.is_file():
             continue
         head, _, rest = script.read_bytes().partition(b"\n")
+        if not head.startswith(b"#!"):
+            if os.access(script, os.X_OK):  # a program, not a script
+                copy.symlink_to(script)
+            continue
         shebang = Path(head[2:].decode(errors="replace").strip())
-        if head.startswith(b"#!") and shebang.exists() and shebang.resolve() == ours:
+        if shebang.exists() and shebang.resolve() == ours:
             copy.write_bytes(b"#!" + str(python).encode() + b"\n" + rest)
             copy.chmod(0o755)
     return bin_dir
@@ -717,10 +727,11 @@ def ssh_node():
             "LogLevel ERROR\n"
         )
         proxy = base / "sshd"
-        command = sshd_command(base, sshd_config, {extensions: node_extensions})
+        command, bound = sshd_command(base, sshd_config, {extensions: node_extensions})
         proxy.write_text(f"#!/bin/sh\n{command}\n")
         proxy.chmod(0o755)
-        yield SshNode(user, uid, home, base / "shared", key, proxy)
+        builds = node_extensions if bound else None
+        yield SshNode(user, uid, home, base / "shared", key, proxy, builds)
     finally:
         if uid is not None:
             end_processes(lambda p: p.info["uids"].real == uid)
@@ -887,8 +898,13 @@ def test_ray_up_submit_job_submit_down_over_ssh(tmp_path, laptop_checkout, ssh_n
         """The job server's status name of ``job`` (RUNNING, STOPPED, ...)."""
         return str(jobs.get_job_status(job).value)
 
+    up_started = time.time_ns()
     succeeds("up", "-y", str(config))
     assert {"gcs_server", "raylet"} <= node_processes(ssh_node)
+    if ssh_node.builds:  # the node's set-up loaded the builds it was given (a rebuild: minutes)
+        libraries = list(ssh_node.builds.glob("*/*.so"))
+        assert libraries, ssh_node.builds
+        assert [p for p in libraries if p.stat().st_mtime_ns >= up_started] == []
     node_token = ssh_node.home / NODE_TOKEN.removeprefix("~/")
     assert node_token.read_text() == token
     assert stat.S_IMODE(node_token.stat().st_mode) == 0o600
