@@ -264,6 +264,7 @@ def run_experiment(plan: SweepPlan, writer: ResultsWriter, resume: bool, optuna_
         restore_missing_rows(callbacks.results, path)
         return fit_reporting_write_failures(tuner), None
 
+    run = run_config(experiment, sweep.ray_storage, callbacks, sweep.max_failures)
     if sweep.search:
         param_space = {"sweep": sweep.name}
         search_alg = search_algorithm(plan, optuna_storage)
@@ -297,7 +298,7 @@ def run_experiment(plan: SweepPlan, writer: ResultsWriter, resume: bool, optuna_
             max_concurrent_trials=sweep.max_concurrent or None,
             reuse_actors=sweep.reuse_actors,
         ),
-        run_config=run_config(experiment, sweep.ray_storage, callbacks, sweep.max_failures),
+        run_config=run,
     )
     return fit_reporting_write_failures(tuner), search_alg
 
