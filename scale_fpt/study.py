@@ -366,9 +366,10 @@ def confirmation_line(sweep) -> str:
         return ""
     from scale_fpt.sweep.confirm import confirmation_sweep  # pandas: start-up time
 
-    confirm = confirmation_sweep(sweep)
+    choice = sweep.choice_fields()
+    confirm = confirmation_sweep(sweep, choice)
     return (
-        f"; then each arm's chosen {' and '.join(sweep.choice_fields())} on fresh seeds "
+        f"; then each arm's chosen {' and '.join(choice)} on fresh seeds "
         f"{', '.join(map(str, sweep.confirm_seeds))} (sweep {confirm.name}, "
         f"{len(confirm.trials())} trials)"
     )

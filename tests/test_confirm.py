@@ -38,7 +38,7 @@ def test_each_arm_confirms_its_best_configuration_that_completed_every_seed():
         + rows("random", 1e-3, [0.6, 0.6, 0.6])
         + rows("random", 1e-2, [0.7, 0.7, 0.7])
     )
-    confirm, arms, unchosen = confirmation(SWEEP, trials)
+    confirm, arms, unchosen = confirmation(SWEEP, trials, SWEEP.choice_fields())
     assert unchosen == []
     chosen = {(a["init"], a["seed"]): a["lr"] for a in arms}
     assert chosen == {
@@ -57,7 +57,7 @@ def test_an_arm_whose_every_configuration_lost_a_seed_is_named_not_confirmed():
         + rows("random", 1e-3, [0.6, 0.6, 0.6], ("completed", "failed", "completed"))
         + rows("random", 1e-2, [0.7, 0.7], ("completed", "completed"))  # seed 2 never ran
     )
-    _, arms, unchosen = confirmation(SWEEP, trials)
+    _, arms, unchosen = confirmation(SWEEP, trials, SWEEP.choice_fields())
     assert {a["init"] for a in arms} == {"pretrained"}
     assert unchosen == ["bit-xor/gpt2-tiny/random"]
 
@@ -84,7 +84,7 @@ def test_the_confirmation_chooses_from_the_trial_rows_its_sweeps_writer_reads(tm
     rows = writer.trial_rows()
     assert rows["trial_id"].to_pylist() == sorted(rows["trial_id"].to_pylist())
     assert len(rows) == 11 and set(rows["sweep"].to_pylist()) == {SWEEP.name}
-    confirm, arms, unchosen = confirmation(SWEEP, rows.to_pandas())
+    confirm, arms, unchosen = confirmation(SWEEP, rows.to_pandas(), SWEEP.choice_fields())
     assert unchosen == [] and confirm.name == "lr-confirm"
     chosen = {(a["init"], a["seed"]): a["lr"] for a in arms}
     assert chosen == {

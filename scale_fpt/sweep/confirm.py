@@ -22,10 +22,10 @@ PLACEMENT_FIELDS = ("workers", "zero_stage")
 """Fields the planner may set on a trial (``placement.planned_arms``): not matched."""
 
 
-def confirmation_sweep(sweep: SweepConfig) -> SweepConfig:
-    """The grid sweep of the confirmation runs: the arms of ``sweep`` (without its choice
-    fields) x ``confirm_seeds``; each arm's chosen values come from ``confirmation``."""
-    choice = sweep.choice_fields()
+def confirmation_sweep(sweep: SweepConfig, choice: tuple[str, ...]) -> SweepConfig:
+    """The grid sweep of the confirmation runs: the arms of ``sweep`` (without its
+    ``choice`` fields, ``SweepConfig.choice_fields``) x ``confirm_seeds``; each arm's chosen
+    values come from ``confirmation``."""
     return dataclasses.replace(
         sweep,
         name=sweep.name + CONFIRM_SUFFIX,
@@ -73,10 +73,11 @@ class Confirmation(NamedTuple):
     """Labels of the arms with nothing to confirm (no configuration completed every seed)."""
 
 
-def confirmation(sweep: SweepConfig, trials: pd.DataFrame) -> Confirmation:
+def confirmation(sweep: SweepConfig, trials: pd.DataFrame, choice: tuple[str, ...]) -> Confirmation:
     """The confirmation of ``sweep``: every arm of ``confirmation_sweep`` with its chosen
-    configuration from ``trials`` (the sweep's rows)."""
-    confirm, choice = confirmation_sweep(sweep), sweep.choice_fields()
+    values of ``choice`` (``SweepConfig.choice_fields``, planned once: ``SweepPlan``) from
+    ``trials`` (the sweep's rows)."""
+    confirm = confirmation_sweep(sweep, choice)
     out, unchosen = [], []
     for arm in confirm.trials():
         fixed = {k: v for k, v in arm.items() if k not in ("seed", *choice, *PLACEMENT_FIELDS)}

@@ -182,7 +182,8 @@ def run_confirmation(plan: SweepPlan, writer: ResultsWriter, resume: bool) -> tu
     """Each arm's chosen configuration on ``confirm_seeds`` (``sweep.confirm``), chosen from
     the sweep's rows on disk (read by its ``writer``) and planned where the sweep ran:
     (trials run, trials left unfinished)."""
-    confirm_sweep, arms, unchosen = confirmation(plan.sweep, writer.trial_rows().to_pandas())
+    rows = writer.trial_rows().to_pandas()
+    confirm_sweep, arms, unchosen = confirmation(plan.sweep, rows, plan.choice_fields)
     for label in unchosen:
         print(
             f"[scale-fpt] {label}: no configuration completed every seed; nothing to confirm",

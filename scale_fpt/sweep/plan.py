@@ -19,15 +19,9 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from scale_fpt import gpus, planner
-from scale_fpt.cluster import (
-    GPUOffer,
-    autoscaler_offer,
-    config_file_offer,
-    gpu_offer,
-    running_nodes_offer,
-)
-from scale_fpt.config import ConfigError, TrialConfig, parse_trial
+from scale_fpt import planner
+from scale_fpt.cluster import GPUOffer, planned_offer
+from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.packing import cohort_groups
 from scale_fpt.profile import TrialProfile, config_profile, profile_of
 from scale_fpt.sweep.config import SweepConfig, arm_label
@@ -54,7 +48,7 @@ class Placement:
     """Where a sweep's trials run, decided once (``sweep_placement``)."""
 
     offer: GPUOffer
-    """The GPUs planned for (``sweep_gpus``)."""
+    """The GPUs planned for (``cluster.planned_offer``)."""
     devices: Devices
     """The slots cohorts run in side by side (``--pack auto`` sizes cohorts for them)."""
     request: planner.GPURequest
@@ -86,9 +80,13 @@ class Placement:
 def sweep_placement(sweep: SweepConfig, resources: dict | None = None) -> Placement:
     """Where ``sweep``'s trials run: on the connected Ray cluster of ``resources``
     (``ray.cluster_resources()``), or, None, where ``--plan`` assumes without a cluster
-    (``assumed_resources``)."""
-    request = sweep.gpu_request
-    offer = sweep_gpus(sweep, request, connected=resources is not None)
+    (``assumed_resources``); the GPUs planned for are ``cluster.planned_offer``'s, none for
+    ``gpus_per_trial`` 0."""
+    request, connected = sweep.gpu_request, resources is not None
+    if request.kind == "cpu":
+        offer = GPUOffer(None, 0, "--gpus-per-trial 0")
+    else:
+        offer = planned_offer(sweep.declared_gpu, sweep.cluster_config, connected)
     if resources is None:
         resources = assumed_resources(offer)
     devices = cluster_devices(sweep, resources, offer)
@@ -102,40 +100,6 @@ def placement_on(
     """``sweep``'s trials on the GPUs of a known ``offer`` in the slots of ``devices`` (what
     ``scale-fpt plan`` plans one trial at)."""
     return Placement(offer, devices, sweep.gpu_request, sweep.cpus_per_trial, fused_attention)
-
-
-def sweep_gpus(sweep: SweepConfig, request: planner.GPURequest, connected: bool) -> GPUOffer:
-    """What GPUs the sweep's trials are planned for: a declared ``gpu`` / ``gpu_memory_gb``
-    is taken as said (with the widest node of ``cluster_config``, if one is found); else
-    what the ``connected`` cluster has or can launch (``cluster.gpu_offer``), or, without a
-    cluster, ``gpus.DEFAULT_GPU``; ``gpus_per_trial`` 0 plans none. A connected cluster
-    tells the widest node no config said (``with_node_width``)."""
-    if request.kind == "cpu":
-        return GPUOffer(None, 0, "--gpus-per-trial 0")
-    if sweep.gpu or sweep.gpu_memory_gb:
-        if sweep.gpu_memory_gb:
-            gpu = gpus.gpu_with_memory(sweep.gpu_memory_gb, sweep.gpu)
-        else:
-            gpu = gpus.gpu_named(sweep.gpu)
-        found = config_file_offer(sweep.cluster_config)
-        offer = GPUOffer(gpu, found.max_gpus_per_node if found else 0, "declared")
-    elif connected:
-        offer = gpu_offer(sweep.cluster_config)
-    else:
-        offer = GPUOffer(gpus.GPUS[gpus.DEFAULT_GPU], 0, "default")
-    return with_node_width(offer) if connected else offer
-
-
-def with_node_width(offer: GPUOffer) -> GPUOffer:
-    """A declared GPU's offer with the widest node of the connected cluster (its
-    autoscaler's node groups, else its running nodes) where no cluster config said it, so
-    that ``planner.plan_problem`` can refuse what no node holds; unchanged when nothing says."""
-    if offer.gpu is None or offer.max_gpus_per_node:
-        return offer
-    found = autoscaler_offer() or running_nodes_offer()
-    if found is None:
-        return offer
-    return replace(offer, max_gpus_per_node=found.max_gpus_per_node, source=found.source)
 
 
 def assumed_resources(offer: GPUOffer) -> dict:
@@ -269,6 +233,9 @@ class SweepPlan:
     varying_fields: tuple[str, ...] = ()
     """The fields that tell the experiment's trials apart (``SweepConfig.varying_fields``):
     what names a tracker's runs."""
+    choice_fields: tuple[str, ...] = ()
+    """What the sweep chooses within an arm (``SweepConfig.choice_fields``): what its
+    confirmation trains again on fresh seeds (``sweep.confirm``)."""
     _found: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -317,10 +284,11 @@ def plan_sweep(
     (``planned_arms``: ConfigError naming every trial no GPU holds), then a grid's cohorts
     (``sweep.pack``) each planned; a search's cohort sizes, its cohorts planned as it draws
     them."""
-    varying = sweep.varying_fields()
+    varying, choice = sweep.varying_fields(), sweep.choice_fields()
     if trials is None:
         trials = sweep.trials()
-    arms, profiles = planned_arms(trials, placement)
+    profiles = [profile_of(arm) for arm in trials]
+    arms, profiles = planned_arms(trials, profiles, placement)
     if sweep.search:
         searches = tuple(
             (
@@ -329,25 +297,27 @@ def plan_sweep(
             )
             for group in seed_groups(arms)
         )
-        return SweepPlan(sweep, placement, tuple(arms), tuple(profiles), (), searches, varying)
+        return SweepPlan(
+            sweep, placement, tuple(arms), tuple(profiles), (), searches, varying, choice
+        )
     cohorts = tuple(
         plan_cohort([arms[i] for i in group], profiles[group[0]], placement)
         for group in grid_cohorts(sweep, profiles, placement)
     )
-    return SweepPlan(
-        sweep, placement, tuple(arms), tuple(profiles), cohorts, varying_fields=varying
-    )
+    return SweepPlan(sweep, placement, tuple(arms), tuple(profiles), cohorts, (), varying, choice)
 
 
-def planned_arms(trials: list[dict], placement: Placement) -> tuple[list[dict], list[TrialProfile]]:
-    """(The trials, their profiles), each trial that the planner spreads over several GPUs
-    set to run that way (its ZeRO stage and ``workers``); others stay as declared, so their
-    trial ids do not depend on the cluster. ConfigError naming every trial that no GPU of
-    the offer holds, or no node (``planner.plan_problem``)."""
-    arms, profiles, problems = [], [], []
-    for arm in trials:
-        config = parse_trial(arm)
-        profile = config_profile(config)
+def planned_arms(
+    trials: list[dict], profiles: list[TrialProfile], placement: Placement
+) -> tuple[list[dict], list[TrialProfile]]:
+    """(The trials, their profiles) as planned: each trial (of its ``profiles``) that the
+    planner spreads over several GPUs set to run that way (its ZeRO stage and ``workers``);
+    others stay as declared, so their trial ids do not depend on the cluster. ConfigError
+    naming every trial that no GPU of the offer holds, or no node
+    (``planner.plan_problem``)."""
+    arms, planned, problems = [], [], []
+    for arm, profile in zip(trials, profiles, strict=True):
+        config = profile.config
         plan = placement.trial_plan(profile)
         if problem := planner.plan_problem(plan, placement.offer):
             problems.append(f"{arm_label(arm)}: {problem}")
@@ -356,10 +326,10 @@ def planned_arms(trials: list[dict], placement: Placement) -> tuple[list[dict], 
             train = replace(config.train, zero_stage=plan.zero_stage, workers=plan.workers)
             profile = config_profile(replace(config, train=train))
         arms.append(arm)
-        profiles.append(profile)
+        planned.append(profile)
     if problems:
         raise ConfigError(problems)
-    return arms, profiles
+    return arms, planned
 
 
 def auto_pack(profile: TrialProfile, n_members: int, placement: Placement) -> int:
