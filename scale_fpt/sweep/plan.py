@@ -3,9 +3,10 @@
 ``sweep_placement`` says where the sweep's trials run (``Placement``: the GPUs planned for,
 the cluster's slots, the GPU request, whether attention runs fused); ``plan_sweep`` then
 parses and profiles each trial once, checks it against the GPUs, groups a grid into cohorts
-(``--pack``) or sizes a search's, and plans each cohort: its members, their profile, the step
-they take, the GPU share and memory that step needs (each step kind by its own memory model,
-``planner.step_plan``) and the Ray bundles asked for.
+(``--pack``: ``packing.grid_cohorts``) or sizes a search's (``packing.search_pack``), and
+plans each cohort: its members, their profile, the step they take, the GPU share and memory
+that step needs (each step kind by its own memory model, ``planner.step_plan``) and the Ray
+bundles asked for (``TrialPlan.bundles``).
 
 Everything downstream reads this one frozen value: ``--plan`` prints it, ``scale-fpt plan``
 prints one trial's ``PlannedCohort``, the driver's Ray resources callback is a lookup in it,
@@ -22,25 +23,12 @@ from dataclasses import dataclass, field, replace
 from scale_fpt import planner
 from scale_fpt.cluster import GPUOffer, planned_offer
 from scale_fpt.config import ConfigError, TrialConfig
-from scale_fpt.packing import cohort_groups
+from scale_fpt.packing import Devices, grid_cohorts, search_pack, seed_groups
 from scale_fpt.profile import TrialProfile, config_profile, profile_of
 from scale_fpt.sweep.config import SweepConfig, arm_label
 from scale_fpt.vocabulary import StepKind
 
 # --------------------------------------------------------------------------- where
-
-
-@dataclass(frozen=True)
-class Devices:
-    """Where a sweep's cohorts run side by side (read from the Ray cluster)."""
-
-    gpus: int
-    """GPUs in the cluster (0: CPUs only)."""
-    slots: int
-    """Cohorts that run at once: one per GPU, else one per ``cpus_per_trial`` CPUs (at most
-    ``max_concurrent``)."""
-    slot_bytes: int
-    """Memory of one slot: the offered GPU's, else the cluster's memory per slot."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +132,7 @@ class PlannedCohort:
     """GPUs (or a share of one), ZeRO stage, workers, and the memory the step needs there:
     the engine's memory model for ``engine``, the cohort's for ``cohort``."""
     bundles: tuple[dict, ...]
-    """Ray placement-group bundles (``plan_bundles``)."""
+    """Ray placement-group bundles (``TrialPlan.bundles``)."""
 
     @property
     def device_bytes(self) -> int:
@@ -184,28 +172,16 @@ def plan_cohort(
     members: Sequence[dict], profile: TrialProfile | None, placement: Placement
 ) -> PlannedCohort:
     """How ``members`` (one Tune trial) of ``profile`` run at ``placement``: the profile's
-    plan for its step kind and number (``planner.step_plan``) and its Ray bundles. A config
-    that does not validate (``profile`` None) plans CPU: the trial fails at once, recorded
-    as failed."""
-    cpus = placement.cpus_per_trial
+    plan for its step kind and number (``planner.step_plan``) and its Ray bundles
+    (``TrialPlan.bundles``). A config that does not validate (``profile`` None) plans CPU:
+    the trial fails at once, recorded as failed."""
     if profile is None:
-        bundles = tuple(plan_bundles(planner.CPU_PLAN, cpus))
-        return PlannedCohort(tuple(members), None, StepKind.ENGINE, planner.CPU_PLAN, bundles)
-    plan = placement.trial_plan(profile, len(members))
-    bundles = tuple(plan_bundles(plan, cpus, profile.config.train.workers))
-    return PlannedCohort(tuple(members), profile, profile.kind, plan, bundles)
-
-
-def plan_bundles(plan: planner.TrialPlan, cpus: int, workers: int = 1) -> list[dict]:
-    """Ray placement-group bundles of a planned trial: one bundle on CPU or on (a share of)
-    one GPU; one bundle per GPU for a data-parallel trial (packed on one node, the
-    multi-GPU node type; the trial's process runs in the first); one CPU bundle per worker
-    for a trial of ``workers`` processes on CPUs."""
-    if not plan.gpus:
-        return [{"CPU": cpus} for _ in range(workers)]
-    if plan.gpus == 1:
-        return [{"CPU": cpus, "GPU": plan.gpu_share}]
-    return [{"CPU": cpus, "GPU": 1} for _ in range(plan.gpus)]
+        plan, kind, workers = planner.CPU_PLAN, StepKind.ENGINE, 1
+    else:
+        plan = placement.trial_plan(profile, len(members))
+        kind, workers = profile.kind, profile.config.train.workers
+    bundles = tuple(plan.bundles(placement.cpus_per_trial, workers))
+    return PlannedCohort(tuple(members), profile, kind, plan, bundles)
 
 
 def member_key(members) -> tuple[str, ...]:
@@ -289,20 +265,24 @@ def plan_sweep(
         trials = sweep.trials()
     profiles = [profile_of(arm) for arm in trials]
     arms, profiles = planned_arms(trials, profiles, placement)
+    devices, fused = placement.devices, placement.fused_attention
     if sweep.search:
+        groups = seed_groups(arms)
         searches = tuple(
             (
                 tuple(arms[i] for i in group),
-                search_pack(sweep, [profiles[i] for i in group], placement),
+                search_pack(
+                    [profiles[i] for i in group], sweep.pack, sweep.search_trials, devices, fused
+                ),
             )
-            for group in seed_groups(arms)
+            for group in groups
         )
         return SweepPlan(
             sweep, placement, tuple(arms), tuple(profiles), (), searches, varying, choice
         )
+    groups = grid_cohorts(profiles, sweep.pack, sweep.asha, devices, fused)
     cohorts = tuple(
-        plan_cohort([arms[i] for i in group], profiles[group[0]], placement)
-        for group in grid_cohorts(sweep, profiles, placement)
+        plan_cohort([arms[i] for i in group], profiles[group[0]], placement) for group in groups
     )
     return SweepPlan(sweep, placement, tuple(arms), tuple(profiles), cohorts, (), varying, choice)
 
@@ -330,58 +310,6 @@ def planned_arms(
     if problems:
         raise ConfigError(problems)
     return arms, planned
-
-
-def auto_pack(profile: TrialProfile, n_members: int, placement: Placement) -> int:
-    """``--pack auto``'s cohort size for ``n_members`` trials compatible with ``profile``
-    in the placement's slots (``planner.cohort_size``: the cohort step's memory model)."""
-    devices, train = placement.devices, profile.config.train
-    return planner.cohort_size(
-        profile.shape,
-        train.precision,
-        train.batch_size,
-        n_members,
-        devices.slots,
-        devices.slot_bytes,
-        gpu=bool(devices.gpus),
-        fused_attention=placement.fused_attention,
-    )
-
-
-def grid_cohorts(
-    sweep: SweepConfig, profiles: Sequence[TrialProfile], placement: Placement
-) -> list[list[int]]:
-    """The grid's trials (by their ``profiles``) grouped into the cohorts ``sweep.pack``
-    asks for, as indices."""
-    if sweep.pack != "auto":
-        return cohort_groups(profiles, sweep.pack)
-    if sweep.asha:
-        return [[i] for i in range(len(profiles))]
-    return cohort_groups(profiles, lambda group: auto_pack(group[0], len(group), placement))
-
-
-def search_pack(
-    sweep: SweepConfig, seed_profiles: Sequence[TrialProfile], placement: Placement
-) -> int:
-    """Members per cohort of a search of one arm's seeds (``sweep.pack``, or ``auto``'s
-    choice for every seed of every configuration the run asks for)."""
-    if sweep.pack != "auto":
-        return sweep.pack
-    if seed_profiles[0].pack_problem:
-        return 1
-    n_members = len(seed_profiles) * sweep.search_trials
-    return auto_pack(seed_profiles[0], n_members, placement)
-
-
-def seed_groups(arms: Sequence[dict]) -> list[list[int]]:
-    """Trials grouped by everything but their seed (``SweepConfig.trials`` order), as
-    indices: one search per group, whose configurations are each trained for every seed of
-    the group."""
-    groups: dict[tuple, list[int]] = {}
-    for i, arm in enumerate(arms):
-        key = tuple(sorted((k, repr(v)) for k, v in arm.items() if k != "seed"))
-        groups.setdefault(key, []).append(i)
-    return list(groups.values())
 
 
 def search_cohorts(plan: SweepPlan) -> list[PlannedCohort]:
