@@ -15,7 +15,9 @@ from typing import NamedTuple
 
 import pandas as pd
 
+from scale_fpt.results import ResultsWriter
 from scale_fpt.sweep.config import SweepConfig, arm_label
+from scale_fpt.sweep.plan import SweepPlan, plan_sweep
 from scale_fpt.vocabulary import CONFIRM_SUFFIX, Status
 
 PLACEMENT_FIELDS = ("workers", "zero_stage")
@@ -62,28 +64,62 @@ def chosen_configuration(
     return {k: v.item() if hasattr(v, "item") else v for k, v in zip(choice, values, strict=True)}
 
 
+def confirmation_arms(
+    confirm: SweepConfig, choice: tuple[str, ...]
+) -> list[tuple[dict, dict, str]]:
+    """Each arm of the confirmation sweep ``confirm`` with the values its rows are matched on
+    (all but its seed, the ``choice`` fields and what the planner sets) and their label."""
+    out = []
+    for arm in confirm.trials():
+        fixed = {k: v for k, v in arm.items() if k not in ("seed", *choice, *PLACEMENT_FIELDS)}
+        out.append((arm, fixed, arm_label(fixed)))
+    return out
+
+
+def chosen_arms(
+    arms: list[tuple[dict, dict, str]],
+    trials: pd.DataFrame,
+    choice: tuple[str, ...],
+    seeds,
+    metric: str,
+) -> tuple[list[dict], list[str]]:
+    """(Each of ``confirmation_arms`` with its chosen values of ``choice`` from ``trials``
+    (``chosen_configuration``), the labels of the arms with none)."""
+    out, unchosen = [], []
+    for arm, fixed, label in arms:
+        chosen = chosen_configuration(trials, fixed, choice, seeds, metric)
+        if chosen is None:
+            unchosen.append(label)
+        else:
+            out.append({**arm, **chosen})
+    return out, list(dict.fromkeys(unchosen))
+
+
 class Confirmation(NamedTuple):
     """What a sweep confirms (``confirmation``)."""
 
-    sweep: SweepConfig
-    """The grid sweep of the confirmation runs (``confirmation_sweep``)."""
-    arms: list[dict]
-    """Flat configs of its trials: each arm with its chosen configuration."""
+    plan: SweepPlan | None
+    """The confirmation sweep (``confirmation_sweep``), each arm with its chosen
+    configuration, planned where the sweep ran; None: nothing to confirm."""
+    writer: ResultsWriter | None
+    """Its results' writer, beside the sweep's (None with nothing to confirm)."""
     unchosen: list[str]
     """Labels of the arms with nothing to confirm (no configuration completed every seed)."""
 
 
-def confirmation(sweep: SweepConfig, trials: pd.DataFrame, choice: tuple[str, ...]) -> Confirmation:
-    """The confirmation of ``sweep``: every arm of ``confirmation_sweep`` with its chosen
-    values of ``choice`` (``SweepConfig.choice_fields``, planned once: ``SweepPlan``) from
-    ``trials`` (the sweep's rows)."""
+def confirmation(plan: SweepPlan, writer: ResultsWriter) -> Confirmation:
+    """The confirmation of the sweep of ``plan``: every arm of ``confirmation_sweep`` with
+    its chosen values of the plan's ``choice_fields`` from the sweep's rows, read by its
+    ``writer`` (``chosen_arms``), planned where the sweep ran."""
+    sweep, choice = plan.sweep, plan.choice_fields
     confirm = confirmation_sweep(sweep, choice)
-    out, unchosen = [], []
-    for arm in confirm.trials():
-        fixed = {k: v for k, v in arm.items() if k not in ("seed", *choice, *PLACEMENT_FIELDS)}
-        chosen = chosen_configuration(trials, fixed, choice, sweep.seeds, sweep.metric)
-        if chosen is None:
-            unchosen.append(arm_label(fixed))
-        else:
-            out.append({**arm, **chosen})
-    return Confirmation(confirm, out, list(dict.fromkeys(unchosen)))
+    arms = confirmation_arms(confirm, choice)
+    rows = writer.trial_rows().to_pandas()
+    chosen, unchosen = chosen_arms(arms, rows, choice, sweep.seeds, sweep.metric)
+    if not chosen:
+        return Confirmation(None, None, unchosen)
+    return Confirmation(
+        plan_sweep(confirm, plan.placement, chosen),
+        ResultsWriter(writer.root.parent, confirm.name),
+        unchosen,
+    )

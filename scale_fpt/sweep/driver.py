@@ -25,7 +25,7 @@ from scale_fpt.sweep.callbacks import (
     sweep_callbacks,
 )
 from scale_fpt.sweep.config import SweepConfig, arm_label
-from scale_fpt.sweep.confirm import confirmation
+from scale_fpt.sweep.confirm import Confirmation, confirmation
 from scale_fpt.sweep.lock import driver_lock
 from scale_fpt.sweep.plan import SweepPlan, plan_sweep, sweep_placement
 from scale_fpt.sweep.resume import repoint_trial_generator, unfinished_arms, unfinished_trials
@@ -172,29 +172,26 @@ def run_locked(
     trials, experiments = len(grid), [sweep.name]
     unfinished = unfinished_trials(plan, writer, searcher)
     if sweep.confirm_seeds and not unfinished:
-        confirmed, unfinished = run_confirmation(plan, writer, resume)
+        # Each arm's choice, read from the sweep's rows, planned where the sweep ran.
+        confirm = confirmation(plan, writer)
+        confirmed, unfinished = run_confirmation(confirm, resume)
         trials += confirmed
         experiments.append(sweep.name + CONFIRM_SUFFIX)
     return SweepOutcome(experiments, trials, unfinished)
 
 
-def run_confirmation(plan: SweepPlan, writer: ResultsWriter, resume: bool) -> tuple[int, int]:
-    """Each arm's chosen configuration on ``confirm_seeds`` (``sweep.confirm``), chosen from
-    the sweep's rows on disk (read by its ``writer``) and planned where the sweep ran:
-    (trials run, trials left unfinished)."""
-    rows = writer.trial_rows().to_pandas()
-    confirm_sweep, arms, unchosen = confirmation(plan.sweep, rows, plan.choice_fields)
-    for label in unchosen:
+def run_confirmation(confirm: Confirmation, resume: bool) -> tuple[int, int]:
+    """Each arm's chosen configuration on ``confirm_seeds`` (``sweep.confirm``, planned where
+    the sweep ran): (trials run, trials left unfinished)."""
+    for label in confirm.unchosen:
         print(
             f"[scale-fpt] {label}: no configuration completed every seed; nothing to confirm",
             file=sys.stderr,
         )
-    if not arms:
+    if confirm.plan is None:
         return 0, 0
-    confirm = plan_sweep(confirm_sweep, plan.placement, arms)
-    confirm_writer = ResultsWriter(writer.root.parent, confirm_sweep.name)
-    grid, _ = run_experiment(confirm, confirm_writer, resume)
-    return len(grid), unfinished_arms(confirm, confirm_writer)
+    grid, _ = run_experiment(confirm.plan, confirm.writer, resume)
+    return len(grid), unfinished_arms(confirm.plan, confirm.writer)
 
 
 def slug(text: str) -> str:
