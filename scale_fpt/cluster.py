@@ -211,12 +211,17 @@ def gpu_offer(cluster_config: str = "") -> GPUOffer:
     )
 
 
-def planned_offer(declared: GPU | None, cluster_config: str, connected: bool) -> GPUOffer:
-    """What GPUs a sweep's trials are planned for: a ``declared`` GPU (``--gpu``,
-    ``--gpu-memory``) is taken as said, with the widest node of ``cluster_config`` if one is
-    found; else what the ``connected`` cluster has or can launch (``gpu_offer``), or,
-    without a cluster, ``gpus.DEFAULT_GPU``. A connected cluster tells the widest node no
-    config said (``with_node_width``)."""
+def planned_offer(
+    cpu_only: bool, declared: GPU | None, cluster_config: str, connected: bool
+) -> GPUOffer:
+    """What GPUs a sweep's trials are planned for: none when ``cpu_only``
+    (``--gpus-per-trial 0``); a ``declared`` GPU (``--gpu``, ``--gpu-memory``) is taken as
+    said, with the widest node of ``cluster_config`` if one is found; else what the
+    ``connected`` cluster has or can launch (``gpu_offer``), or, without a cluster,
+    ``gpus.DEFAULT_GPU``. A connected cluster tells the widest node no config said
+    (``with_node_width``)."""
+    if cpu_only:
+        return GPUOffer(None, 0, "--gpus-per-trial 0")
     if declared is not None:
         found = config_file_offer(cluster_config)
         offer = GPUOffer(declared, found.max_gpus_per_node if found else 0, "declared")

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from scale_fpt import planner
+from scale_fpt.cluster import planned_offer
 from scale_fpt.config import FIELD_TYPES, TASKS, ConfigError, TrialConfig, coerce, parse_trial
 from scale_fpt.flags import add_field_flags, load_mapping
 from scale_fpt.gpus import GPUS
@@ -299,7 +300,9 @@ def sweep_plan(sweep):
     # The profile loads torch: imported for --plan (start-up time).
     from scale_fpt.sweep.plan import plan_sweep, sweep_placement
 
-    return plan_sweep(sweep, sweep_placement(sweep))
+    cpu_only = sweep.gpu_request.kind == "cpu"
+    offer = planned_offer(cpu_only, sweep.declared_gpu, sweep.cluster_config, connected=False)
+    return plan_sweep(sweep, sweep_placement(sweep, offer))
 
 
 def placement_table(sweep) -> str:

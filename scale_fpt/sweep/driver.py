@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scale_fpt import analysis_plan
+from scale_fpt.cluster import planned_offer
 from scale_fpt.confined import refuse_links
 from scale_fpt.loop import evaluation_steps
 from scale_fpt.models.backbones import scale_fpt_home
@@ -161,9 +162,12 @@ def run_locked(
     connect_ray(runtime_env={"env_vars": {"SCALE_FPT_HOME": str(scale_fpt_home())}})
     import ray
 
-    # The sweep planned once, here: every later step (Ray's resources, the searcher,
-    # resume's count, the confirmation sweep) reads this plan.
-    placement = sweep_placement(sweep, ray.cluster_resources())
+    # The sweep planned once, here, for the GPUs it declares or its cluster offers: every
+    # later step (Ray's resources, the searcher, resume's count, the confirmation sweep)
+    # reads this plan.
+    cpu_only = sweep.gpu_request.kind == "cpu"
+    offer = planned_offer(cpu_only, sweep.declared_gpu, sweep.cluster_config, connected=True)
+    placement = sweep_placement(sweep, offer, ray.cluster_resources())
     plan = plan_sweep(sweep, placement)
     analysis_plan.write_plan(sweep, plan.arms)  # before any result: what the report confirms
     # One Tune experiment: a grid's trials, or every searched arm side by side (one Optuna

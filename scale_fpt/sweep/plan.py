@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from scale_fpt import planner
-from scale_fpt.cluster import GPUOffer, planned_offer
+from scale_fpt.cluster import GPUOffer
 from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.packing import Devices, grid_cohorts, search_pack, seed_groups
 from scale_fpt.profile import TrialProfile, config_profile, profile_of
@@ -65,21 +65,17 @@ class Placement:
         )
 
 
-def sweep_placement(sweep: SweepConfig, resources: dict | None = None) -> Placement:
-    """Where ``sweep``'s trials run: on the connected Ray cluster of ``resources``
-    (``ray.cluster_resources()``), or, None, where ``--plan`` assumes without a cluster
-    (``assumed_resources``); the GPUs planned for are ``cluster.planned_offer``'s, none for
-    ``gpus_per_trial`` 0."""
-    request, connected = sweep.gpu_request, resources is not None
-    if request.kind == "cpu":
-        offer = GPUOffer(None, 0, "--gpus-per-trial 0")
-    else:
-        offer = planned_offer(sweep.declared_gpu, sweep.cluster_config, connected)
+def sweep_placement(
+    sweep: SweepConfig, offer: GPUOffer, resources: dict | None = None
+) -> Placement:
+    """Where ``sweep``'s trials run: on the GPUs of ``offer`` (``cluster.planned_offer``) in
+    the connected Ray cluster of ``resources`` (``ray.cluster_resources()``), or, None,
+    where ``--plan`` assumes without a cluster (``assumed_resources``)."""
     if resources is None:
         resources = assumed_resources(offer)
     devices = cluster_devices(sweep, resources, offer)
     fused = bool(devices.gpus) and planner.gpu_fuses_attention()
-    return Placement(offer, devices, request, sweep.cpus_per_trial, fused)
+    return Placement(offer, devices, sweep.gpu_request, sweep.cpus_per_trial, fused)
 
 
 def placement_on(
