@@ -4,7 +4,9 @@ A search (or a grid over lr / batch size) picks each arm's configuration on its 
 validation scores; the same seeds' test accuracy then flatters the winner (winner's curse).
 ``SweepConfig.confirm_seeds`` names fresh seeds: once the sweep is done, every arm's chosen
 configuration runs on them as the grid sweep ``<name>-confirm`` (its own results directory
-and Ray experiment), whose rows the LR-fair table reports as its headline.
+and Ray experiment), whose rows the LR-fair table reports as its headline. ``confirmation``
+makes it in one pass: the sweep's rows read through the writer the driver hands it, each
+arm's choice, and the confirmation sweep planned where the sweep ran, with its writer.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from scale_fpt.sweep.plan import SweepPlan, plan_sweep
 from scale_fpt.vocabulary import CONFIRM_SUFFIX, Status
 
 PLACEMENT_FIELDS = ("workers", "zero_stage")
-"""Fields the planner may set on a trial (``placement.planned_arms``): not matched."""
+"""Fields the planner may set on a trial (``sweep.plan.planned_arms``): not matched."""
 
 
 def confirmation_sweep(sweep: SweepConfig, choice: tuple[str, ...]) -> SweepConfig:
