@@ -396,9 +396,10 @@ def gpu_plan(args: argparse.Namespace, config: TrialConfig):
     # The plan builds models (torch) and names Ray's bundles: imported when a plan is made,
     # not for --help (start-up time).
     from scale_fpt.cluster import GPUOffer
+    from scale_fpt.packing import Devices
     from scale_fpt.profile import config_profile
     from scale_fpt.sweep import SweepConfig
-    from scale_fpt.sweep.plan import Devices, placement_on, plan_cohort
+    from scale_fpt.sweep.plan import placement_on, plan_cohort
 
     name = args.gpu or DEFAULT_GPU
     gpu = gpu_with_memory(args.gpu_memory, name) if args.gpu_memory > 0 else GPUS[name]

@@ -23,7 +23,7 @@ import os
 import re
 import secrets
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from scale_fpt.config import ConfigError
@@ -209,6 +209,39 @@ def gpu_offer(cluster_config: str = "") -> GPUOffer:
         or running_nodes_offer()
         or GPUOffer(None, 0, "none")
     )
+
+
+def planned_offer(
+    cpu_only: bool, declared: GPU | None, cluster_config: str, connected: bool
+) -> GPUOffer:
+    """What GPUs a sweep's trials are planned for: none when ``cpu_only``
+    (``--gpus-per-trial 0``); a ``declared`` GPU (``--gpu``, ``--gpu-memory``) is taken as
+    said, with the widest node of ``cluster_config`` if one is found; else what the
+    ``connected`` cluster has or can launch (``gpu_offer``), or, without a cluster,
+    ``gpus.DEFAULT_GPU``. A connected cluster tells the widest node no config said
+    (``with_node_width``)."""
+    if cpu_only:
+        return GPUOffer(None, 0, "--gpus-per-trial 0")
+    if declared is not None:
+        found = config_file_offer(cluster_config)
+        offer = GPUOffer(declared, found.max_gpus_per_node if found else 0, "declared")
+    elif connected:
+        offer = gpu_offer(cluster_config)
+    else:
+        offer = GPUOffer(GPUS[DEFAULT_GPU], 0, "default")
+    return with_node_width(offer) if connected else offer
+
+
+def with_node_width(offer: GPUOffer) -> GPUOffer:
+    """A declared GPU's offer with the widest node of the connected cluster (its
+    autoscaler's node groups, else its running nodes) where no cluster config said it, so
+    that ``planner.plan_problem`` can refuse what no node holds; unchanged when nothing says."""
+    if offer.gpu is None or offer.max_gpus_per_node:
+        return offer
+    found = autoscaler_offer() or running_nodes_offer()
+    if found is None:
+        return offer
+    return replace(offer, max_gpus_per_node=found.max_gpus_per_node, source=found.source)
 
 
 def _precheck(config: dict) -> list[str]:

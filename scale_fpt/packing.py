@@ -1,5 +1,8 @@
 """Trial packing: which trials may share one cohort (``steps.cohort.CohortStep``: K trials
-over one shared frozen backbone in one process) and how to group a grid into cohorts. Whether
+over one shared frozen backbone in one process), how to group a sweep's grid into cohorts
+(``grid_cohorts``: ``--pack``, ``auto`` sized for the cluster's slots, ``Devices``) and how
+many members a search's cohorts take (``search_pack``, one search per arm's seeds:
+``seed_groups``). Whether
 one trial can be packed at all, and what a cohort of its kind needs in memory, are parts of
 its profile (``profile.TrialProfile``).
 
@@ -19,7 +22,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+from scale_fpt import planner
 from scale_fpt.config import TrialConfig
 from scale_fpt.profile import TrialProfile, config_profile, profile_of
 
@@ -27,6 +32,21 @@ MEMBER_FIELDS = ("lr", "seed", "finetune", "grad_clip", "accuracy_threshold", "p
 """Config fields that may differ inside a cohort (``seed`` only when the backbone does not
 depend on it, i.e. ``init=pretrained``). Every other field (task and its data, model, init,
 weights, dropout, precision, batch size, steps, evaluation schedule, device) is shared."""
+
+
+@dataclass(frozen=True)
+class Devices:
+    """Where a sweep's cohorts run side by side (read from the Ray cluster): the slots
+    ``--pack auto`` sizes cohorts for."""
+
+    gpus: int
+    """GPUs in the cluster (0: CPUs only)."""
+    slots: int
+    """Cohorts that run at once: one per GPU, else one per ``cpus_per_trial`` CPUs (at most
+    ``max_concurrent``)."""
+    slot_bytes: int
+    """Memory of one slot: the offered GPU's, else the cluster's memory per slot."""
+
 
 # --------------------------------------------------------------------------- grouping
 
@@ -100,3 +120,72 @@ def cohort_groups(
             for j in range(n_cohorts)
         )
     return out
+
+
+# --------------------------------------------------------------------------- a sweep's cohorts
+
+
+def grid_cohorts(
+    profiles: Sequence[TrialProfile],
+    pack: int | str,
+    asha: bool,
+    devices: Devices,
+    fused_attention: bool,
+) -> list[list[int]]:
+    """A grid's trials (by their ``profiles``) grouped into the cohorts ``pack`` asks for
+    (``SweepConfig.pack``), as indices: ``auto`` sizes each compatible group for the slots
+    of ``devices`` (``auto_pack``), and packs nothing under ``asha`` (it stops whole Tune
+    trials)."""
+    if pack != "auto":
+        return cohort_groups(profiles, pack)
+    if asha:
+        return [[i] for i in range(len(profiles))]
+    return cohort_groups(
+        profiles, lambda group: auto_pack(group[0], len(group), devices, fused_attention)
+    )
+
+
+def search_pack(
+    seed_profiles: Sequence[TrialProfile],
+    pack: int | str,
+    search_trials: int,
+    devices: Devices,
+    fused_attention: bool,
+) -> int:
+    """Members per cohort of a search of one arm's seeds (``pack``, or ``auto``'s choice for
+    every seed of each of the ``search_trials`` configurations the run asks for)."""
+    if pack != "auto":
+        return pack
+    if seed_profiles[0].pack_problem:
+        return 1
+    n_members = len(seed_profiles) * search_trials
+    return auto_pack(seed_profiles[0], n_members, devices, fused_attention)
+
+
+def auto_pack(
+    profile: TrialProfile, n_members: int, devices: Devices, fused_attention: bool
+) -> int:
+    """``--pack auto``'s cohort size for ``n_members`` trials compatible with ``profile``
+    in the slots of ``devices`` (``planner.cohort_size``: the cohort step's memory model)."""
+    train = profile.config.train
+    return planner.cohort_size(
+        profile.shape,
+        train.precision,
+        train.batch_size,
+        n_members,
+        devices.slots,
+        devices.slot_bytes,
+        gpu=bool(devices.gpus),
+        fused_attention=fused_attention,
+    )
+
+
+def seed_groups(arms: Sequence[dict]) -> list[list[int]]:
+    """Trials grouped by everything but their seed (``SweepConfig.trials`` order), as
+    indices: one search per group, whose configurations are each trained for every seed of
+    the group."""
+    groups: dict[tuple, list[int]] = {}
+    for i, arm in enumerate(arms):
+        key = tuple(sorted((k, repr(v)) for k, v in arm.items() if k != "seed"))
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())

@@ -365,6 +365,17 @@ class TrialPlan:
     fits: bool = True
     """False: not even ``max_gpus`` GPUs at ZeRO-3 hold the trial."""
 
+    def bundles(self, cpus: int, workers: int = 1) -> list[dict]:
+        """Ray placement-group bundles of this plan, ``cpus`` CPUs each: one bundle on CPU
+        or on (a share of) one GPU; one bundle per GPU for a data-parallel trial (packed on
+        one node, the multi-GPU node type; the trial's process runs in the first); one CPU
+        bundle per worker for a trial of ``workers`` processes on CPUs."""
+        if not self.gpus:
+            return [{"CPU": cpus} for _ in range(workers)]
+        if self.gpus == 1:
+            return [{"CPU": cpus, "GPU": self.gpu_share}]
+        return [{"CPU": cpus, "GPU": 1} for _ in range(self.gpus)]
+
     def describe(self) -> str:
         if not self.gpus:
             return "CPU"

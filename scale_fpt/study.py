@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from scale_fpt import planner
+from scale_fpt.cluster import planned_offer
 from scale_fpt.config import FIELD_TYPES, TASKS, ConfigError, TrialConfig, coerce, parse_trial
 from scale_fpt.flags import add_field_flags, load_mapping
 from scale_fpt.gpus import GPUS
@@ -299,7 +300,9 @@ def sweep_plan(sweep):
     # The profile loads torch: imported for --plan (start-up time).
     from scale_fpt.sweep.plan import plan_sweep, sweep_placement
 
-    return plan_sweep(sweep, sweep_placement(sweep))
+    cpu_only = sweep.gpu_request.kind == "cpu"
+    offer = planned_offer(cpu_only, sweep.declared_gpu, sweep.cluster_config, connected=False)
+    return plan_sweep(sweep, sweep_placement(sweep, offer))
 
 
 def placement_table(sweep) -> str:
@@ -366,9 +369,10 @@ def confirmation_line(sweep) -> str:
         return ""
     from scale_fpt.sweep.confirm import confirmation_sweep  # pandas: start-up time
 
-    confirm = confirmation_sweep(sweep)
+    choice = sweep.choice_fields()
+    confirm = confirmation_sweep(sweep, choice)
     return (
-        f"; then each arm's chosen {' and '.join(sweep.choice_fields())} on fresh seeds "
+        f"; then each arm's chosen {' and '.join(choice)} on fresh seeds "
         f"{', '.join(map(str, sweep.confirm_seeds))} (sweep {confirm.name}, "
         f"{len(confirm.trials())} trials)"
     )

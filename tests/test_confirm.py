@@ -9,10 +9,17 @@ import pandas as pd
 import pytest
 from test_report import write
 
+from scale_fpt.cluster import GPUOffer
 from scale_fpt.config import ConfigError
+from scale_fpt.packing import Devices
 from scale_fpt.results import ResultsWriter
-from scale_fpt.sweep import SweepConfig
-from scale_fpt.sweep.confirm import confirmation
+from scale_fpt.sweep import SweepConfig, placement_on, plan_sweep
+from scale_fpt.sweep.confirm import (
+    chosen_arms,
+    confirmation,
+    confirmation_arms,
+    confirmation_sweep,
+)
 
 SWEEP = SweepConfig(
     name="lr",
@@ -21,6 +28,15 @@ SWEEP = SweepConfig(
     seeds=(0, 1, 2),
     confirm_seeds=(10, 11),
 )
+
+
+def choose(trials: pd.DataFrame) -> tuple[SweepConfig, list[dict], list[str]]:
+    """(The confirmation sweep of ``SWEEP``, its arms with their chosen lr, the arms with
+    none) from the sweep's rows ``trials``."""
+    choice = SWEEP.choice_fields()
+    confirm = confirmation_sweep(SWEEP, choice)
+    arms = confirmation_arms(confirm, choice)
+    return confirm, *chosen_arms(arms, trials, choice, SWEEP.seeds, SWEEP.metric)
 
 
 def rows(init: str, lr: float, scores, statuses=("completed",) * 3) -> list[dict]:
@@ -38,7 +54,7 @@ def test_each_arm_confirms_its_best_configuration_that_completed_every_seed():
         + rows("random", 1e-3, [0.6, 0.6, 0.6])
         + rows("random", 1e-2, [0.7, 0.7, 0.7])
     )
-    confirm, arms, unchosen = confirmation(SWEEP, trials)
+    confirm, arms, unchosen = choose(trials)
     assert unchosen == []
     chosen = {(a["init"], a["seed"]): a["lr"] for a in arms}
     assert chosen == {
@@ -57,7 +73,7 @@ def test_an_arm_whose_every_configuration_lost_a_seed_is_named_not_confirmed():
         + rows("random", 1e-3, [0.6, 0.6, 0.6], ("completed", "failed", "completed"))
         + rows("random", 1e-2, [0.7, 0.7], ("completed", "completed"))  # seed 2 never ran
     )
-    _, arms, unchosen = confirmation(SWEEP, trials)
+    _, arms, unchosen = choose(trials)
     assert {a["init"] for a in arms} == {"pretrained"}
     assert unchosen == ["bit-xor/gpt2-tiny/random"]
 
@@ -84,9 +100,15 @@ def test_the_confirmation_chooses_from_the_trial_rows_its_sweeps_writer_reads(tm
     rows = writer.trial_rows()
     assert rows["trial_id"].to_pylist() == sorted(rows["trial_id"].to_pylist())
     assert len(rows) == 11 and set(rows["sweep"].to_pylist()) == {SWEEP.name}
-    confirm, arms, unchosen = confirmation(SWEEP, rows.to_pandas())
-    assert unchosen == [] and confirm.name == "lr-confirm"
-    chosen = {(a["init"], a["seed"]): a["lr"] for a in arms}
+    # The driver's confirmation: chosen from what the writer reads, planned where the sweep
+    # ran, written beside it.
+    placement = placement_on(SWEEP, GPUOffer(None, 0, "none"), Devices(0, 1, 0))
+    confirm = confirmation(plan_sweep(SWEEP, placement), writer)
+    assert confirm.unchosen == [] and confirm.plan.sweep.name == "lr-confirm"
+    assert confirm.plan.placement == placement
+    assert len(confirm.plan.cohorts) == 4  # one slot without memory: nothing packs
+    assert confirm.writer.root == tmp_path / "lr-confirm"
+    chosen = {(a["init"], a["seed"]): a["lr"] for a in confirm.plan.arms}
     assert chosen == {
         ("pretrained", 10): 1e-2,
         ("pretrained", 11): 1e-2,

@@ -33,7 +33,7 @@ from scale_fpt.profile import pack_problem, profile_of, step_kind
 from scale_fpt.recovery import tune_reports
 from scale_fpt.results import load_results
 from scale_fpt.steps.engine import deepspeed_config
-from scale_fpt.sweep import Devices, SweepConfig, placement_on, plan_bundles, plan_cohort
+from scale_fpt.sweep import Devices, SweepConfig, placement_on, plan_cohort
 from scale_fpt.tasks.base import Batch
 from scale_fpt.trial import TrialRun
 from scale_fpt.world import World, rank_seed, shard_bounds
@@ -73,8 +73,8 @@ def test_rank_zero_keeps_the_trial_seed_and_other_ranks_draw_their_own():
 
 
 def test_placement_one_bundle_per_worker_on_one_node():
-    assert plan_bundles(planner.CPU_PLAN, 2, 3) == [{"CPU": 2}] * 3
-    assert plan_bundles(planner.CPU_PLAN, 1) == [{"CPU": 1}]
+    assert planner.CPU_PLAN.bundles(2, 3) == [{"CPU": 2}] * 3
+    assert planner.CPU_PLAN.bundles(1) == [{"CPU": 1}]
     sweep = SweepConfig(name="placement", cpus_per_trial=1)
     cpus = placement_on(sweep, GPUOffer(None, 0, "none"), Devices(0, 1, 0))
     workers = {**TINY, "workers": 2}

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from scale_fpt.cluster import GPUOffer
 from scale_fpt.sweep.config import SweepConfig
 from scale_fpt.sweep.driver import SharedGrid, trial_resources
 from scale_fpt.sweep.plan import plan_sweep, sweep_placement
@@ -73,7 +74,8 @@ def test_the_resources_callback_pickles_as_a_token_whatever_the_plans_size():
             name="s", base={"task": "bit-xor", "model": "gpt2-tiny", "init": "random"},
             grid={"lr": [1e-3, 3e-3]}, seeds=tuple(range(seeds)), pack="auto", gpus_per_trial="0",
         )  # fmt: skip
-        return plan_sweep(sweep, sweep_placement(sweep, {"CPU": 2.0}))  # two CPU slots
+        cpus = GPUOffer(None, 0, "--gpus-per-trial 0")
+        return plan_sweep(sweep, sweep_placement(sweep, cpus, {"CPU": 2.0}))  # two CPU slots
 
     small, large = trial_resources(plan_of(2)), trial_resources(plan_of(2_000))
     assert len(pickle.dumps(large)) == len(pickle.dumps(small)) < 200

@@ -9,29 +9,18 @@ from scale_fpt import planner
 from scale_fpt.cluster import GPUOffer
 from scale_fpt.config import ConfigError
 from scale_fpt.gpus import gpu_with_memory
+from scale_fpt.packing import Devices, grid_cohorts, search_pack
 from scale_fpt.profile import profile_of
 from scale_fpt.study import narrow, parser
-from scale_fpt.sweep import (
-    Devices,
-    Placement,
-    SweepConfig,
-    cluster_devices,
-    grid_cohorts,
-    placement_on,
-    search_pack,
-)
+from scale_fpt.sweep import SweepConfig, cluster_devices
 
 GIB = 2**30
-
-
-def at(sweep: SweepConfig, devices: Devices) -> Placement:
-    return placement_on(sweep, GPUOffer(None, 0, "none"), devices)
 
 
 def sizes(sweep: SweepConfig, arms: list[dict], devices: Devices) -> list[int]:
     """Members per cohort of the grid ``arms`` on ``devices``."""
     profiles = [profile_of(a) for a in arms]
-    return [len(c) for c in grid_cohorts(sweep, profiles, at(sweep, devices))]
+    return [len(c) for c in grid_cohorts(profiles, sweep.pack, sweep.asha, devices, False)]
 
 
 def arm(**values) -> dict:
@@ -87,7 +76,7 @@ def test_auto_packs_one_cohort_per_cpu_slot_and_leaves_what_does_not_pack():
     full = [arm(model="gpt2-tiny", finetune="full", lr=1e-3)]
     assert sizes(sweep, grid + full, cpu) == [4, 4, 1]
     two = [profile_of(a) for a in grid[:2]]  # as many as slots: each runs alone
-    assert grid_cohorts(sweep, two, at(sweep, cpu)) == [[0], [1]]
+    assert grid_cohorts(two, "auto", False, cpu, False) == [[0], [1]]
     asha = SweepConfig(name="s", pack="auto", asha=True)  # ASHA stops whole Tune trials
     assert sizes(asha, grid, cpu) == [1] * len(grid)
     fixed = SweepConfig(name="s", pack=3)
@@ -97,10 +86,13 @@ def test_auto_packs_one_cohort_per_cpu_slot_and_leaves_what_does_not_pack():
 def test_auto_search_pack_covers_the_seeds_of_the_configurations_asked():
     sweep = SweepConfig(name="s", pack="auto", search_trials=8, seeds=(0, 1, 2))
     seed_arms = [arm(model="gpt2-tiny", seed=s) for s in (0, 1, 2)]
-    cpu = at(sweep, Devices(gpus=0, slots=2, slot_bytes=12 * GIB))
-    assert search_pack(sweep, [profile_of(a) for a in seed_arms], cpu) == 12  # 24 over 2 slots
+    cpu = Devices(gpus=0, slots=2, slot_bytes=12 * GIB)
+    seed_profiles = [profile_of(a) for a in seed_arms]
+    assert (
+        search_pack(seed_profiles, sweep.pack, sweep.search_trials, cpu, False) == 12
+    )  # 24 over 2 slots
     full = [profile_of({**a, "finetune": "full"}) for a in seed_arms]
-    assert search_pack(sweep, full, cpu) == 1
+    assert search_pack(full, sweep.pack, sweep.search_trials, cpu, False) == 1
 
 
 def test_pack_accepts_auto_or_a_positive_count_from_flags_and_yaml(tmp_path):

@@ -88,9 +88,10 @@ def test_the_printed_plan_is_what_the_driver_asks_ray_for(study, preset):
     are its Ray resources: members per cohort, GPU share and memory agree, each step sized
     by its own memory model."""
     from scale_fpt import planner
+    from scale_fpt.packing import grid_cohorts
     from scale_fpt.study import sweep_plan
     from scale_fpt.sweep.driver import trial_resources
-    from scale_fpt.sweep.plan import grid_cohorts, search_cohorts
+    from scale_fpt.sweep.plan import search_cohorts
     from scale_fpt.vocabulary import StepKind
 
     sweep = STUDIES[study].presets[preset]()
@@ -102,7 +103,9 @@ def test_the_printed_plan_is_what_the_driver_asks_ray_for(study, preset):
         assert plan.cohorts == () and len(cohorts) == len(plan.arms)
     else:
         cohorts = plan.cohorts
-        grid = grid_cohorts(sweep, plan.profiles, plan.placement)
+        grid = grid_cohorts(
+            plan.profiles, sweep.pack, sweep.asha, plan.devices, plan.fused_attention
+        )
         assert [list(c.members) for c in cohorts] == [[plan.arms[i] for i in g] for g in grid]
         assert sum(len(c.members) for c in cohorts) == len(plan.arms)
     for cohort in cohorts:

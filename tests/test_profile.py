@@ -14,8 +14,9 @@ from scale_fpt import planner, profile
 from scale_fpt.cluster import GPUOffer
 from scale_fpt.config import TrialConfig, parse_trial
 from scale_fpt.gpus import GPUS
+from scale_fpt.packing import search_pack
 from scale_fpt.preflight import sweep_problems
-from scale_fpt.sweep import Devices, SweepConfig, placement_on, plan_sweep, search_pack
+from scale_fpt.sweep import Devices, SweepConfig, placement_on, plan_sweep
 from scale_fpt.sweep.driver import trial_resources
 from scale_fpt.sweep.plan import study_gpu_hours
 from scale_fpt.trial import TrialRun
@@ -66,7 +67,7 @@ def test_a_packed_grid_is_parsed_once_per_trial_and_built_once_per_shape(counted
     for cohort in plan.cohorts:  # what the driver asks Ray for
         resources({"sweep": "s", "members": list(cohort.members)})
     cohorts = [cohort.members for cohort in plan.cohorts]
-    search_pack(sweep, plan.profiles[:2], plan.placement)
+    search_pack(plan.profiles[:2], sweep.pack, sweep.search_trials, devices, False)
     study_gpu_hours(plan)
 
     assert problems == [] and [len(c) for c in cohorts] == [6, 1, 1, 1, 1, 1, 1]

@@ -12,13 +12,13 @@ import math
 import optuna
 import pytest
 
+from scale_fpt.packing import seed_groups
 from scale_fpt.search import (
     SeedMeanSearcher,
     configs_per_ask,
     seed_mean,
 )
 from scale_fpt.sweep import SweepConfig
-from scale_fpt.sweep.plan import seed_groups
 from scale_fpt.trial import SEARCH_CONFIG, config_trial_id, split_search_config
 
 BASE = {

@@ -18,6 +18,7 @@ import pytest
 from helpers import TINY_TRIAL as TINY
 
 from scale_fpt.config import ConfigError
+from scale_fpt.profile import profile_of
 from scale_fpt.recipes import load_study
 from scale_fpt.results import ResultsWriter, checkpoint_dir, load_results
 from scale_fpt.results_schema import CURVE_SCHEMA, TRIAL_SCHEMA
@@ -156,13 +157,18 @@ def test_planned_arms_set_workers_and_zero_stage_only_for_multi_gpu_trials():
     offer = GPUOffer(GPUS["a10g-24gb"], 4, "declared")
     small = {"model": "gpt2", "precision": "bf16"}
     xl_full = {"model": "gpt2-xl", "finetune": "full", "precision": "bf16", "batch_size": 8}
-    planned, profiles = planned_arms([small, xl_full], placement_on(sweep, offer, Devices(1, 1, 0)))
+    placement = placement_on(sweep, offer, Devices(1, 1, 0))
+    planned, profiles = planned_arms(
+        [small, xl_full], [profile_of(small), profile_of(xl_full)], placement
+    )
     assert planned[0] == small  # unchanged: its trial id does not depend on the cluster
     assert (planned[1]["zero_stage"], planned[1]["workers"]) == (2, 2)
     assert profiles[1].config.train.workers == 2  # profiled as it runs
+    huge = [{**xl_full, "batch_size": 4096}, {**xl_full, "seed": 1, "batch_size": 4096}]
     with pytest.raises(ConfigError, match="does not fit") as e:
         planned_arms(
-            [{**xl_full, "batch_size": 4096}, {**xl_full, "seed": 1, "batch_size": 4096}],
+            huge,
+            [profile_of(arm) for arm in huge],
             placement_on(sweep, GPUOffer(GPUS["a10g-24gb"], 1, "declared"), Devices(1, 1, 0)),
         )
     assert len(e.value.problems) == 2
@@ -180,7 +186,7 @@ def test_a_trial_wider_than_every_node_is_refused_at_plan_time():
 
     def arms(trials, offer=four, **sweep):
         placement = placement_on(SweepConfig(name="s", **sweep), offer, Devices(1, 1, 0))
-        return planned_arms(trials, placement)[0]
+        return planned_arms(trials, [profile_of(arm) for arm in trials], placement)[0]
 
     small = {"model": "gpt2-tiny", "task": "bit-xor"}
     assert arms([small], gpus_per_trial="4")

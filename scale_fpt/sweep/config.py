@@ -14,7 +14,7 @@ from pathlib import Path
 from scale_fpt import planner
 from scale_fpt.config import FIELD_TYPES, ConfigError, flag, parse_trial
 from scale_fpt.flags import load_mapping
-from scale_fpt.gpus import GPUS
+from scale_fpt.gpus import GPU, GPUS, gpu_named, gpu_with_memory
 from scale_fpt.task_registry import data_folder
 
 SEARCH_KINDS = ("loguniform", "uniform", "int", "choice")
@@ -318,6 +318,14 @@ class SweepConfig:
         """``gpus_per_trial``, parsed (``planner.parse_gpus_per_trial``: ConfigError for a
         value it does not take)."""
         return planner.parse_gpus_per_trial(self.gpus_per_trial)
+
+    @property
+    def declared_gpu(self) -> GPU | None:
+        """The GPU ``gpu`` and ``gpu_memory_gb`` declare (``gpus.gpu_with_memory``,
+        ``gpus.gpu_named``: ConfigError for a name it does not know); None: neither does."""
+        if self.gpu_memory_gb:
+            return gpu_with_memory(self.gpu_memory_gb, self.gpu)
+        return gpu_named(self.gpu) if self.gpu else None
 
 
 def yaml_field_problems(cls, data: dict) -> tuple[list[str], dict]:

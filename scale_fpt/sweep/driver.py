@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scale_fpt import analysis_plan
+from scale_fpt.cluster import planned_offer
 from scale_fpt.confined import refuse_links
 from scale_fpt.loop import evaluation_steps
 from scale_fpt.models.backbones import scale_fpt_home
@@ -25,7 +26,7 @@ from scale_fpt.sweep.callbacks import (
     sweep_callbacks,
 )
 from scale_fpt.sweep.config import SweepConfig, arm_label
-from scale_fpt.sweep.confirm import confirmation
+from scale_fpt.sweep.confirm import Confirmation, confirmation
 from scale_fpt.sweep.lock import driver_lock
 from scale_fpt.sweep.plan import SweepPlan, plan_sweep, sweep_placement
 from scale_fpt.sweep.resume import repoint_trial_generator, unfinished_arms, unfinished_trials
@@ -161,9 +162,12 @@ def run_locked(
     connect_ray(runtime_env={"env_vars": {"SCALE_FPT_HOME": str(scale_fpt_home())}})
     import ray
 
-    # The sweep planned once, here: every later step (Ray's resources, the searcher,
-    # resume's count, the confirmation sweep) reads this plan.
-    placement = sweep_placement(sweep, ray.cluster_resources())
+    # The sweep planned once, here, for the GPUs it declares or its cluster offers: every
+    # later step (Ray's resources, the searcher, resume's count, the confirmation sweep)
+    # reads this plan.
+    cpu_only = sweep.gpu_request.kind == "cpu"
+    offer = planned_offer(cpu_only, sweep.declared_gpu, sweep.cluster_config, connected=True)
+    placement = sweep_placement(sweep, offer, ray.cluster_resources())
     plan = plan_sweep(sweep, placement)
     analysis_plan.write_plan(sweep, plan.arms)  # before any result: what the report confirms
     # One Tune experiment: a grid's trials, or every searched arm side by side (one Optuna
@@ -172,28 +176,26 @@ def run_locked(
     trials, experiments = len(grid), [sweep.name]
     unfinished = unfinished_trials(plan, writer, searcher)
     if sweep.confirm_seeds and not unfinished:
-        confirmed, unfinished = run_confirmation(plan, writer, resume)
+        # Each arm's choice, read from the sweep's rows, planned where the sweep ran.
+        confirm = confirmation(plan, writer)
+        confirmed, unfinished = run_confirmation(confirm, resume)
         trials += confirmed
         experiments.append(sweep.name + CONFIRM_SUFFIX)
     return SweepOutcome(experiments, trials, unfinished)
 
 
-def run_confirmation(plan: SweepPlan, writer: ResultsWriter, resume: bool) -> tuple[int, int]:
-    """Each arm's chosen configuration on ``confirm_seeds`` (``sweep.confirm``), chosen from
-    the sweep's rows on disk (read by its ``writer``) and planned where the sweep ran:
-    (trials run, trials left unfinished)."""
-    confirm_sweep, arms, unchosen = confirmation(plan.sweep, writer.trial_rows().to_pandas())
-    for label in unchosen:
+def run_confirmation(confirm: Confirmation, resume: bool) -> tuple[int, int]:
+    """Each arm's chosen configuration on ``confirm_seeds`` (``sweep.confirm``, planned where
+    the sweep ran): (trials run, trials left unfinished)."""
+    for label in confirm.unchosen:
         print(
             f"[scale-fpt] {label}: no configuration completed every seed; nothing to confirm",
             file=sys.stderr,
         )
-    if not arms:
+    if confirm.plan is None:
         return 0, 0
-    confirm = plan_sweep(confirm_sweep, plan.placement, arms)
-    confirm_writer = ResultsWriter(writer.root.parent, confirm_sweep.name)
-    grid, _ = run_experiment(confirm, confirm_writer, resume)
-    return len(grid), unfinished_arms(confirm, confirm_writer)
+    grid, _ = run_experiment(confirm.plan, confirm.writer, resume)
+    return len(grid), unfinished_arms(confirm.plan, confirm.writer)
 
 
 def slug(text: str) -> str:
@@ -264,6 +266,7 @@ def run_experiment(plan: SweepPlan, writer: ResultsWriter, resume: bool, optuna_
         restore_missing_rows(callbacks.results, path)
         return fit_reporting_write_failures(tuner), None
 
+    run = run_config(experiment, sweep.ray_storage, callbacks, sweep.max_failures)
     if sweep.search:
         param_space = {"sweep": sweep.name}
         search_alg = search_algorithm(plan, optuna_storage)
@@ -297,7 +300,7 @@ def run_experiment(plan: SweepPlan, writer: ResultsWriter, resume: bool, optuna_
             max_concurrent_trials=sweep.max_concurrent or None,
             reuse_actors=sweep.reuse_actors,
         ),
-        run_config=run_config(experiment, sweep.ray_storage, callbacks, sweep.max_failures),
+        run_config=run,
     )
     return fit_reporting_write_failures(tuner), search_alg
 

@@ -3,9 +3,10 @@
 ``sweep_placement`` says where the sweep's trials run (``Placement``: the GPUs planned for,
 the cluster's slots, the GPU request, whether attention runs fused); ``plan_sweep`` then
 parses and profiles each trial once, checks it against the GPUs, groups a grid into cohorts
-(``--pack``) or sizes a search's, and plans each cohort: its members, their profile, the step
-they take, the GPU share and memory that step needs (each step kind by its own memory model,
-``planner.step_plan``) and the Ray bundles asked for.
+(``--pack``: ``packing.grid_cohorts``) or sizes a search's (``packing.search_pack``), and
+plans each cohort: its members, their profile, the step they take, the GPU share and memory
+that step needs (each step kind by its own memory model, ``planner.step_plan``) and the Ray
+bundles asked for (``TrialPlan.bundles``).
 
 Everything downstream reads this one frozen value: ``--plan`` prints it, ``scale-fpt plan``
 prints one trial's ``PlannedCohort``, the driver's Ray resources callback is a lookup in it,
@@ -19,16 +20,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from scale_fpt import gpus, planner
-from scale_fpt.cluster import (
-    GPUOffer,
-    autoscaler_offer,
-    config_file_offer,
-    gpu_offer,
-    running_nodes_offer,
-)
-from scale_fpt.config import ConfigError, TrialConfig, parse_trial
-from scale_fpt.packing import cohort_groups
+from scale_fpt import planner
+from scale_fpt.cluster import GPUOffer
+from scale_fpt.config import ConfigError, TrialConfig
+from scale_fpt.packing import Devices, grid_cohorts, search_pack, seed_groups
 from scale_fpt.profile import TrialProfile, config_profile, profile_of
 from scale_fpt.sweep.config import SweepConfig, arm_label
 from scale_fpt.vocabulary import StepKind
@@ -37,24 +32,11 @@ from scale_fpt.vocabulary import StepKind
 
 
 @dataclass(frozen=True)
-class Devices:
-    """Where a sweep's cohorts run side by side (read from the Ray cluster)."""
-
-    gpus: int
-    """GPUs in the cluster (0: CPUs only)."""
-    slots: int
-    """Cohorts that run at once: one per GPU, else one per ``cpus_per_trial`` CPUs (at most
-    ``max_concurrent``)."""
-    slot_bytes: int
-    """Memory of one slot: the offered GPU's, else the cluster's memory per slot."""
-
-
-@dataclass(frozen=True)
 class Placement:
     """Where a sweep's trials run, decided once (``sweep_placement``)."""
 
     offer: GPUOffer
-    """The GPUs planned for (``sweep_gpus``)."""
+    """The GPUs planned for (``cluster.planned_offer``)."""
     devices: Devices
     """The slots cohorts run in side by side (``--pack auto`` sizes cohorts for them)."""
     request: planner.GPURequest
@@ -83,17 +65,17 @@ class Placement:
         )
 
 
-def sweep_placement(sweep: SweepConfig, resources: dict | None = None) -> Placement:
-    """Where ``sweep``'s trials run: on the connected Ray cluster of ``resources``
-    (``ray.cluster_resources()``), or, None, where ``--plan`` assumes without a cluster
-    (``assumed_resources``)."""
-    request = sweep.gpu_request
-    offer = sweep_gpus(sweep, request, connected=resources is not None)
+def sweep_placement(
+    sweep: SweepConfig, offer: GPUOffer, resources: dict | None = None
+) -> Placement:
+    """Where ``sweep``'s trials run: on the GPUs of ``offer`` (``cluster.planned_offer``) in
+    the connected Ray cluster of ``resources`` (``ray.cluster_resources()``), or, None,
+    where ``--plan`` assumes without a cluster (``assumed_resources``)."""
     if resources is None:
         resources = assumed_resources(offer)
     devices = cluster_devices(sweep, resources, offer)
     fused = bool(devices.gpus) and planner.gpu_fuses_attention()
-    return Placement(offer, devices, request, sweep.cpus_per_trial, fused)
+    return Placement(offer, devices, sweep.gpu_request, sweep.cpus_per_trial, fused)
 
 
 def placement_on(
@@ -102,40 +84,6 @@ def placement_on(
     """``sweep``'s trials on the GPUs of a known ``offer`` in the slots of ``devices`` (what
     ``scale-fpt plan`` plans one trial at)."""
     return Placement(offer, devices, sweep.gpu_request, sweep.cpus_per_trial, fused_attention)
-
-
-def sweep_gpus(sweep: SweepConfig, request: planner.GPURequest, connected: bool) -> GPUOffer:
-    """What GPUs the sweep's trials are planned for: a declared ``gpu`` / ``gpu_memory_gb``
-    is taken as said (with the widest node of ``cluster_config``, if one is found); else
-    what the ``connected`` cluster has or can launch (``cluster.gpu_offer``), or, without a
-    cluster, ``gpus.DEFAULT_GPU``; ``gpus_per_trial`` 0 plans none. A connected cluster
-    tells the widest node no config said (``with_node_width``)."""
-    if request.kind == "cpu":
-        return GPUOffer(None, 0, "--gpus-per-trial 0")
-    if sweep.gpu or sweep.gpu_memory_gb:
-        if sweep.gpu_memory_gb:
-            gpu = gpus.gpu_with_memory(sweep.gpu_memory_gb, sweep.gpu)
-        else:
-            gpu = gpus.gpu_named(sweep.gpu)
-        found = config_file_offer(sweep.cluster_config)
-        offer = GPUOffer(gpu, found.max_gpus_per_node if found else 0, "declared")
-    elif connected:
-        offer = gpu_offer(sweep.cluster_config)
-    else:
-        offer = GPUOffer(gpus.GPUS[gpus.DEFAULT_GPU], 0, "default")
-    return with_node_width(offer) if connected else offer
-
-
-def with_node_width(offer: GPUOffer) -> GPUOffer:
-    """A declared GPU's offer with the widest node of the connected cluster (its
-    autoscaler's node groups, else its running nodes) where no cluster config said it, so
-    that ``planner.plan_problem`` can refuse what no node holds; unchanged when nothing says."""
-    if offer.gpu is None or offer.max_gpus_per_node:
-        return offer
-    found = autoscaler_offer() or running_nodes_offer()
-    if found is None:
-        return offer
-    return replace(offer, max_gpus_per_node=found.max_gpus_per_node, source=found.source)
 
 
 def assumed_resources(offer: GPUOffer) -> dict:
@@ -180,7 +128,7 @@ class PlannedCohort:
     """GPUs (or a share of one), ZeRO stage, workers, and the memory the step needs there:
     the engine's memory model for ``engine``, the cohort's for ``cohort``."""
     bundles: tuple[dict, ...]
-    """Ray placement-group bundles (``plan_bundles``)."""
+    """Ray placement-group bundles (``TrialPlan.bundles``)."""
 
     @property
     def device_bytes(self) -> int:
@@ -220,28 +168,16 @@ def plan_cohort(
     members: Sequence[dict], profile: TrialProfile | None, placement: Placement
 ) -> PlannedCohort:
     """How ``members`` (one Tune trial) of ``profile`` run at ``placement``: the profile's
-    plan for its step kind and number (``planner.step_plan``) and its Ray bundles. A config
-    that does not validate (``profile`` None) plans CPU: the trial fails at once, recorded
-    as failed."""
-    cpus = placement.cpus_per_trial
+    plan for its step kind and number (``planner.step_plan``) and its Ray bundles
+    (``TrialPlan.bundles``). A config that does not validate (``profile`` None) plans CPU:
+    the trial fails at once, recorded as failed."""
     if profile is None:
-        bundles = tuple(plan_bundles(planner.CPU_PLAN, cpus))
-        return PlannedCohort(tuple(members), None, StepKind.ENGINE, planner.CPU_PLAN, bundles)
-    plan = placement.trial_plan(profile, len(members))
-    bundles = tuple(plan_bundles(plan, cpus, profile.config.train.workers))
-    return PlannedCohort(tuple(members), profile, profile.kind, plan, bundles)
-
-
-def plan_bundles(plan: planner.TrialPlan, cpus: int, workers: int = 1) -> list[dict]:
-    """Ray placement-group bundles of a planned trial: one bundle on CPU or on (a share of)
-    one GPU; one bundle per GPU for a data-parallel trial (packed on one node, the
-    multi-GPU node type; the trial's process runs in the first); one CPU bundle per worker
-    for a trial of ``workers`` processes on CPUs."""
-    if not plan.gpus:
-        return [{"CPU": cpus} for _ in range(workers)]
-    if plan.gpus == 1:
-        return [{"CPU": cpus, "GPU": plan.gpu_share}]
-    return [{"CPU": cpus, "GPU": 1} for _ in range(plan.gpus)]
+        plan, kind, workers = planner.CPU_PLAN, StepKind.ENGINE, 1
+    else:
+        plan = placement.trial_plan(profile, len(members))
+        kind, workers = profile.kind, profile.config.train.workers
+    bundles = tuple(plan.bundles(placement.cpus_per_trial, workers))
+    return PlannedCohort(tuple(members), profile, kind, plan, bundles)
 
 
 def member_key(members) -> tuple[str, ...]:
@@ -269,6 +205,9 @@ class SweepPlan:
     varying_fields: tuple[str, ...] = ()
     """The fields that tell the experiment's trials apart (``SweepConfig.varying_fields``):
     what names a tracker's runs."""
+    choice_fields: tuple[str, ...] = ()
+    """What the sweep chooses within an arm (``SweepConfig.choice_fields``): what its
+    confirmation trains again on fresh seeds (``sweep.confirm``)."""
     _found: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -317,37 +256,44 @@ def plan_sweep(
     (``planned_arms``: ConfigError naming every trial no GPU holds), then a grid's cohorts
     (``sweep.pack``) each planned; a search's cohort sizes, its cohorts planned as it draws
     them."""
-    varying = sweep.varying_fields()
+    varying, choice = sweep.varying_fields(), sweep.choice_fields()
     if trials is None:
         trials = sweep.trials()
-    arms, profiles = planned_arms(trials, placement)
+    profiles = [profile_of(arm) for arm in trials]
+    arms, profiles = planned_arms(trials, profiles, placement)
+    devices, fused = placement.devices, placement.fused_attention
     if sweep.search:
+        groups = seed_groups(arms)
         searches = tuple(
             (
                 tuple(arms[i] for i in group),
-                search_pack(sweep, [profiles[i] for i in group], placement),
+                search_pack(
+                    [profiles[i] for i in group], sweep.pack, sweep.search_trials, devices, fused
+                ),
             )
-            for group in seed_groups(arms)
+            for group in groups
         )
-        return SweepPlan(sweep, placement, tuple(arms), tuple(profiles), (), searches, varying)
+        return SweepPlan(
+            sweep, placement, tuple(arms), tuple(profiles), (), searches, varying, choice
+        )
+    groups = grid_cohorts(profiles, sweep.pack, sweep.asha, devices, fused)
     cohorts = tuple(
-        plan_cohort([arms[i] for i in group], profiles[group[0]], placement)
-        for group in grid_cohorts(sweep, profiles, placement)
+        plan_cohort([arms[i] for i in group], profiles[group[0]], placement) for group in groups
     )
-    return SweepPlan(
-        sweep, placement, tuple(arms), tuple(profiles), cohorts, varying_fields=varying
-    )
+    return SweepPlan(sweep, placement, tuple(arms), tuple(profiles), cohorts, (), varying, choice)
 
 
-def planned_arms(trials: list[dict], placement: Placement) -> tuple[list[dict], list[TrialProfile]]:
-    """(The trials, their profiles), each trial that the planner spreads over several GPUs
-    set to run that way (its ZeRO stage and ``workers``); others stay as declared, so their
-    trial ids do not depend on the cluster. ConfigError naming every trial that no GPU of
-    the offer holds, or no node (``planner.plan_problem``)."""
-    arms, profiles, problems = [], [], []
-    for arm in trials:
-        config = parse_trial(arm)
-        profile = config_profile(config)
+def planned_arms(
+    trials: list[dict], profiles: list[TrialProfile], placement: Placement
+) -> tuple[list[dict], list[TrialProfile]]:
+    """(The trials, their profiles) as planned: each trial (of its ``profiles``) that the
+    planner spreads over several GPUs set to run that way (its ZeRO stage and ``workers``);
+    others stay as declared, so their trial ids do not depend on the cluster. ConfigError
+    naming every trial that no GPU of the offer holds, or no node
+    (``planner.plan_problem``)."""
+    arms, planned, problems = [], [], []
+    for arm, profile in zip(trials, profiles, strict=True):
+        config = profile.config
         plan = placement.trial_plan(profile)
         if problem := planner.plan_problem(plan, placement.offer):
             problems.append(f"{arm_label(arm)}: {problem}")
@@ -356,62 +302,10 @@ def planned_arms(trials: list[dict], placement: Placement) -> tuple[list[dict], 
             train = replace(config.train, zero_stage=plan.zero_stage, workers=plan.workers)
             profile = config_profile(replace(config, train=train))
         arms.append(arm)
-        profiles.append(profile)
+        planned.append(profile)
     if problems:
         raise ConfigError(problems)
-    return arms, profiles
-
-
-def auto_pack(profile: TrialProfile, n_members: int, placement: Placement) -> int:
-    """``--pack auto``'s cohort size for ``n_members`` trials compatible with ``profile``
-    in the placement's slots (``planner.cohort_size``: the cohort step's memory model)."""
-    devices, train = placement.devices, profile.config.train
-    return planner.cohort_size(
-        profile.shape,
-        train.precision,
-        train.batch_size,
-        n_members,
-        devices.slots,
-        devices.slot_bytes,
-        gpu=bool(devices.gpus),
-        fused_attention=placement.fused_attention,
-    )
-
-
-def grid_cohorts(
-    sweep: SweepConfig, profiles: Sequence[TrialProfile], placement: Placement
-) -> list[list[int]]:
-    """The grid's trials (by their ``profiles``) grouped into the cohorts ``sweep.pack``
-    asks for, as indices."""
-    if sweep.pack != "auto":
-        return cohort_groups(profiles, sweep.pack)
-    if sweep.asha:
-        return [[i] for i in range(len(profiles))]
-    return cohort_groups(profiles, lambda group: auto_pack(group[0], len(group), placement))
-
-
-def search_pack(
-    sweep: SweepConfig, seed_profiles: Sequence[TrialProfile], placement: Placement
-) -> int:
-    """Members per cohort of a search of one arm's seeds (``sweep.pack``, or ``auto``'s
-    choice for every seed of every configuration the run asks for)."""
-    if sweep.pack != "auto":
-        return sweep.pack
-    if seed_profiles[0].pack_problem:
-        return 1
-    n_members = len(seed_profiles) * sweep.search_trials
-    return auto_pack(seed_profiles[0], n_members, placement)
-
-
-def seed_groups(arms: Sequence[dict]) -> list[list[int]]:
-    """Trials grouped by everything but their seed (``SweepConfig.trials`` order), as
-    indices: one search per group, whose configurations are each trained for every seed of
-    the group."""
-    groups: dict[tuple, list[int]] = {}
-    for i, arm in enumerate(arms):
-        key = tuple(sorted((k, repr(v)) for k, v in arm.items() if k != "seed"))
-        groups.setdefault(key, []).append(i)
-    return list(groups.values())
+    return arms, planned
 
 
 def search_cohorts(plan: SweepPlan) -> list[PlannedCohort]:
