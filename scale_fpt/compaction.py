@@ -142,10 +142,11 @@ def listing(table_dir: Path) -> Listing:
 
 def table_source(table_dir: Path) -> Path | None:
     """The directory holding a table's live generation: ``table_dir`` itself or, while a swap
-    by two renames has put it aside (or was killed between them), the complete next
-    generation waiting to take its place; None where the table has no directory. A swap
-    finishing while this looks raises FileNotFoundError: read again."""
-    if os.path.lexists(table_dir):
+    by two renames has put it aside (or was killed between them; an empty directory made in
+    its place since counts as none), the complete next generation waiting to take its place;
+    None where the table has no directory. A swap finishing while this looks raises
+    FileNotFoundError: read again."""
+    if os.path.lexists(table_dir) and not is_empty_dir(table_dir):
         return table_dir
     hidden, tokens = f".{table_dir.name}{PREV_MARK}", []
     with (
@@ -157,9 +158,17 @@ def table_source(table_dir: Path) -> Path | None:
         waiting = table_dir.parent / f".{table_dir.name}{NEXT_MARK}{token}"
         if waiting.is_dir() and not waiting.is_symlink():
             return waiting
-    if tokens:
+    if tokens and not os.path.lexists(table_dir):
         raise FileNotFoundError(errno.ENOENT, "renamed in while looked at", str(table_dir))
-    return None
+    return table_dir if os.path.lexists(table_dir) else None
+
+
+def is_empty_dir(path: Path) -> bool:
+    try:
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except (FileNotFoundError, NotADirectoryError):
+        return False
 
 
 def warn_damaged(path: Path, error: Exception) -> None:
@@ -341,7 +350,7 @@ class Generation:
         os.rename(self.live, self.prev)
         after_file_operation("rename aside")
         try:
-            os.rename(self.next, self.live)
+            os.rename(self.next, self.live)  # also over an empty one a writer made meanwhile
         except FileNotFoundError:
             if not self.live.is_dir():  # else a writer starting beside it renamed it in
                 raise
@@ -357,12 +366,13 @@ class Generation:
 
 def finish_swap(table_dir: Path) -> None:
     """Rename in the complete generation that a swap by two renames, killed between them,
-    left waiting (nothing where none waits). Safe beside a swap under way: its own second
-    rename is this one, and it takes this one's as its own."""
+    left waiting (nothing where none waits), over the empty directory a writer may have made
+    in its place since. Safe beside a swap under way: its own second rename is this one, and
+    it takes this one's as its own."""
     with contextlib.suppress(FileNotFoundError):
         waiting = table_source(table_dir)
         if waiting is not None and waiting != table_dir:
-            os.rename(waiting, table_dir)
+            os.rename(waiting, table_dir)  # replaces an empty directory in one step
 
 
 def recover(sweep_dir: Path) -> None:

@@ -121,8 +121,6 @@ class ResultsWriter:
             self.root / "trials",
             self.root / "curves",
         )
-        for name in TABLES:  # a compaction killed mid-swap left the table renamed aside
-            finish_swap(self.root / name)
         made = [p for p in folders if not p.exists()]
         existing = marker.exists()
         if existing:  # another version's folder is refused before anything is made in it
@@ -147,6 +145,8 @@ class ResultsWriter:
                     probe.unlink()
             if not existing:
                 write_text(marker, json.dumps({"schema_version": SCHEMA_VERSION}))
+            for name in TABLES:  # a compaction killed mid-swap left the table renamed aside
+                finish_swap(self.root / name)
         except (OSError, ResultsError) as e:
             for path in reversed(made):
                 with contextlib.suppress(OSError):
