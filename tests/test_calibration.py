@@ -331,3 +331,20 @@ def test_planted_narrow_matched_interval_is_caught(calibration, monkeypatch):
     monkeypatch.setattr(matched, "compare_arms", planted)
     caught = rows_of(calibration.matched_checks(design, 4, np.random.default_rng(0)))
     assert caught["matched budgets: full - fpt at equal FLOPs, printed 95% interval"].off_nominal
+
+
+def test_planted_unadjusted_p_in_a_family_is_caught(calibration, monkeypatch):
+    """BH's level through ``Comparisons.compute``: a family of 8 null contrasts rejects any
+    of them in about 5% of studies, a mixed family's false discovery rate stays below 0.05;
+    BH planted per row (each p adjusted alone: unadjusted) rejects a null in a third of
+    them, grossly off nominal."""
+    design = calibration.Design("test", 2, 0, 1, 1, 300, 100)
+    clean = rows_of(calibration.bh_checks(design, 3, np.random.default_rng(0)))
+    null = "BH-adjusted p, family of null contrasts: any rejected"
+    fdr = next(r for n, r in clean.items() if "false discovery rate" in n)
+    assert clean[null].n_studies == fdr.n_studies == 3
+    assert not clean[null].off_nominal and not fdr.off_nominal, clean
+    assert fdr.printed and clean[null].printed
+    monkeypatch.setattr(families, "adjust_p", lambda p: np.asarray(p, dtype=float))
+    planted = rows_of(calibration.bh_checks(design, 3, np.random.default_rng(0)))
+    assert planted[null].off_nominal, planted[null]
