@@ -51,6 +51,7 @@ from scale_fpt import analysis_plan
 from scale_fpt.analysis import coverage
 from scale_fpt.analysis.means import MEANS_FORMS, fit_size_means
 from scale_fpt.analysis_plan import PLAN_FILE, AnalysisPlan
+from scale_fpt.compaction import part_name
 from scale_fpt.config import TrialConfig
 from scale_fpt.recipes.studies import STUDIES
 from scale_fpt.report import figures, stats, tables
@@ -59,7 +60,9 @@ from scale_fpt.report.comparisons import Comparisons, findings_display
 from scale_fpt.report.sections import contrasts_display
 from scale_fpt.report.tables.differences import LEARNED_MARGIN, MIXED_MIN_PAIRS, task_baseline
 from scale_fpt.report.tables.matched import MATCHES
-from scale_fpt.results import ResultsWriter, load_results
+from scale_fpt.results import ResultsWriter, load_results, write_atomic
+from scale_fpt.results_schema import SCHEMAS
+from scale_fpt.results_schema import table as rows_table
 from scale_fpt.vocabulary import CONFIRM_SUFFIX
 
 TOLERANCE_Z = 2.326
@@ -400,6 +403,33 @@ FOLDER_TRUTHS = (
 them, as it spans a preset's tasks."""
 
 
+class SweepWriter:
+    """A simulated sweep as its driver leaves it once every trial has ended: the folder
+    ``ResultsWriter`` makes, and its trials' and curves' rows in one compacted file each
+    (what ``ResultsWriter.compact`` writes; ``load_results`` reads them as it reads a
+    finished sweep), written when the ``with`` block ends: one write a table, not one a
+    trial."""
+
+    def __init__(self, root: Path, sweep: str):
+        self.sweep = sweep
+        self.root = ResultsWriter(root, sweep).root
+        self.rows: dict[str, list[dict]] = {name: [] for name in SCHEMAS}
+
+    def write_trial(self, row: dict) -> None:
+        self.rows["trials"].append({**row, "sweep": self.sweep})
+
+    def write_curve(self, trial_id: str, rows: list[dict]) -> None:
+        self.rows["curves"] += [{**r, "sweep": self.sweep, "trial_id": trial_id} for r in rows]
+
+    def __enter__(self) -> SweepWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name, rows in self.rows.items():
+            if rows and exc[0] is None:
+                write_atomic(rows_table(rows, SCHEMAS[name]), self.root / name / part_name())
+
+
 def trial_row(
     sweep: str, truth: Truth, init: str, lr: float, seed: int, design, acc, val, steps=None
 ):
@@ -435,8 +465,9 @@ def trial_row(
 def write_folder(
     root: Path, design: Design, rng, truths=FOLDER_TRUTHS, sweep=SEARCH, first_seed: int = 0
 ) -> None:
-    """A sweep ``sweep`` at ``design`` (its seeds from ``first_seed`` on) (its seeds, lr candidates, budget and evaluation grid) over
-    ``truths`` (one task each), its analysis plan declaring ``FAMILY``, and, where the design has
+    """A sweep ``sweep`` at ``design`` (its seeds from ``first_seed`` on, lr candidates, budget
+    and evaluation grid) over ``truths`` (one task each), its analysis plan declaring
+    ``FAMILY``, and, where the design has
     candidates and confirmation seeds, its confirmation sweep: each arm's chosen rate
     (``tables.lr_fair``, the report's choice) re-run on fresh seeds."""
     lrs = [1e-4 * 10 ** (i / 2) for i in range(design.candidates)]
@@ -444,8 +475,6 @@ def write_folder(
     confirm_seeds = range(first_seed + 100, first_seed + 100 + design.confirm_seeds)
     plan = AnalysisPlan(sweep=sweep, families={FAMILY: ["pretrained - random"]},
                         seeds={"selection": list(seeds), "confirmation": list(confirm_seeds)})  # fmt: skip
-    writer = ResultsWriter(root, sweep)
-    (root / sweep / PLAN_FILE).write_text(json.dumps(dataclasses.asdict(plan)))
 
     def write(w, truth, lr, seed_list, inits):
         for seed in seed_list:
@@ -457,18 +486,20 @@ def write_folder(
                 steps = (int(step[0]), bool(reached[0]), bool(never[0]))
                 w.write_trial(trial_row(w.sweep, truth, init, lr, seed, design, acc, val, steps))
 
-    for truth in truths:
-        for lr in lrs:
-            write(writer, truth, lr, seeds, ("pretrained", "random"))
+    with SweepWriter(root, sweep) as writer:
+        (root / sweep / PLAN_FILE).write_text(json.dumps(dataclasses.asdict(plan)))
+        for truth in truths:
+            for lr in lrs:
+                write(writer, truth, lr, seeds, ("pretrained", "random"))
     if design.candidates < 2 or not design.confirm_seeds:
         return
     trials = load_results(root).trials
     chosen = tables.lr_fair(trials[trials["sweep"] == sweep])
-    confirm = ResultsWriter(root, f"{sweep}{CONFIRM_SUFFIX}")
     by_task = {t.task: t for t in truths}
-    for arm in chosen.to_dict("records"):
-        if np.isfinite(arm["best_lr"]):
-            write(confirm, by_task[arm["task"]], arm["best_lr"], confirm_seeds, (arm["init"],))
+    with SweepWriter(root, f"{sweep}{CONFIRM_SUFFIX}") as confirm:
+        for arm in chosen.to_dict("records"):
+            if np.isfinite(arm["best_lr"]):
+                write(confirm, by_task[arm["task"]], arm["best_lr"], confirm_seeds, (arm["init"],))
 
 
 def scratch() -> tempfile.TemporaryDirectory:
@@ -704,17 +735,17 @@ def curve_checks(design: Design, n_studies: int, rng) -> list[Row]:
     covered = []
     for _ in range(n_studies):
         with scratch() as tmp:
-            writer = ResultsWriter(Path(tmp), SEARCH)
-            values = curve_values(design, design.seeds, rng)
-            for seed, curve in enumerate(values):
-                stop = int(np.flatnonzero(np.diff(curve) != 0).max(initial=-1)) + 2
-                row = trial_row(SEARCH, FOLDER_TRUTHS[0], "pretrained", 1e-3, seed, design,
-                                curve[-1], curve[-1])  # fmt: skip
-                writer.write_trial(row)
-                writer.write_curve(row["trial_id"], [
-                    {"step": int(step), "val_accuracy": v / 100}
-                    for step, v in zip(steps[:stop], curve[:stop], strict=True)
-                ])  # fmt: skip
+            with SweepWriter(Path(tmp), SEARCH) as writer:
+                values = curve_values(design, design.seeds, rng)
+                for seed, curve in enumerate(values):
+                    stop = int(np.flatnonzero(np.diff(curve) != 0).max(initial=-1)) + 2
+                    row = trial_row(SEARCH, FOLDER_TRUTHS[0], "pretrained", 1e-3, seed, design,
+                                    curve[-1], curve[-1])  # fmt: skip
+                    writer.write_trial(row)
+                    writer.write_curve(row["trial_id"], [
+                        {"step": int(step), "val_accuracy": v / 100}
+                        for step, v in zip(steps[:stop], curve[:stop], strict=True)
+                    ])  # fmt: skip
             results = load_results(tmp)
         _, band = figures.learning_curves_figure(results.trials, results.curves, "bit-xor")
         plt.close("all")
@@ -744,19 +775,19 @@ def law_folder(root: Path, sizes, seeds: int, rng) -> dict:
     noise = rng.normal(0, LAW_NOISE, (len(truths), len(sizes), seeds))
     models = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
     for sweep in LAW_SWEEPS:
-        writer = ResultsWriter(root, sweep)
-        for i, (init, truth) in enumerate(truths.items()):
-            for j, (model, x) in enumerate(zip(models, sizes, strict=True)):
-                for seed in range(seeds):
-                    error = (truth["E"] + truth["A"] * x ** -truth["alpha"]) * math.exp(
-                        noise[i, j, seed]
-                    )
-                    row = trial_row(sweep, FOLDER_TRUTHS[0], init, 1e-3, seed,
-                                    Design("", seeds, 0, 1, len(sizes), 1000, 100),
-                                    100 * (1 - error), 100 * (1 - error))  # fmt: skip
-                    row.update(model=model, total_params=x, total_flops=x * 6e6,
-                               trial_id=f"{sweep}-{init}-{model}-{seed}")  # fmt: skip
-                    writer.write_trial(row)
+        with SweepWriter(root, sweep) as writer:
+            for i, (init, truth) in enumerate(truths.items()):
+                for j, (model, x) in enumerate(zip(models, sizes, strict=True)):
+                    for seed in range(seeds):
+                        error = (truth["E"] + truth["A"] * x ** -truth["alpha"]) * math.exp(
+                            noise[i, j, seed]
+                        )
+                        row = trial_row(sweep, FOLDER_TRUTHS[0], init, 1e-3, seed,
+                                        Design("", seeds, 0, 1, len(sizes), 1000, 100),
+                                        100 * (1 - error), 100 * (1 - error))  # fmt: skip
+                        row.update(model=model, total_params=x, total_flops=x * 6e6,
+                                   trial_id=f"{sweep}-{init}-{model}-{seed}")  # fmt: skip
+                        writer.write_trial(row)
     return truths
 
 
@@ -878,16 +909,16 @@ def effective_data_checks(design: Design, n_studies: int, rng) -> list[Row]:
     printed = False
     for _ in range(n_studies):
         with scratch() as tmp:
-            writer = ResultsWriter(Path(tmp), SEARCH)
-            for init, factor in (("pretrained", t["multiple"]), ("random", 1.0)):
-                for d in sizes:
-                    for seed in range(design.seeds):
-                        noise = rng.normal(-(t["noise"] ** 2) / 2, t["noise"])
-                        error = (t["E"] + A * (factor * d) ** -t["alpha"]) * math.exp(noise)
-                        row = trial_row(SEARCH, FOLDER_TRUTHS[0], init, 1e-3, seed, design,
-                                        100 * (1 - error), 100 * (1 - error))  # fmt: skip
-                        row.update(train_examples=int(d), trial_id=f"{init}-{int(d)}-{seed}")
-                        writer.write_trial(row)
+            with SweepWriter(Path(tmp), SEARCH) as writer:
+                for init, factor in (("pretrained", t["multiple"]), ("random", 1.0)):
+                    for d in sizes:
+                        for seed in range(design.seeds):
+                            noise = rng.normal(-(t["noise"] ** 2) / 2, t["noise"])
+                            error = (t["E"] + A * (factor * d) ** -t["alpha"]) * math.exp(noise)
+                            row = trial_row(SEARCH, FOLDER_TRUTHS[0], init, 1e-3, seed, design,
+                                            100 * (1 - error), 100 * (1 - error))  # fmt: skip
+                            row.update(train_examples=int(d), trial_id=f"{init}-{int(d)}-{seed}")
+                            writer.write_trial(row)
             trials = load_results(tmp).trials
         table = laws.transfer_rows(trials, tables.DEFAULT_METRIC, intervals=True)
         printed |= bool(laws.withhold_transfer_intervals(table)["D_E_low"].notna().any())
@@ -935,21 +966,21 @@ def matched_checks(design: Design, n_studies: int, rng) -> list[Row]:
     zero = texts = 0
     for _ in range(n_studies):
         with scratch() as tmp:
-            writer = ResultsWriter(Path(tmp), SEARCH)
-            for seed in range(design.seeds):
-                shared = rng.normal(0, MATCHED_NOISE[0])
-                for (init, finetune), (cost, _, _) in MATCHED_ARMS.items():
-                    curve = matched_mean((init, finetune), steps, design) + shared + rng.normal(
-                        0, MATCHED_NOISE[1])  # fmt: skip
-                    row = trial_row(SEARCH, FOLDER_TRUTHS[0], init, 1e-3, seed, design,
-                                    curve[-1], curve[-1])  # fmt: skip
-                    row.update(finetune=finetune, flops_per_step=cost,
-                               trial_id=f"{init}-{finetune}-{seed}")  # fmt: skip
-                    writer.write_trial(row)
-                    writer.write_curve(row["trial_id"], [
-                        {"step": int(s), "val_accuracy": v / 100, "test_accuracy": v / 100}
-                        for s, v in zip(steps, curve, strict=True)
-                    ])  # fmt: skip
+            with SweepWriter(Path(tmp), SEARCH) as writer:
+                for seed in range(design.seeds):
+                    shared = rng.normal(0, MATCHED_NOISE[0])
+                    for (init, finetune), (cost, _, _) in MATCHED_ARMS.items():
+                        curve = matched_mean((init, finetune), steps, design) + shared + rng.normal(
+                            0, MATCHED_NOISE[1])  # fmt: skip
+                        row = trial_row(SEARCH, FOLDER_TRUTHS[0], init, 1e-3, seed, design,
+                                        curve[-1], curve[-1])  # fmt: skip
+                        row.update(finetune=finetune, flops_per_step=cost,
+                                   trial_id=f"{init}-{finetune}-{seed}")  # fmt: skip
+                        writer.write_trial(row)
+                        writer.write_curve(row["trial_id"], [
+                            {"step": int(s), "val_accuracy": v / 100, "test_accuracy": v / 100}
+                            for s, v in zip(steps, curve, strict=True)
+                        ])  # fmt: skip
             results = load_results(tmp)
         batch = float(results.trials["batch_size"].iloc[0])
         found = Comparisons.compute(results.trials, results.curves, tables.DEFAULT_METRIC,
