@@ -5,7 +5,7 @@ type-I error (tests) with its Monte Carlo error, and whether the report prints i
     python benchmarks/calibration.py [--studies 1100] [--seed 0] [--only CHECK]
     python benchmarks/calibration.py --plan N | --shard K/N --out F.json | --merge F.json...
 
-The full run (about 56 core-hours here) is a job of tasks of at most 100 studies, shared
+The full run (at most 16 core-hours here, about 8 summed by design) is a job of tasks of at most 100 studies, shared
 out to N shards by projected time and merged (``calibration_jobs``; docs/statistics.md).
 
 A design is read from each preset of ``scale_fpt.recipes.studies.STUDIES`` (never written here):
@@ -1052,22 +1052,23 @@ ladders of 4 or more sizes)."""
 
 
 SECONDS_PER_STUDY = {
-    "accuracy_checks": 0.03,
-    "steps_checks": 0.03,
-    "selection_checks": 0.03,
-    "folder_checks": 15.0,
-    "bh_checks": 3.0,
-    "curve_checks": 1.0,
-    "law_rows": 0.15,
-    "law_folder_checks": 8.0,
-    "next_run_checks": 0.16,
-    "effective_data_checks": 6.5,
-    "matched_checks": 3.0,
+    "accuracy_checks": 0.01,
+    "steps_checks": 0.01,
+    "selection_checks": 0.01,
+    "folder_checks": 3.8,
+    "bh_checks": 2.7,
+    "curve_checks": 0.25,
+    "law_rows": 0.06,
+    "law_folder_checks": 0.65,
+    "next_run_checks": 0.03,
+    "effective_data_checks": 2.4,
+    "matched_checks": 0.65,
 }
-"""Projected seconds of one study of each check at one design on one core, as measured on
-this project's shared 2-core CPU (load 10-27, ``nice``; ``folder_checks`` took 5-24 s by
-design, ``effective_data_checks`` and ``matched_checks`` below): what ``--plan`` and a
-shard's first line add up."""
+"""Projected seconds of one study of each check at one design on one core: the most any
+design took, measured on this project's shared 2-core CPU (2026-11-27 20:49-20:51 UTC,
+``nice``, load average 4.8-6.0; 3 studies a design, ``law_rows`` 100, ``next_run_checks``
+20; ``folder_checks`` took 0.3 s at one lr and 3 seeds, 2.1-3.8 s at lr-search's designs,
+docs/statistics.md): what ``--plan`` and a shard's first line add up."""
 WHOLE = ("law_rows", "next_run_checks")
 """Checks run whole at a design (not in chunks of studies): ``law_rows`` is vectorised over
 its studies on a stream of its own, ``next_run_checks`` compares medians over all of them."""
