@@ -5,7 +5,7 @@ type-I error (tests) with its Monte Carlo error, and whether the report prints i
     python benchmarks/calibration.py [--studies 1100] [--seed 0] [--only CHECK]
     python benchmarks/calibration.py --plan N | --shard K/N --out F.json | --merge F.json...
 
-The full run (about 56 core-hours here) is a job of tasks of at most 100 studies, shared
+The full run (at most 16 core-hours here, about 8 summed by design) is a job of tasks of at most 100 studies, shared
 out to N shards by projected time and merged (``calibration_jobs``; docs/statistics.md).
 
 A design is read from each preset of ``scale_fpt.recipes.studies.STUDIES`` (never written here):
@@ -51,6 +51,7 @@ from scale_fpt import analysis_plan
 from scale_fpt.analysis import coverage
 from scale_fpt.analysis.means import MEANS_FORMS, fit_size_means
 from scale_fpt.analysis_plan import PLAN_FILE, AnalysisPlan
+from scale_fpt.compaction import part_name
 from scale_fpt.config import TrialConfig
 from scale_fpt.recipes.studies import STUDIES
 from scale_fpt.report import figures, stats, tables
@@ -59,7 +60,9 @@ from scale_fpt.report.comparisons import Comparisons, findings_display
 from scale_fpt.report.sections import contrasts_display
 from scale_fpt.report.tables.differences import LEARNED_MARGIN, MIXED_MIN_PAIRS, task_baseline
 from scale_fpt.report.tables.matched import MATCHES
-from scale_fpt.results import ResultsWriter, load_results
+from scale_fpt.results import ResultsWriter, load_results, write_atomic
+from scale_fpt.results_schema import SCHEMAS
+from scale_fpt.results_schema import table as rows_table
 from scale_fpt.vocabulary import CONFIRM_SUFFIX
 
 TOLERANCE_Z = 2.326
@@ -330,7 +333,10 @@ STEPS_MEDIAN = 0.25
 """Median steps to the threshold of a folder's seeds, as a share of the budget: the same in
 both inits (no effect on steps)."""
 FAMILY = "accuracy: pretrained - random"
-SEARCH, CONFIRM = "s", f"s{CONFIRM_SUFFIX}"
+SEARCH = "s"
+SCRATCH = "/dev/shm" if Path("/dev/shm").is_dir() else None
+"""Where simulated folders are written: memory, where the machine has it (a results file's
+``fsync`` is then free; the files and their reads are the same)."""
 INTERVAL_PATTERN = re.compile(r"\[(?:95% CI )?([+\-]?[\d,.]+), ([+\-]?[\d,.]+)\]")
 """A printed interval '[a, b]' or '[95% CI a, b]'."""
 
@@ -397,6 +403,33 @@ FOLDER_TRUTHS = (
 them, as it spans a preset's tasks."""
 
 
+class SweepWriter:
+    """A simulated sweep as its driver leaves it once every trial has ended: the folder
+    ``ResultsWriter`` makes, and its trials' and curves' rows in one compacted file each
+    (what ``ResultsWriter.compact`` writes; ``load_results`` reads them as it reads a
+    finished sweep), written when the ``with`` block ends: one write a table, not one a
+    trial."""
+
+    def __init__(self, root: Path, sweep: str):
+        self.sweep = sweep
+        self.root = ResultsWriter(root, sweep).root
+        self.rows: dict[str, list[dict]] = {name: [] for name in SCHEMAS}
+
+    def write_trial(self, row: dict) -> None:
+        self.rows["trials"].append({**row, "sweep": self.sweep})
+
+    def write_curve(self, trial_id: str, rows: list[dict]) -> None:
+        self.rows["curves"] += [{**r, "sweep": self.sweep, "trial_id": trial_id} for r in rows]
+
+    def __enter__(self) -> SweepWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name, rows in self.rows.items():
+            if rows and exc[0] is None:
+                write_atomic(rows_table(rows, SCHEMAS[name]), self.root / name / part_name())
+
+
 def trial_row(
     sweep: str, truth: Truth, init: str, lr: float, seed: int, design, acc, val, steps=None
 ):
@@ -429,18 +462,19 @@ def trial_row(
     }
 
 
-def write_folder(root: Path, design: Design, rng, truths=FOLDER_TRUTHS) -> None:
-    """A sweep at ``design`` (its seeds, lr candidates, budget and evaluation grid) over
-    ``truths`` (one task each), its analysis plan declaring ``FAMILY``, and, where the design has
+def write_folder(
+    root: Path, design: Design, rng, truths=FOLDER_TRUTHS, sweep=SEARCH, first_seed: int = 0
+) -> None:
+    """A sweep ``sweep`` at ``design`` (its seeds from ``first_seed`` on, lr candidates, budget
+    and evaluation grid) over ``truths`` (one task each), its analysis plan declaring
+    ``FAMILY``, and, where the design has
     candidates and confirmation seeds, its confirmation sweep: each arm's chosen rate
     (``tables.lr_fair``, the report's choice) re-run on fresh seeds."""
     lrs = [1e-4 * 10 ** (i / 2) for i in range(design.candidates)]
-    seeds = range(design.seeds)
-    confirm_seeds = range(100, 100 + design.confirm_seeds)
-    plan = AnalysisPlan(sweep=SEARCH, families={FAMILY: ["pretrained - random"]},
+    seeds = range(first_seed, first_seed + design.seeds)
+    confirm_seeds = range(first_seed + 100, first_seed + 100 + design.confirm_seeds)
+    plan = AnalysisPlan(sweep=sweep, families={FAMILY: ["pretrained - random"]},
                         seeds={"selection": list(seeds), "confirmation": list(confirm_seeds)})  # fmt: skip
-    writer = ResultsWriter(root, SEARCH)
-    (root / SEARCH / PLAN_FILE).write_text(json.dumps(dataclasses.asdict(plan)))
 
     def write(w, truth, lr, seed_list, inits):
         for seed in seed_list:
@@ -452,17 +486,38 @@ def write_folder(root: Path, design: Design, rng, truths=FOLDER_TRUTHS) -> None:
                 steps = (int(step[0]), bool(reached[0]), bool(never[0]))
                 w.write_trial(trial_row(w.sweep, truth, init, lr, seed, design, acc, val, steps))
 
-    for truth in truths:
-        for lr in lrs:
-            write(writer, truth, lr, seeds, ("pretrained", "random"))
+    with SweepWriter(root, sweep) as writer:
+        (root / sweep / PLAN_FILE).write_text(json.dumps(dataclasses.asdict(plan)))
+        for truth in truths:
+            for lr in lrs:
+                write(writer, truth, lr, seeds, ("pretrained", "random"))
     if design.candidates < 2 or not design.confirm_seeds:
         return
-    chosen = tables.lr_fair(load_results(root).trials)
-    confirm = ResultsWriter(root, CONFIRM)
+    trials = load_results(root).trials
+    chosen = tables.lr_fair(trials[trials["sweep"] == sweep])
     by_task = {t.task: t for t in truths}
-    for arm in chosen.to_dict("records"):
-        if np.isfinite(arm["best_lr"]):
-            write(confirm, by_task[arm["task"]], arm["best_lr"], confirm_seeds, (arm["init"],))
+    with SweepWriter(root, f"{sweep}{CONFIRM_SUFFIX}") as confirm:
+        for arm in chosen.to_dict("records"):
+            if np.isfinite(arm["best_lr"]):
+                write(confirm, by_task[arm["task"]], arm["best_lr"], confirm_seeds, (arm["init"],))
+
+
+def scratch() -> tempfile.TemporaryDirectory:
+    """A simulated results folder, removed after its study."""
+    return tempfile.TemporaryDirectory(dir=SCRATCH, prefix="calibration-")
+
+
+def family_tests(init: pd.DataFrame, lr: pd.DataFrame, family: str) -> list[tuple]:
+    """(task, p, BH-adjusted p) of each test of the declared ``family`` in the
+    pretrained-random (``init``) and LR-fair (``lr``) tables, a test both show counted once."""
+    members = []
+    if not init.empty:
+        mine = init[init["accuracy_family"] == family]
+        members += zip(mine["task"], mine["accuracy_p"], mine["accuracy_p_adjusted"], strict=True)
+    if not lr.empty:
+        mine = lr[lr["family"] == family]
+        members += zip(mine["task"], mine["p"], mine["p_adjusted"], strict=True)
+    return list(dict.fromkeys((t, p, a) for t, p, a in members if np.isfinite(p)))
 
 
 def zero_wide(texts) -> int:
@@ -477,18 +532,18 @@ def folder_checks(design: Design, n_studies: int, rng, truths=FOLDER_TRUTHS) -> 
     what it claims (``Truth.claimed``; where seeds learn or not, also of the mean over their
     chance to learn, which it does not claim) and the paired t's level where there is no
     effect; zero-wide intervals printed anywhere;
-    BH-adjusted p against BH over the whole declared family; the family's false discovery
-    rate; each row's status against its note; and the printed detectable difference against
+    BH-adjusted p against BH over the whole declared family (its level: ``bh_checks``); each
+    row's status against its note; and the printed detectable difference against
     the one the true SD gives (at least ``stats.ASSURANCE`` of the statements)."""
     cover = {t.name: [] for t in truths}
     lottery = []  # learn-or-not intervals against the mean over seeds' chance to learn
     steps_cover, steps_null, medians = [], [], []
     power_range, power_family = [], []
     median_truth = true_median(design, STEPS_MEDIAN * design.budget)
-    null_p, zero, texts, bh, status, power, fdr = [], 0, 0, [], [], [], []
+    null_p, zero, texts, bh, status, power = [], 0, 0, [], [], []
     by_task = {t.task: t for t in truths}
     for _ in range(n_studies):
-        with tempfile.TemporaryDirectory() as tmp:
+        with scratch() as tmp:
             write_folder(Path(tmp), design, rng, truths)
             results = load_results(tmp)
             plans = analysis_plan.plans(tmp, sorted(set(results.trials["sweep"])))
@@ -533,14 +588,10 @@ def folder_checks(design: Design, n_studies: int, rng, truths=FOLDER_TRUTHS) -> 
         texts += len(shown)
         # BH over the declared family, a test both tables show counted once.
         family = f"{SEARCH}: {FAMILY}"
-        members = [(r["accuracy_p"], r["accuracy_p_adjusted"]) for r in init.to_dict("records")
-                   if r["accuracy_family"] == family]  # fmt: skip
-        members += [(r["p"], r["p_adjusted"]) for r in lr.to_dict("records")
-                    if r["family"] == family]  # fmt: skip
-        tested = [(p, a) for p, a in members if np.isfinite(p)]
-        unique = sorted({p for p, _ in tested})
+        tested = family_tests(init, lr, family)
+        unique = sorted({p for _, p, _ in tested})
         expected = dict(zip(unique, stats.adjust_p(unique), strict=True))
-        bh += [math.isclose(a, expected[p], rel_tol=1e-9) for p, a in tested]
+        bh += [math.isclose(a, expected[p], rel_tol=1e-9) for _, p, a in tested]
         # "Detects X pp": at the SD's upper bound, its range over the SD's interval, and at
         # the level 0.05 / m of the family's m tests, each against the true SD's.
         for r, prefix, truth in statements:
@@ -554,10 +605,6 @@ def folder_checks(design: Design, n_studies: int, rng, truths=FOLDER_TRUTHS) -> 
             alpha = stats.ALPHA / max(m, 1)
             at_family = stats.detectable_difference(truth.sd_difference, n, alpha=alpha)
             power_family.append(r[f"{prefix}detectable_family"] >= at_family)
-        rejected = [(r["task"], r["accuracy_p_adjusted"] < stats.ALPHA)
-                    for r in init.to_dict("records") if r["accuracy_family"] == family]  # fmt: skip
-        false = sum(hit and by_task[task].difference == 0 for task, hit in rejected)
-        fdr.append(false / max(1, sum(hit for _, hit in rejected)))
         for r in findings.to_dict("records"):
             if str(r["note"]).startswith("exploratory"):
                 status.append(r["status"] == "exploratory")
@@ -588,8 +635,6 @@ def folder_checks(design: Design, n_studies: int, rng, truths=FOLDER_TRUTHS) -> 
             zero / max(texts, 1), 0.0, n_studies, "never", True),
         Row("BH-adjusted p = BH over the whole declared family", name, 1.0,
             float(np.mean(bh)) if bh else 1.0, 0.0, n_studies, "always", True),
-        Row("BH: false discovery rate of the family (level 0.05)", name, 0.05,
-            *rate(fdr, n_studies), n_studies, "test", True),
         Row("status 'exploratory' where the note says so", name, 1.0,
             float(np.mean(status)) if status else 1.0, 0.0, n_studies, "always", True),
         Row(f"detectable difference at or above the true SD's ({stats.ASSURANCE:.0%} of "
@@ -602,6 +647,63 @@ def folder_checks(design: Design, n_studies: int, rng, truths=FOLDER_TRUTHS) -> 
             f"({stats.ASSURANCE:.0%})", name, stats.ASSURANCE,
             *rate(power_family, len(power_family) or 1), len(power_family),
             "interval, at least nominal", bool(power_family)),
+    ]  # fmt: skip
+
+
+BH_TASKS = ("bit-xor", "bit-memory", "listops", "mnist")
+"""The tasks of a BH folder's sweeps, each at 2 learning rates: a family of 8 contrasts (and
+the confirmation's, at a design with confirmation seeds)."""
+BH_FOLDER = {"null": 0, "mixed": 1}
+"""Sweep -> how many of ``BH_TASKS`` (the last ones) have a real effect (``BH_EFFECT``): a
+family whose every contrast is null, and one that mixes 6 null contrasts with 2 real ones.
+Sweep k runs seeds from 1000 k on (two sweeps of the same trials would be one study run
+twice)."""
+BH_EFFECT = 15.0
+"""The real pretrained - random effect (points) of a mixed family, seed noise 3 points."""
+
+
+def bh_truths(effects: int) -> tuple[Truth, ...]:
+    k = len(BH_TASKS) - effects
+    return tuple(Truth(task, "real effect" if i >= k else "no effect", 80.0,
+                       BH_EFFECT * (i >= k), 3.0) for i, task in enumerate(BH_TASKS))  # fmt: skip
+
+
+@depends("seeds", "confirm_seeds")
+def bh_checks(design: Design, n_studies: int, rng) -> list[Row]:
+    """Benjamini-Hochberg's level where the report prints it: folders of the ``BH_FOLDER``
+    sweeps (one declared family each, at the design's seeds and confirmation seeds) through
+    ``Comparisons.compute``, the rejections read from its BH-adjusted p (both tables, a test
+    counted once): in the family whose every contrast is null, how often any is rejected
+    (the family-wise error, which BH holds at 0.05 there), and in the mixed family the
+    false discovery rate, the share of false rejections among rejections averaged over
+    studies (BH holds it at 0.05 x the null share; a family-wise error of the mixed family's
+    nulls is no claim BH makes)."""
+    bh_design = dataclasses.replace(design, candidates=2)
+    any_false, fdr = [], []
+    for _ in range(n_studies):
+        with scratch() as tmp:
+            for k, (sweep, effects) in enumerate(BH_FOLDER.items()):
+                write_folder(Path(tmp), bh_design, rng, bh_truths(effects), sweep, 1000 * k)
+            results = load_results(tmp)
+            plans = analysis_plan.plans(tmp, sorted(set(results.trials["sweep"])))
+        found = Comparisons.compute(results.trials, results.curves, tables.DEFAULT_METRIC,
+                                    None, plans)  # fmt: skip
+        for sweep, effects in BH_FOLDER.items():
+            null = {t.task for t in bh_truths(effects) if t.difference == 0}
+            tests = family_tests(found.init, found.lr, f"{sweep}: {FAMILY}")
+            rejected = [task for task, _, adjusted in tests if adjusted < stats.ALPHA]
+            false = sum(task in null for task in rejected)
+            if effects:
+                fdr.append(false / max(1, len(rejected)))
+            else:
+                any_false.append(false > 0)
+    name = f"{design.seeds} seeds" + (f"+{design.confirm_seeds} confirm" if design.confirm_seeds
+                                      else "") + f", {len(BH_TASKS)} tasks x 2 lr"  # fmt: skip
+    return [
+        Row("BH-adjusted p, family of null contrasts: any rejected (level 0.05)", name, 0.05,
+            *rate(any_false, n_studies), n_studies, "test", True),
+        Row("BH-adjusted p, family of 6 null and 2 real contrasts: false discovery rate "
+            "(level 0.05)", name, 0.05, *rate(fdr, n_studies), n_studies, "test", True),
     ]  # fmt: skip
 
 
@@ -632,18 +734,18 @@ def curve_checks(design: Design, n_studies: int, rng) -> list[Row]:
     truth = curve_values(design, 200_000, np.random.default_rng(12345)).mean(axis=0)
     covered = []
     for _ in range(n_studies):
-        with tempfile.TemporaryDirectory() as tmp:
-            writer = ResultsWriter(Path(tmp), SEARCH)
-            values = curve_values(design, design.seeds, rng)
-            for seed, curve in enumerate(values):
-                stop = int(np.flatnonzero(np.diff(curve) != 0).max(initial=-1)) + 2
-                row = trial_row(SEARCH, FOLDER_TRUTHS[0], "pretrained", 1e-3, seed, design,
-                                curve[-1], curve[-1])  # fmt: skip
-                writer.write_trial(row)
-                writer.write_curve(row["trial_id"], [
-                    {"step": int(step), "val_accuracy": v / 100}
-                    for step, v in zip(steps[:stop], curve[:stop], strict=True)
-                ])  # fmt: skip
+        with scratch() as tmp:
+            with SweepWriter(Path(tmp), SEARCH) as writer:
+                values = curve_values(design, design.seeds, rng)
+                for seed, curve in enumerate(values):
+                    stop = int(np.flatnonzero(np.diff(curve) != 0).max(initial=-1)) + 2
+                    row = trial_row(SEARCH, FOLDER_TRUTHS[0], "pretrained", 1e-3, seed, design,
+                                    curve[-1], curve[-1])  # fmt: skip
+                    writer.write_trial(row)
+                    writer.write_curve(row["trial_id"], [
+                        {"step": int(step), "val_accuracy": v / 100}
+                        for step, v in zip(steps[:stop], curve[:stop], strict=True)
+                    ])  # fmt: skip
             results = load_results(tmp)
         _, band = figures.learning_curves_figure(results.trials, results.curves, "bit-xor")
         plt.close("all")
@@ -673,19 +775,19 @@ def law_folder(root: Path, sizes, seeds: int, rng) -> dict:
     noise = rng.normal(0, LAW_NOISE, (len(truths), len(sizes), seeds))
     models = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
     for sweep in LAW_SWEEPS:
-        writer = ResultsWriter(root, sweep)
-        for i, (init, truth) in enumerate(truths.items()):
-            for j, (model, x) in enumerate(zip(models, sizes, strict=True)):
-                for seed in range(seeds):
-                    error = (truth["E"] + truth["A"] * x ** -truth["alpha"]) * math.exp(
-                        noise[i, j, seed]
-                    )
-                    row = trial_row(sweep, FOLDER_TRUTHS[0], init, 1e-3, seed,
-                                    Design("", seeds, 0, 1, len(sizes), 1000, 100),
-                                    100 * (1 - error), 100 * (1 - error))  # fmt: skip
-                    row.update(model=model, total_params=x, total_flops=x * 6e6,
-                               trial_id=f"{sweep}-{init}-{model}-{seed}")  # fmt: skip
-                    writer.write_trial(row)
+        with SweepWriter(root, sweep) as writer:
+            for i, (init, truth) in enumerate(truths.items()):
+                for j, (model, x) in enumerate(zip(models, sizes, strict=True)):
+                    for seed in range(seeds):
+                        error = (truth["E"] + truth["A"] * x ** -truth["alpha"]) * math.exp(
+                            noise[i, j, seed]
+                        )
+                        row = trial_row(sweep, FOLDER_TRUTHS[0], init, 1e-3, seed,
+                                        Design("", seeds, 0, 1, len(sizes), 1000, 100),
+                                        100 * (1 - error), 100 * (1 - error))  # fmt: skip
+                        row.update(model=model, total_params=x, total_flops=x * 6e6,
+                                   trial_id=f"{sweep}-{init}-{model}-{seed}")  # fmt: skip
+                        writer.write_trial(row)
     return truths
 
 
@@ -698,7 +800,7 @@ def law_folder_checks(design: coverage.Design, n_studies: int, rng) -> list[Row]
     gap, alpha, repeated, band = [], [], [], []
     band_studies = 0
     for _ in range(n_studies):
-        with tempfile.TemporaryDirectory() as tmp:
+        with scratch() as tmp:
             truths = law_folder(Path(tmp), sizes, design.seeds, rng)
             trials = load_results(tmp).trials
         points = laws.scaling_points(trials, tables.DEFAULT_METRIC)
@@ -806,17 +908,17 @@ def effective_data_checks(design: Design, n_studies: int, rng) -> list[Row]:
     covered: dict[float, list] = {float(d): [] for d in sizes}
     printed = False
     for _ in range(n_studies):
-        with tempfile.TemporaryDirectory() as tmp:
-            writer = ResultsWriter(Path(tmp), SEARCH)
-            for init, factor in (("pretrained", t["multiple"]), ("random", 1.0)):
-                for d in sizes:
-                    for seed in range(design.seeds):
-                        noise = rng.normal(-(t["noise"] ** 2) / 2, t["noise"])
-                        error = (t["E"] + A * (factor * d) ** -t["alpha"]) * math.exp(noise)
-                        row = trial_row(SEARCH, FOLDER_TRUTHS[0], init, 1e-3, seed, design,
-                                        100 * (1 - error), 100 * (1 - error))  # fmt: skip
-                        row.update(train_examples=int(d), trial_id=f"{init}-{int(d)}-{seed}")
-                        writer.write_trial(row)
+        with scratch() as tmp:
+            with SweepWriter(Path(tmp), SEARCH) as writer:
+                for init, factor in (("pretrained", t["multiple"]), ("random", 1.0)):
+                    for d in sizes:
+                        for seed in range(design.seeds):
+                            noise = rng.normal(-(t["noise"] ** 2) / 2, t["noise"])
+                            error = (t["E"] + A * (factor * d) ** -t["alpha"]) * math.exp(noise)
+                            row = trial_row(SEARCH, FOLDER_TRUTHS[0], init, 1e-3, seed, design,
+                                            100 * (1 - error), 100 * (1 - error))  # fmt: skip
+                            row.update(train_examples=int(d), trial_id=f"{init}-{int(d)}-{seed}")
+                            writer.write_trial(row)
             trials = load_results(tmp).trials
         table = laws.transfer_rows(trials, tables.DEFAULT_METRIC, intervals=True)
         printed |= bool(laws.withhold_transfer_intervals(table)["D_E_low"].notna().any())
@@ -863,22 +965,22 @@ def matched_checks(design: Design, n_studies: int, rng) -> list[Row]:
                                 "pretrained - random") for _, unit in MATCHES.values()}  # fmt: skip
     zero = texts = 0
     for _ in range(n_studies):
-        with tempfile.TemporaryDirectory() as tmp:
-            writer = ResultsWriter(Path(tmp), SEARCH)
-            for seed in range(design.seeds):
-                shared = rng.normal(0, MATCHED_NOISE[0])
-                for (init, finetune), (cost, _, _) in MATCHED_ARMS.items():
-                    curve = matched_mean((init, finetune), steps, design) + shared + rng.normal(
-                        0, MATCHED_NOISE[1])  # fmt: skip
-                    row = trial_row(SEARCH, FOLDER_TRUTHS[0], init, 1e-3, seed, design,
-                                    curve[-1], curve[-1])  # fmt: skip
-                    row.update(finetune=finetune, flops_per_step=cost,
-                               trial_id=f"{init}-{finetune}-{seed}")  # fmt: skip
-                    writer.write_trial(row)
-                    writer.write_curve(row["trial_id"], [
-                        {"step": int(s), "val_accuracy": v / 100, "test_accuracy": v / 100}
-                        for s, v in zip(steps, curve, strict=True)
-                    ])  # fmt: skip
+        with scratch() as tmp:
+            with SweepWriter(Path(tmp), SEARCH) as writer:
+                for seed in range(design.seeds):
+                    shared = rng.normal(0, MATCHED_NOISE[0])
+                    for (init, finetune), (cost, _, _) in MATCHED_ARMS.items():
+                        curve = matched_mean((init, finetune), steps, design) + shared + rng.normal(
+                            0, MATCHED_NOISE[1])  # fmt: skip
+                        row = trial_row(SEARCH, FOLDER_TRUTHS[0], init, 1e-3, seed, design,
+                                        curve[-1], curve[-1])  # fmt: skip
+                        row.update(finetune=finetune, flops_per_step=cost,
+                                   trial_id=f"{init}-{finetune}-{seed}")  # fmt: skip
+                        writer.write_trial(row)
+                        writer.write_curve(row["trial_id"], [
+                            {"step": int(s), "val_accuracy": v / 100, "test_accuracy": v / 100}
+                            for s, v in zip(steps, curve, strict=True)
+                        ])  # fmt: skip
             results = load_results(tmp)
         batch = float(results.trials["batch_size"].iloc[0])
         found = Comparisons.compute(results.trials, results.curves, tables.DEFAULT_METRIC,
@@ -915,6 +1017,7 @@ CHECKS = [
     steps_checks,
     selection_checks,
     folder_checks,
+    bh_checks,
     curve_checks,
     effective_data_checks,
     matched_checks,
@@ -949,21 +1052,23 @@ ladders of 4 or more sizes)."""
 
 
 SECONDS_PER_STUDY = {
-    "accuracy_checks": 0.03,
-    "steps_checks": 0.03,
-    "selection_checks": 0.03,
-    "folder_checks": 15.0,
-    "curve_checks": 1.0,
-    "law_rows": 0.15,
-    "law_folder_checks": 8.0,
-    "next_run_checks": 0.16,
-    "effective_data_checks": 6.5,
-    "matched_checks": 3.0,
+    "accuracy_checks": 0.01,
+    "steps_checks": 0.01,
+    "selection_checks": 0.01,
+    "folder_checks": 3.8,
+    "bh_checks": 2.7,
+    "curve_checks": 0.25,
+    "law_rows": 0.06,
+    "law_folder_checks": 0.65,
+    "next_run_checks": 0.03,
+    "effective_data_checks": 2.4,
+    "matched_checks": 0.65,
 }
-"""Projected seconds of one study of each check at one design on one core, as measured on
-this project's shared 2-core CPU (load 10-27, ``nice``; ``folder_checks`` took 5-24 s by
-design, ``effective_data_checks`` and ``matched_checks`` below): what ``--plan`` and a
-shard's first line add up."""
+"""Projected seconds of one study of each check at one design on one core: the most any
+design took, measured on this project's shared 2-core CPU (2026-11-27 20:49-20:51 UTC,
+``nice``, load average 4.8-6.0; 3 studies a design, ``law_rows`` 100, ``next_run_checks``
+20; ``folder_checks`` took 0.3 s at one lr and 3 seeds, 2.1-3.8 s at lr-search's designs,
+docs/statistics.md): what ``--plan`` and a shard's first line add up."""
 WHOLE = ("law_rows", "next_run_checks")
 """Checks run whole at a design (not in chunks of studies): ``law_rows`` is vectorised over
 its studies on a stream of its own, ``next_run_checks`` compares medians over all of them."""

@@ -21,6 +21,7 @@ from scale_fpt.recipes.studies import STUDIES
 from scale_fpt.report import comparisons, figures, stats
 from scale_fpt.report import scaling_laws as laws
 from scale_fpt.report.tables import differences, families, matched
+from scale_fpt.results import ResultsWriter, load_results
 
 PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "calibration.py"
 
@@ -331,3 +332,43 @@ def test_planted_narrow_matched_interval_is_caught(calibration, monkeypatch):
     monkeypatch.setattr(matched, "compare_arms", planted)
     caught = rows_of(calibration.matched_checks(design, 4, np.random.default_rng(0)))
     assert caught["matched budgets: full - fpt at equal FLOPs, printed 95% interval"].off_nominal
+
+
+def test_planted_unadjusted_p_in_a_family_is_caught(calibration, monkeypatch):
+    """BH's level through ``Comparisons.compute``: a family of 8 null contrasts rejects any
+    of them in about 5% of studies, a mixed family's false discovery rate stays below 0.05;
+    BH planted per row (each p adjusted alone: unadjusted) rejects a null in a third of
+    them, grossly off nominal."""
+    design = calibration.Design("test", 2, 0, 1, 1, 300, 100)
+    clean = rows_of(calibration.bh_checks(design, 3, np.random.default_rng(0)))
+    null = "BH-adjusted p, family of null contrasts: any rejected"
+    fdr = next(r for n, r in clean.items() if "false discovery rate" in n)
+    assert clean[null].n_studies == fdr.n_studies == 3
+    assert not clean[null].off_nominal and not fdr.off_nominal, clean
+    assert fdr.printed and clean[null].printed
+    monkeypatch.setattr(families, "adjust_p", lambda p: np.asarray(p, dtype=float))
+    planted = rows_of(calibration.bh_checks(design, 3, np.random.default_rng(0)))
+    assert planted[null].off_nominal, planted[null]
+
+
+def test_a_simulated_sweep_reads_back_as_one_written_trial_by_trial(calibration, tmp_path):
+    """``SweepWriter`` (one compacted file per table) and ``ResultsWriter`` (a file per
+    trial, as a running driver writes) give ``load_results`` the same rows."""
+    design = calibration.Design("test", 2, 0, 1, 1, 300, 100)
+    rows = [calibration.trial_row("s", calibration.FOLDER_TRUTHS[0], init, 1e-3, seed, design,
+                                  70.0 + seed, 71.0) for init in ("pretrained", "random")
+            for seed in range(2)]  # fmt: skip
+    curve = [{"step": s, "val_accuracy": 0.5 + s / 1000} for s in (100, 200, 300)]
+    by_trial = ResultsWriter(tmp_path / "a", "s")
+    with calibration.SweepWriter(tmp_path / "b", "s") as compacted:
+        for row in rows:
+            for writer in (by_trial, compacted):
+                writer.write_trial(row)
+                writer.write_curve(row["trial_id"], curve)
+    assert [p.name.startswith("compacted-") for p in (tmp_path / "b/s/trials").iterdir()] == [True]
+    a, b = load_results(tmp_path / "a"), load_results(tmp_path / "b")
+    for table in ("trials", "curves"):
+        left, right = (getattr(r, table).sort_values(["trial_id", *(["step"] if table == "curves"
+                       else [])]).reset_index(drop=True) for r in (a, b))  # fmt: skip
+        assert len(left) == (4 if table == "trials" else 12)
+        pd.testing.assert_frame_equal(left, right)

@@ -33,6 +33,7 @@ set their exact, Monte Carlo and normal regimes (``EXACT_PATTERNS``, ``MONTE_CAR
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import warnings
@@ -341,11 +342,17 @@ def detectable_difference(sd: float, n: int, power: float = POWER, alpha: float 
     ``power_statement`` gives it at the SD's upper bound."""
     if n < 2 or not sd > 0 or not math.isfinite(sd):
         return math.nan
+    return float(detectable_effect(int(n), float(power), float(alpha)) * sd)
+
+
+@functools.lru_cache(maxsize=4096)
+def detectable_effect(n: int, power: float, alpha: float) -> float:
+    """``detectable_difference`` in SDs of the differences: the power depends on the
+    difference only through it, so a report's many rows of one n solve it once."""
     high = 1.0
     while paired_t_power(high, n, alpha) < power:
         high *= 2
-    effect = optimize.brentq(lambda e: paired_t_power(e, n, alpha) - power, 0.0, high, xtol=1e-10)
-    return float(effect * sd)
+    return optimize.brentq(lambda e: paired_t_power(e, n, alpha) - power, 0.0, high, xtol=1e-10)
 
 
 def seeds_needed(

@@ -98,7 +98,6 @@ from scale_fpt.report.tables.display import (
 )
 from scale_fpt.report.tables.lr import (
     LR_SELECTION,
-    group_index,
     lr_differences,
     lr_fair,
     lr_points,
@@ -166,7 +165,6 @@ __all__ = [
     "first_int",
     "fixed_lr",
     "frozen_transformers",
-    "group_index",
     "human",
     "init_difference",
     "init_label",

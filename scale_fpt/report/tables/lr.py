@@ -110,7 +110,7 @@ def lr_fair(trials: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
         scored = group[group["score"].notna()]
         at_paper = scored[np.isclose(scored["lr"], paper_lr(best["task"]), rtol=1e-9, atol=0)]
         paper = at_paper.loc[at_paper["score"].idxmax()] if len(at_paper) else None
-        search = points.loc[group_index(points, best)]
+        search = group  # the search arm's every candidate
         best.update(
             wall_time_s=float(search["wall_time_s"].sum()),
             samples_seen=float(search["samples_seen"].sum()),
@@ -198,11 +198,14 @@ def gain_over_paper_lr(df: pd.DataFrame, best: dict, paper) -> dict:
 
 def confirmation_rows(df: pd.DataFrame, config: dict) -> pd.DataFrame:
     """Rows of the ``<sweep>-confirm`` sweep with ``config``'s setting, lr and batch size."""
-    mask = df["sweep"] == f"{config['sweep']}{CONFIRM_SUFFIX}"
-    for key in (*SEARCH_ARM_KEYS, *SEARCHED):
-        if key != "sweep":
-            mask &= (df[key] == config[key]) | (df[key].isna() & pd.isna(config[key]))
-    return df[mask]
+    rows = df[df["sweep"] == f"{config['sweep']}{CONFIRM_SUFFIX}"]
+    keys = [k for k in (*SEARCH_ARM_KEYS, *SEARCHED) if k != "sweep"]
+    if rows.empty:
+        return rows
+    target = pd.Series({k: config[k] for k in keys}, dtype=object)
+    values = rows[keys].astype(object)
+    same = values.eq(target) | (values.isna() & target.isna())
+    return rows[same.all(axis=1)]
 
 
 ARM_CONTRASTS = (
@@ -290,14 +293,6 @@ def per_seed(values: pd.DataFrame, trial_ids: str) -> dict:
     """{seed: value} of the trials ``trial_ids`` (comma list)."""
     rows = values.loc[[t for t in str(trial_ids).split(",") if t in values.index]]
     return dict(zip(rows["seed"].astype(int), rows["value"].astype(float), strict=True))
-
-
-def group_index(points: pd.DataFrame, arm: dict) -> pd.Series:
-    """Rows of ``points`` of the same search arm as ``arm``."""
-    mask = pd.Series(True, index=points.index)
-    for key in SEARCH_ARM_KEYS:
-        mask &= points[key] == arm[key]
-    return mask
 
 
 def lr_text(cell) -> str:
