@@ -108,7 +108,11 @@ class ResultsWriter:
     @functools.cached_property
     def compacted(self) -> dict[str, dict[str, tuple]]:
         """Per table, compacted trials: trial id -> (compacted file, its status or None); read
-        on first use (a driver's: once it holds the sweep's driver lock)."""
+        on first use (a driver's: once it holds the sweep's driver lock), which every read or
+        change of a trial's rows by this writer makes, after a swap killed between its two
+        renames is finished (``compaction.finish_swap``)."""
+        for name in TABLES:  # a compaction killed mid-swap left the table renamed aside
+            finish_swap(self.root / name)
         return {n: part_index(self.root / n, "status" if n == "trials" else None) for n in TABLES}
 
     def prepare(self) -> None:
@@ -145,8 +149,6 @@ class ResultsWriter:
                     probe.unlink()
             if not existing:
                 write_text(marker, json.dumps({"schema_version": SCHEMA_VERSION}))
-            for name in TABLES:  # a compaction killed mid-swap left the table renamed aside
-                finish_swap(self.root / name)
         except (OSError, ResultsError) as e:
             for path in reversed(made):
                 with contextlib.suppress(OSError):
@@ -266,13 +268,13 @@ class ResultsWriter:
         with their curves. Safe beside this writer's writes (a trial written meanwhile
         waits for the next call); only one process may compact a sweep (the driver lock)."""
         with self.lock:
+            compacted = {name: dict(self.compacted[name]) for name in TABLES}
             small = listing(self.root / "trials").small
             small_curves = listing(self.root / "curves").small
             if finished is not None:
                 small = {i: small[i] for i in finished.intersection(small)}
             seen = {i: self.versions[i] for i in {*small, *small_curves}}
             epoch = self.epoch
-            compacted = {name: dict(self.compacted[name]) for name in TABLES}
         trials = own_rows(small, TRIAL_SCHEMA)
         trials = trials.filter(pc.is_in(trials["status"], pa.array([s.value for s in ENDED])))
         moved = set(trials.column("trial_id").to_pylist())

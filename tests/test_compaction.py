@@ -227,7 +227,7 @@ def test_without_atomic_exchange_two_renames_compact_and_no_reader_sees_a_trial_
                 assert_each_trial_once(root, accuracies)
             aside += 1
             if aside % 2:  # the next run a resumed driver (its writer); else `results compact`
-                ResultsWriter(root, SWEEP)
+                assert ResultsWriter(root, SWEEP).status("a") == "completed"  # its first look
                 assert_each_trial_once(root, accuracies)
             else:  # an empty table directory made in its place hides nothing from the loader
                 for table in ("trials", "curves"):
