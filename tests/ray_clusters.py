@@ -93,7 +93,10 @@ class LocalCluster:
         """A head (on ``port``, else a free one; ``head``: more `ray start` flags, e.g.
         ``--num-cpus=4`` or ``--autoscaling-config=FILE``) and ``workers`` worker nodes."""
         port = port or free_port()
-        head = self.start(["--head", f"--port={port}", "--include-dashboard=false", *head])
+        # Ray's client server listens on 10001 unless told: two heads of two test workers
+        # (or the SSH test's `ray up` of local.yaml) beside each other would share it.
+        client = f"--ray-client-server-port={free_port()}"
+        head = self.start(["--head", f"--port={port}", client, "--include-dashboard=false", *head])
         address_file = Path(self.temp_dir) / "ray_current_cluster"  # written once it is up
         wait_until(lambda: address_file.exists() or head.poll() is not None, "the head", None, 90)
         assert head.poll() is None, self.log(head)
