@@ -146,7 +146,8 @@ def table_source(table_dir: Path) -> Path | None:
     its place since counts as none), the complete next generation waiting to take its place;
     None where the table has no directory. A swap finishing while this looks raises
     FileNotFoundError: read again."""
-    if os.path.lexists(table_dir) and not is_empty_dir(table_dir):
+    exists = os.path.lexists(table_dir)
+    if exists and not is_empty_dir(table_dir):
         return table_dir
     hidden, tokens = f".{table_dir.name}{PREV_MARK}", []
     with (
@@ -158,9 +159,11 @@ def table_source(table_dir: Path) -> Path | None:
         waiting = table_dir.parent / f".{table_dir.name}{NEXT_MARK}{token}"
         if waiting.is_dir() and not waiting.is_symlink():
             return waiting
-    if tokens and not os.path.lexists(table_dir):
-        raise FileNotFoundError(errno.ENOENT, "renamed in while looked at", str(table_dir))
-    return table_dir if os.path.lexists(table_dir) else None
+    if not exists:
+        if tokens:
+            raise FileNotFoundError(errno.ENOENT, "renamed in while looked at", str(table_dir))
+        return None
+    return table_dir
 
 
 def is_empty_dir(path: Path) -> bool:
