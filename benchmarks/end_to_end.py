@@ -230,6 +230,12 @@ def run_once(args: argparse.Namespace, work: Path, n_trials: int) -> Run:
         try:
             first_row, last_row = wait_for_rows(process, watcher, n_trials, start)
             process.wait()
+        except BaseException:  # interrupted (a time limit): say where the sweep had got to
+            stop(process)
+            rows = sum(s in FINAL_STATUSES for s in watcher.statuses())
+            print(f"interrupted with {rows}/{n_trials} final rows; the sweep's log ended:")
+            print(log_path.read_text()[-4000:], flush=True)
+            raise
         finally:
             stop(process)
         exit_s = time.perf_counter() - start

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import statistics
 import sys
 import time
@@ -134,7 +135,19 @@ def side_by_side(packed, model, task, k, batch, dropout, steps, warmup, procs, t
     workers = [ctx.Process(target=worker, args=args) for _ in range(procs)]
     for w in workers:
         w.start()
-    medians = [results.get() for _ in workers]
+    medians = []
+    while len(medians) < procs:
+        try:
+            medians.append(results.get(timeout=1.0))
+        except queue.Empty:
+            # A process that died (its traceback is above) leaves the others at the barrier.
+            failed = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+            if failed:
+                for w in workers:
+                    w.terminate()
+                raise SystemExit(
+                    f"a benchmark process exited with code {failed[0]} before timing"
+                ) from None
     for w in workers:
         w.join()
     return medians

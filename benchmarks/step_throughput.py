@@ -28,6 +28,7 @@ import argparse
 import gc
 import statistics
 import sys
+import traceback
 
 import _harness as h
 
@@ -124,7 +125,10 @@ def main(argv=None) -> int:
     # Imports, the process group and DeepSpeed's first engine are one-time costs: pay them
     # before the first row so that its time and memory are the step's alone.
     warm = h.trial_config("gpt2-tiny", "bit-xor", "fpt", 2)
-    run_trial_path(warm, h.SyntheticTask(warm.task, seed=0), 1, 1)
+    if args.paths.split(",")[0] == "trial":
+        run_trial_path(warm, h.SyntheticTask(warm.task, seed=0), 1, 1)
+    else:
+        run_packed_path(warm, h.SyntheticTask(warm.task, seed=0), 1, 1, args.compile)
     image_dir = h.prepare_data(args, args.tasks.split(","))
     print(
         f"precision {h.PRECISION}; dropout {args.dropout}; memory: {h.memory_kind()}; "
@@ -135,6 +139,7 @@ def main(argv=None) -> int:
     data_shares = {}  # (model, task) -> largest share of a step spent making its batch
     frozen_mfu = []  # (path, MFU) of frozen gpt2 on 64 tokens, for the target
     targets = []  # (what, value, target) of issue 20's rows
+    failed = []  # the rows whose path raised
     for model in args.models.split(","):
         for task_name in args.tasks.split(","):
             batch = (
@@ -158,12 +163,18 @@ def main(argv=None) -> int:
                     # the reachable rate drifts (115 vs 201 GFLOP/s within one run here), so
                     # each row's MFU divides by the peak of its own minutes (the higher one).
                     rounds_before, how = h.matmul_rounds(args.peak_seconds)
-                    if path == "trial":
-                        seconds, memory = run_trial_path(config, task, args.steps, args.warmup)
-                    else:
-                        seconds, memory = run_packed_path(
-                            config, task, args.steps, args.warmup, args.compile
-                        )
+                    label = f"{model} {task_name} {finetune} batch {batch}, {path} path"
+                    try:
+                        if path == "trial":
+                            seconds, memory = run_trial_path(config, task, args.steps, args.warmup)
+                        else:
+                            seconds, memory = run_packed_path(
+                                config, task, args.steps, args.warmup, args.compile
+                            )
+                    except Exception as error:  # one path's failure leaves the other rows
+                        traceback.print_exc()
+                        failed.append(f"{label}: {type(error).__name__}: {error}")
+                        continue
                     gc.collect()
                     rounds_after, _ = h.matmul_rounds(args.peak_seconds)
                     peaks = h.Peaks(statistics.median(rounds_before + rounds_after), how)
@@ -176,7 +187,6 @@ def main(argv=None) -> int:
                     if model == "gpt2" and task.spec.n_tokens == 64 and finetune == "fpt":
                         frozen_mfu.append((path, mfu))
                     key = (model, task_name, finetune, batch)
-                    label = f"{model} {task_name} {finetune} batch {batch}, {path} path"
                     if key in TARGET_STEPS_PER_S and path == "packed":
                         targets.append((f"{label}: steps/s", 1 / seconds, TARGET_STEPS_PER_S[key]))
                     if key in TARGET_PATH_MFU:
@@ -213,6 +223,10 @@ def main(argv=None) -> int:
                         file=sys.stderr,
                         flush=True,
                     )
+    for line in failed:
+        print(f"FAILED row: {line}")
+    if not rows:
+        return 1
     print(
         f"matmul rate per row: {how} over {args.peak_seconds} s before and after the row; "
         f"MFU denominator: {peaks.denominator()}"
@@ -230,7 +244,7 @@ def main(argv=None) -> int:
     for (model, task_name), share in data_shares.items():
         what = f"{model} {task_name}: share of the step making data"
         h.print_target(what, share, TARGET_DATA_SHARE, ".1%", at_most=True)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

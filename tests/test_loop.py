@@ -24,7 +24,7 @@ from scale_fpt.config import ConfigError, TrialConfig
 from scale_fpt.loop import Evaluation, TrialState, evaluation_steps
 from scale_fpt.results import ResultsWriter, load_results
 from scale_fpt.results_schema import TRIAL_SCHEMA
-from scale_fpt.steps import member_losses
+from scale_fpt.steps import member_losses, model_inputs
 from scale_fpt.steps.engine import CHECKPOINT_TAG
 from scale_fpt.trial import TrialRun
 
@@ -507,12 +507,18 @@ def test_bf16_trains_on_cpu_with_fp32_master_weights():
         module_dtypes = {p.dtype for p in engine.module.parameters()}
         frozen = [p for p in engine.module.parameters() if not p.requires_grad]
         master = [p for g in engine.basic_optimizer.param_groups for p in g["params"]]
+        # The engine's own autocast section makes its forward bf16: on a GPU its forward
+        # switches off whatever autocast the caller entered.
+        assert not torch.is_autocast_enabled("cpu")
+        x, lengths, _ = model_inputs(trial.step.task.train_batch(0, 8), torch.bfloat16)
+        logits = engine(x, lengths)
     finally:
         trial.close()
+    assert logits.dtype == torch.bfloat16
     assert row["status"] == "completed" and math.isfinite(row["final_test_loss"])
     assert all(math.isfinite(e.train_loss) for e in trial.states[0].history)
     # Frozen weights are held in bf16 (half their memory) and the trained parameters are the
-    # fp32 masters the optimiser steps; the step computes in bf16 under autocast
+    # fp32 masters the optimiser steps; the step computes in bf16 under the engine's autocast
     # (``engine.lean_engine``: DeepSpeed's bf16 wrapper read every gradient on the host).
     assert frozen and {p.dtype for p in frozen} == {torch.bfloat16}
     assert module_dtypes == {torch.bfloat16, torch.float32}

@@ -57,8 +57,8 @@ def lean_engine(train: TrainConfig) -> bool:
     are copied tensor by tensor, and no config switch removes it. So a bf16 (or fp32) trial
     at stage 0 keeps the engine (its forward and backward hooks, allreduce when there are
     several workers, checkpoints) in fp32 mode, with the trained tensors as fp32 masters and
-    the frozen ones in bf16, the model computing under ``torch.autocast(bf16)``, and hands it
-    a client ``torch.optim.Adam`` (fused on a GPU) that DeepSpeed steps with no wrapper;
+    the frozen ones in bf16, the model computing under the engine's own ``torch_autocast``
+    (bf16), and hands it a client ``torch.optim.Adam`` (fused on a GPU) that DeepSpeed steps with no wrapper;
     gradients are clipped by ``clip_grad_norm_`` (foreach) between backward and step, where
     DeepSpeed's ``gradient_clipping`` would add ~120 kernels and two blocking copies."""
     return train.zero_stage == 0 and train.precision != "fp16"
@@ -67,7 +67,12 @@ def lean_engine(train: TrainConfig) -> bool:
 def deepspeed_config(train: TrainConfig) -> dict:
     """The DeepSpeed config of a trial, derived from its TrainConfig: ``batch_size`` is the
     global batch, split evenly over the trial's ``workers``. A lean engine
-    (``lean_engine``) has no optimizer, clipping or bf16 section: its step brings them."""
+    (``lean_engine``) has no optimizer, clipping or bf16 section: its step brings them, and a
+    bf16 one computes under the ``torch_autocast`` section. The engine's forward switches off
+    an autocast its caller entered on a GPU (``deepspeed.runtime.torch_autocast``), so the
+    section is how a bf16 forward gets one. ``lower_precision_safe_modules`` is empty: naming
+    modules there would all-reduce their gradients in bf16 across workers; the fp32 masters'
+    gradients are reduced in fp32."""
     lean = lean_engine(train)
     config = {
         "train_batch_size": train.batch_size,
@@ -77,6 +82,11 @@ def deepspeed_config(train: TrainConfig) -> dict:
         "zero_force_ds_cpu_optimizer": False,
         "zero_optimization": zero_optimization(train),
         "bf16": {"enabled": train.precision == "bf16" and not lean},
+        "torch_autocast": {
+            "enabled": train.precision == "bf16" and lean,
+            "dtype": "bfloat16",
+            "lower_precision_safe_modules": [],
+        },
         "fp16": {"enabled": train.precision == "fp16", "initial_scale_power": 16},
         "steps_per_print": 1 << 62,
         "wall_clock_breakdown": False,
@@ -233,11 +243,6 @@ class EngineStep:
             # A world of one reduces nothing, yet the allreduce walks every parameter (ZeRO's
             # reduction also partitions the gradients: it stays).
             self.engine.enable_backward_allreduce = False
-        self.autocast = torch.autocast(
-            torch.device(self.engine.device).type,
-            dtype=self.dtype,
-            enabled=self.lean and self.dtype != torch.float32,
-        )
         task.to(self.engine.device)  # batches are made where the engine trains
         # Each rank draws its own dropout masks (rank 0 those of a world of one): equal masks
         # on every rank's slice would correlate the ranks.
@@ -266,12 +271,11 @@ class EngineStep:
             self.engine.train()
             self.training = True
         keys = self.step_keys.at(step)
-        with self.autocast:
-            if self.compilation.mode != "off":  # a copy: the same input layout every step
-                logits = self.engine(x, lengths, step_keys=keys.clone())  # (B/N, k, m, C)
-            else:
-                with ops.keyed_by(keys):
-                    logits = self.engine(x, lengths)
+        if self.compilation.mode != "off":  # a copy: the same input layout every step
+            logits = self.engine(x, lengths, step_keys=keys.clone())  # (B/N, k, m, C)
+        else:
+            with ops.keyed_by(keys):
+                logits = self.engine(x, lengths)
         # Compiled, the step is a device value: one graph for every step, not one per step.
         at = torch.full((), step, device=y.device) if self.compilation.compiled else step
         self.engine.backward(self._loss(logits, y, at))
@@ -312,8 +316,7 @@ class EngineStep:
         def forward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
             part = self.world.shard(batch)
             x, lengths, y = model_inputs(part if len(part) else rows(batch, 0, 1), self.dtype)
-            with self.autocast:
-                logits = self.engine(x, lengths)[None]
+            logits = self.engine(x, lengths)[None]
             return (logits, y[None]) if len(part) else None
 
         batches = self.task.eval_batches(split, self.train_config.eval_batch_size)
