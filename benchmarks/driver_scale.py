@@ -3,7 +3,7 @@ the trials' own training, and whether that grows with the sweep.
 
     python benchmarks/driver_scale.py                          # 10^2, 10^3, 10^4 trials
     python benchmarks/driver_scale.py --sizes 100,1000 --json  # figures as JSON too
-    python benchmarks/driver_scale.py --quick                  # 2 and 4 trials (the test)
+    python benchmarks/driver_scale.py --quick                  # 4 and 8 trials (the test)
 
 For each size N it writes a sweep file of N short trials (gpt2-tiny, random init, Bit XOR,
 ``--steps`` steps and one evaluation of one validation and one test batch; 10 learning
@@ -208,10 +208,10 @@ def main(argv=None) -> int:
     parser.add_argument("--pack", default="1", help="the sweep's pack: 1 (default), auto or K")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     parser.add_argument("--keep", action="store_true", help="keep each size's folder")
-    parser.add_argument("--quick", action="store_true", help="2 and 4 trials (the test)")
+    parser.add_argument("--quick", action="store_true", help="4 and 8 trials (the test)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.sizes = "2,4"
+        args.sizes = "4,8"
     sizes = [int(s) for s in args.sizes.split(",")]
     h.header()
     print(

@@ -68,7 +68,7 @@ def test_a_grid_of_cohorts_gives_each_trial_its_cohort_without_copying_the_grid(
 
 def test_the_resources_callback_pickles_as_a_token_whatever_the_plans_size():
     # Tune unpickles the registered trainable, this callback with it, for every trial it
-    # makes: the plan of 200 cohorts (tens of kB pickled) must not travel with it.
+    # makes: the plan of 200 cohorts (341 kB pickled) must not travel with it.
     def plan_of(seeds: int):
         sweep = SweepConfig(
             name="s", base={"task": "bit-xor", "model": "gpt2-tiny", "init": "random"},
@@ -100,10 +100,10 @@ def test_the_status_line_counts_ray_tunes_saves_of_the_experiment_state():
 def test_a_sweep_of_one_evaluation_trials_saves_its_state_on_a_clock_not_per_trial(
     tmp_path, monkeypatch, capsys
 ):
-    """With the driver's run configuration, 20 trials that each checkpoint once save Tune's
+    """With the driver's run configuration, 40 trials that each checkpoint once save Tune's
     experiment state about every 10 s (``TUNE_GLOBAL_CHECKPOINT_S=auto``) and once at the
     end; keeping one checkpoint per trial saved it after every trial (O(trials^2) bytes).
-    The plain progress line comes once per ``SCALE_FPT_PROGRESS_EVERY`` seconds (2 here)."""
+    The plain progress line comes once per ``SCALE_FPT_PROGRESS_EVERY`` seconds."""
     from ray import tune
 
     from scale_fpt.sweep.callbacks import driver_callbacks_class
@@ -118,8 +118,8 @@ def test_a_sweep_of_one_evaluation_trials_saves_its_state_on_a_clock_not_per_tri
             checkpoint = tune.Checkpoint.from_directory(directory)
             tune.report({"val_accuracy": 0.5}, checkpoint=checkpoint)
 
-    monkeypatch.setenv("SCALE_FPT_PROGRESS_EVERY", "2")
-    trials = 20
+    monkeypatch.setenv("SCALE_FPT_PROGRESS_EVERY", "5")
+    trials = 40
     start = time.monotonic()
     progress = progress_callback_class()("drive", 0)
     callbacks = driver_callbacks_class()(str(tmp_path / "results"), [progress])
@@ -141,16 +141,16 @@ def test_a_sweep_of_one_evaluation_trials_saves_its_state_on_a_clock_not_per_tri
         for line in capsys.readouterr().err.splitlines()
         if re.match(r"\[scale-fpt\] drive: trials \d+ done", line)
     ]
-    # One line per 2 s while it runs (Tune's on_step_end), and the last word at its end.
-    assert elapsed < 4 or len(status) >= 2, (status, elapsed)
-    assert 1 <= len(status) <= 2 + elapsed / 2, (len(status), elapsed)
+    # One line per 5 s while it runs (Tune's on_step_end), and the last word at its end.
+    assert elapsed < 10 or len(status) >= 2, (status, elapsed)
+    assert 1 <= len(status) <= 2 + elapsed / 5, (len(status), elapsed)
     assert status[-1].startswith(f"[scale-fpt] drive: trials {trials} done, 0 running")
     assert status[-1].endswith(f"experiment state saved {saves} times")
 
 
 @pytest.mark.slow
 def test_driver_scale_benchmark_measures_each_size_through_the_command():
-    """``benchmarks/driver_scale.py --quick``: two sweeps (2 and 4 trials) through `scale-fpt
+    """``benchmarks/driver_scale.py --quick``: two sweeps (4 and 8 trials) through `scale-fpt
     sweep`, each size's figures read off the command's rows, log and processes."""
     repo = Path(__file__).resolve().parent.parent
     command = [sys.executable, "benchmarks/driver_scale.py", "--quick", "--json"]
@@ -158,7 +158,7 @@ def test_driver_scale_benchmark_measures_each_size_through_the_command():
     done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     sizes = json.loads(done.stdout.splitlines()[-1])
-    assert [s["trials"] for s in sizes] == [2, 4] and [s["tune_trials"] for s in sizes] == [2, 4]
+    assert [s["trials"] for s in sizes] == [4, 8] and [s["tune_trials"] for s in sizes] == [4, 8]
     for size in sizes:
         assert 0 < size["training_summed_s"] < size["wall_to_last_row_s"] <= size["exit_s"]
         assert size["driver_cpu_s"] > 0 and size["driver_peak_rss_mb"] > 50
