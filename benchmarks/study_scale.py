@@ -14,7 +14,7 @@ writer (``scale_fpt.results``), ``--layout per-trial`` as a sweep writes them to
 per trial and table) or ``chunks`` (one file per 1,000 trials and table).
 
     python benchmarks/study_scale.py                    # 10^2, 10^3, 10^4 (add --sizes 100000)
-    python benchmarks/study_scale.py --quick --json     # 10^2 and 10^3, small: the test tier
+    python benchmarks/study_scale.py --quick --json     # 100 and 200 trials: the test tier
 """
 
 from __future__ import annotations
@@ -251,11 +251,11 @@ def main(argv=None) -> int:
     parser.add_argument("--attention", type=int, default=0, metavar="N",
                         help="also time the attention maps of N checkpointed real trials")  # fmt: skip
     parser.add_argument("--work", help="where the folders go (default: a temporary directory)")
-    parser.add_argument("--quick", action="store_true", help="sizes 100 and 400, few seeds")
+    parser.add_argument("--quick", action="store_true", help="sizes 100 and 200, 10 seeds")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     args = parser.parse_args(argv)
-    sizes = [100, 400] if args.quick else [int(s) for s in args.sizes.split(",")]
-    most = 20 if args.quick else args.most_seeds
+    sizes = [100, 200] if args.quick else [int(s) for s in args.sizes.split(",")]
+    most = 10 if args.quick else args.most_seeds
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         work = Path(tmp)
         row, curve = template(work, args.template, 40 if args.quick else 200)
