@@ -24,9 +24,13 @@ BUILD_LOCK = "scale_fpt_build.lock"
 
 def extensions_dir() -> Path:
     """Where torch caches JIT builds on this node (``TORCH_EXTENSIONS_DIR`` or its default)."""
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(os.environ["TORCH_EXTENSIONS_DIR"])
+    # Imported only for the default: torch's import (~1.5 s of CPU) is not needed to take
+    # the node's build lock in a process that builds nothing.
     from torch.utils.cpp_extension import get_default_build_root
 
-    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    return Path(get_default_build_root())
 
 
 def node_build_lock() -> FileLock:
