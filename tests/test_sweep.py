@@ -1,5 +1,6 @@
-"""Sweeps through a real local Ray: grids, rows in Parquet, resume after a killed driver,
-ASHA, packed grids, resources, bad sweep configs. (Searches: tests/test_search.py.)"""
+"""Sweeps through a real local Ray: grids, rows in Parquet, a second driver refused and
+resume after a killed driver, ASHA, packed grids, resources, bad sweep configs. (Searches:
+tests/test_search.py; the driver lock alone: tests/test_driver_lock.py.)"""
 
 from __future__ import annotations
 
