@@ -255,7 +255,7 @@ def test_interrupted_search_resumes_tells_each_configuration_once_and_continues(
 
     sweep = SweepConfig(
         name="cut",
-        base={**BASE, "init": "random", "max_steps": 60, "eval_every": 5, "test_batches": 2},
+        base={**BASE, "init": "random", "max_steps": 60, "eval_every": 10, "test_batches": 2},
         search={"lr": ("loguniform", 1e-4, 1e-2)},
         seeds=(0, 1),
         search_trials=2,
@@ -271,7 +271,7 @@ def test_interrupted_search_resumes_tells_each_configuration_once_and_continues(
             if len(list(curves.glob("[!.]*.parquet"))) >= 2:  # the second seed has begun
                 os.kill(os.getpid(), signal.SIGINT)
                 return
-            time.sleep(0.1)
+            time.sleep(0.02)  # soon after: 5 reports of the trial are still to come
 
     thread = threading.Thread(target=interrupt_during_the_second_tune_trial, daemon=True)
     thread.start()

@@ -1,5 +1,6 @@
-"""Sweeps through a real local Ray: grids, rows in Parquet, resume after a killed driver,
-ASHA, packed grids, resources, bad sweep configs. (Searches: tests/test_search.py.)"""
+"""Sweeps through a real local Ray: grids, rows in Parquet, a second driver refused and
+resume after a killed driver, ASHA, packed grids, resources, bad sweep configs. (Searches:
+tests/test_search.py; the driver lock alone: tests/test_driver_lock.py.)"""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from scale_fpt.results import ResultsWriter, checkpoint_dir, load_results
 from scale_fpt.results_schema import CURVE_SCHEMA, TRIAL_SCHEMA
 from scale_fpt.study import study_main
 from scale_fpt.sweep import Devices, SweepConfig, SweepPlan, placement_on
+from scale_fpt.sweep.lock import LOCK_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTRACT_TRIAL_COLUMNS = {
@@ -273,9 +275,12 @@ def test_grid_sweep_writes_contract_rows_once(lr_grid):
 
 @pytest.mark.slow
 @pytest.mark.faults
-def test_killed_driver_resume_matches_uninterrupted_sweep(tmp_path):
-    """SIGKILL the driver (and its local Ray) mid-sweep; --resume finishes it; the Parquet
-    output equals an uninterrupted sweep's, every trial once and every (trial, step) once."""
+def test_second_driver_is_refused_and_killed_driver_resume_matches_uninterrupted_sweep(tmp_path):
+    """Real drivers (``sweeps/scale.py``) on one results directory and sweep name: while the
+    first is mid-sweep, a second exits 2 at start-up with one line naming the first and
+    changes nothing; after ``kill -9`` of the first (and its local Ray), ``--resume`` takes
+    the lock and finishes the sweep, and its Parquet output equals an uninterrupted sweep's,
+    every trial once and every (trial, step) once."""
     flags = ["--tasks", "bit-xor", "--inits", "random", "--seeds", "0,1", "--steps", "60"]
     flags += ["--set", "eval_every=20", "--set", "test_batches=2", "--set", "val_batches=2"]
     flags += ["--set", "log_evals=false"]
@@ -290,17 +295,36 @@ def test_killed_driver_resume_matches_uninterrupted_sweep(tmp_path):
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # its own process group: the local Ray dies with it
     )
-    curves_dir = killed / "kill" / "curves"
-    deadline = time.time() + 240
-    while time.time() < deadline:  # kill after the first evaluation: mid-way through a trial
-        written = list(curves_dir.glob("*.parquet")) if curves_dir.exists() else []
-        if written:
-            break
-        time.sleep(0.2)
-    else:
-        pytest.fail("the sweep wrote no curves in time")
-    os.killpg(driver.pid, signal.SIGKILL)
-    driver.wait()
+    try:
+        curves_dir = killed / "kill" / "curves"
+        deadline = time.time() + 240
+        while time.time() < deadline:  # after the first evaluation: mid-way through a trial
+            written = list(curves_dir.glob("*.parquet")) if curves_dir.exists() else []
+            if written:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the sweep wrote no curves in time")
+        # Frozen where it is (driver, Ray and trial alike): a live driver holding the lock,
+        # mid-way through a trial, whatever the second driver's start-up takes.
+        os.killpg(driver.pid, signal.SIGSTOP)
+        lock = killed / "kill" / LOCK_FILE
+        holder = json.loads(lock.read_text())
+        assert holder["pid"] == driver.pid
+        before = {path: path.stat().st_mtime_ns for path in (killed / "kill").rglob("*")}
+        second = subprocess.run(
+            sweep_command(killed, *flags), env=env, capture_output=True, text=True, timeout=120
+        )
+        assert driver.poll() is None, "the first driver ended before the second one started"
+        assert second.returncode == 2, second.stderr[-2000:]
+        (line,) = second.stderr.strip().splitlines()
+        assert ": error: another driver is running sweep 'kill' in " in line
+        assert f"host {holder['host']}, pid {driver.pid}, started {holder['started']}" in line
+        assert json.loads(lock.read_text()) == holder  # the refused driver changed nothing
+        assert {path: path.stat().st_mtime_ns for path in (killed / "kill").rglob("*")} == before
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
     # Whatever write the kill interrupted, every Parquet file a reader can see is whole (a
     # write in progress is a hidden temporary, which readers skip), and its rows are unique.
     for path in (killed / "kill").rglob("*.parquet"):
