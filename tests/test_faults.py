@@ -13,7 +13,7 @@ RLIMIT_AS at ``WORKER_ADDRESS_SPACE``, so a trial that asks for too much memory 
 once, as on a node without that memory, instead of swapping a shared machine. The trial
 process to kill is found from Ray Tune's own per-trial ``result.json`` (each report records
 the ``pid`` that made it); the same file shows from which step a retried trial continued.
-The killed-driver test is ``tests/test_sweep.py::test_killed_driver_resume_matches_uninterrupted_sweep``.
+The killed-driver test is ``tests/test_sweep.py::test_second_driver_is_refused_and_killed_driver_resume_matches_uninterrupted_sweep``.
 """
 
 from __future__ import annotations
