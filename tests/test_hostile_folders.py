@@ -10,17 +10,21 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import ray.cloudpickle as cloudpickle
 import torch
 from helpers import TINY_TRIAL
 from test_report import write
-from test_safe_results import ROOT, trained_results
+from test_safe_results import ROOT, plant, trained_results
 
 from scale_fpt import cli
 from scale_fpt.checkpoints import DamagedCheckpointError, UnsafeCheckpointError, weights_file
@@ -64,14 +68,19 @@ def snapshot(root: Path) -> dict[str, str]:
     return out
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    """A decoy home (HOME points at it) holding a .bashrc and a project; the test asserts,
-    after the attack, that it is byte for byte as before."""
-    decoy = tmp_path / "home"
+def decoy_home(decoy: Path) -> Path:
+    """A home holding a .bashrc and a project, for an attack to aim at."""
     (decoy / "project").mkdir(parents=True)
     (decoy / ".bashrc").write_text("alias ll='ls -l'\n")
     (decoy / "project" / "notes.txt").write_text("keep me\n")
+    return decoy
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A decoy home (HOME points at it); the test asserts, after the attack, that it is byte
+    for byte as before."""
+    decoy = decoy_home(tmp_path / "home")
     monkeypatch.setenv("HOME", str(decoy))
     before = snapshot(decoy)
     yield decoy
@@ -171,35 +180,107 @@ def test_parquet_writes_never_leave_the_results_folder(tmp_path, home, linked):
 # ------------------------------------------------------------------ 2. Tune state
 
 
-@pytest.mark.slow
-def test_a_fresh_sweep_never_reads_planted_tune_state(tmp_path, home):
-    """A planted experiment state (greatest name, a cloudpickle blob that creates a marker)
-    in the folder of a fresh sweep: the sweep runs and finishes, and nothing of it runs
-    (only --resume reads Tune's state). One tiny real sweep."""
-    results = tmp_path / "results"
-    marker = tmp_path / "pwned"
+@dataclass
+class Interrupted:
+    """A sweep started fresh by its driver and interrupted (Ctrl-C) mid-trial."""
+
+    results: Path
+    command: list[str]
+    env: dict[str, str]
+    home: Path
+    home_before: dict[str, str]
+    planted_state: Path
+    marker: Path
+    """The file the planted Tune state's payload would create."""
+    returncode: int
+    output: str
+
+
+@pytest.fixture(scope="module")
+def interrupted_sweep(tmp_path_factory) -> Interrupted:
+    """One tiny real sweep (the driver a process of its own, HOME a decoy) started fresh on a
+    folder holding a planted Tune experiment state (the greatest name, a cloudpickle blob
+    that creates a marker), interrupted (Ctrl-C) once its trial evaluated twice: Tune's saved
+    state names a checkpoint from the second report on. Its tests read it in turn: the fresh
+    start, then a ``--resume`` over planted checkpoint files."""
+    root = tmp_path_factory.mktemp("interrupted")
+    home = decoy_home(root / "home")
+    results, marker = root / "results", root / "pwned-by-tune-state"
     blob = cloudpickle.dumps(Payload(marker)).hex()
     trial = json.dumps(
         {"trainable_name": "x", "c": {"_type": "CLOUDPICKLE_FALLBACK", "value": blob}}
     )
-    experiment = results / "_ray" / "fresh"
+    experiment = results / "_ray" / "planted"
     experiment.mkdir(parents=True)
-    state = {"trial_data": [[trial, "{}"]], "runner_data": {}}
-    (experiment / "experiment_state-9999-12-31_23-59-59.json").write_text(json.dumps(state))
-    flags = ["--results", str(results), "--name", "fresh", "--tasks", "bit-xor"]
-    flags += ["--inits", "random", "--seeds", "0", "--steps", "4", "--set", "eval_every=2"]
+    planted_state = experiment / "experiment_state-9999-12-31_23-59-59.json"
+    planted_state.write_text(json.dumps({"trial_data": [[trial, "{}"]], "runner_data": {}}))
+    flags = ["--results", str(results), "--name", "planted", "--tasks", "bit-xor"]
+    flags += ["--inits", "random", "--seeds", "0", "--steps", "400", "--set", "eval_every=20"]
     flags += ["--set", "test_batches=2", "--set", "val_batches=2", "--set", "log_evals=false"]
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "sweeps" / "scale.py"), *flags],
-        env={**os.environ, "HOME": str(home)},
-        capture_output=True,
-        text=True,
-        timeout=600,
+    command = [sys.executable, str(ROOT / "sweeps" / "scale.py"), *flags]
+    env = {**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    home_before = snapshot(home)
+    driver = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    curves = results / "planted" / "curves"
+
+    def evaluations() -> int:
+        written = list(curves.glob("[!.]*.parquet"))
+        return pq.read_table(written[0]).num_rows if written else 0
+
+    deadline = time.time() + 300
+    while evaluations() < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    driver.send_signal(signal.SIGINT)  # Tune saves its state and returns
+    output = driver.communicate(timeout=300)[0].decode()
+    return Interrupted(
+        results, command, env, home, home_before, planted_state, marker, driver.returncode, output
     )
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    assert not marker.exists()
-    (row,) = load_results(results, "fresh").trials.to_dict("records")
-    assert row["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_a_fresh_sweep_never_reads_planted_tune_state(interrupted_sweep):
+    """The fresh sweep ran its trial (two evaluations, then Ctrl-C as planned) and nothing of
+    the planted state ran (only --resume reads Tune's state); the home is as it was."""
+    sweep = interrupted_sweep
+    assert sweep.returncode == 130, sweep.output[-3000:]
+    assert "sweep interrupted: 1 trial(s) unfinished" in sweep.output
+    curves = load_results(sweep.results, "planted").curves
+    assert sorted(curves["step"])[:2] == [20, 40]
+    assert not sweep.marker.exists()
+    assert snapshot(sweep.home) == sweep.home_before
+
+
+@pytest.mark.slow
+def test_resumed_sweep_refuses_planted_checkpoint_files_and_records_the_trial_failed(
+    interrupted_sweep,
+):
+    """The interrupted sweep's trial's last Tune checkpoint (``progress.pt`` and the weights
+    file) replaced by planted pickles; ``--resume``: nothing runs, the trial ends ``failed``
+    (not retried: the file stays refused) with the one-line refusal naming the file.
+    ``--resume`` trusts Tune's own state (docs/security.md): the planted one is removed."""
+    sweep = interrupted_sweep
+    assert sweep.returncode == 130, sweep.output[-3000:]
+    sweep.planted_state.unlink()
+    marker = sweep.results.parent / "pwned-by-checkpoint"
+    checkpoints = sorted((sweep.results / "_ray" / "planted").glob("*/checkpoint_*"))
+    for checkpoint in checkpoints:  # whichever the saved state names
+        plant(checkpoint / PROGRESS_FILE, marker, key="states")
+        (weights,) = checkpoint.glob("weights-*.pt")
+        plant(weights, marker)
+
+    resumed = subprocess.run(
+        [*sweep.command, "--resume"], env=sweep.env, capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert not marker.exists() and not sweep.marker.exists()
+    (row,) = load_results(sweep.results, "planted").trials.to_dict("records")
+    assert row["status"] == "failed"
+    first_line = row["error"].splitlines()[0]
+    refused = [
+        f"refused to load {c / PROGRESS_FILE}: it holds a pickled io.open" for c in checkpoints
+    ]
+    assert any(f"UnsafeCheckpointError: {line}" in first_line for line in refused), first_line
+    assert snapshot(sweep.home) == sweep.home_before
 
 
 # ------------------------------------------------------------------ 3. pointers
