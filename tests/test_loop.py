@@ -527,6 +527,21 @@ def test_bf16_trains_on_cpu_with_fp32_master_weights():
     assert sum(p.numel() for p in master) == row["trainable_params"] + (1024 - 10) * 128
 
 
+def test_a_closed_zero_3_trial_leaves_torch_functional_linear_as_it_found_it():
+    """A ZeRO-3 engine replaces ``torch.nn.functional.linear`` for its whole process; left in,
+    a reused actor's next trial (a 2-worker ZeRO-2 one) trained another curve than in a fresh
+    process (docs/faults.md)."""
+    linear = torch.nn.functional.linear
+    trial = trial_run(config(zero_stage=3, max_steps=2, eval_every=2), "engine")
+    try:
+        replaced_while_it_lives = torch.nn.functional.linear is not linear
+        (row,) = trial.run()
+    finally:
+        trial.close()
+    assert row["status"] == "completed" and replaced_while_it_lives
+    assert torch.nn.functional.linear is linear
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is allowed where CUDA is")
 def test_fp16_without_cuda_is_a_config_error():
     with pytest.raises(ConfigError) as info:

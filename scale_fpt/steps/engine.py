@@ -232,6 +232,9 @@ class EngineStep:
         config = getattr(getattr(built.module, "backbone", None), "config", None)
         if config is not None and hasattr(config, "use_cache"):
             config.use_cache = False  # a KV cache is built per forward otherwise
+        # A ZeRO-3 engine replaces torch.nn.functional.linear for the whole process, until
+        # reset by hand (DeepSpeed's ``zero3_linear_wrap``); ``close`` puts this one back.
+        self.functional_linear = torch.nn.functional.linear
         self.engine, *_ = deepspeed.initialize(
             model=built.module,
             model_parameters=trainable,
@@ -358,6 +361,9 @@ class EngineStep:
         flush_denormals(False)
         self.engine.destroy()
         del self.engine
+        # The next trial of a reused actor computes as in a fresh process (a 2-worker ZeRO-2
+        # trial after a ZeRO-3 one trained another curve with the ZeRO-3 linear left in).
+        torch.nn.functional.linear = self.functional_linear
         leave_world(self.world)
         if self.compilation.mode != "off":  # its graphs and guards hold this trial's module
             torch._dynamo.reset()
