@@ -127,8 +127,8 @@ def compile_errors() -> tuple[type[BaseException], ...]:
     """What compilation raises (dynamo's and inductor's errors: ``InductorError``,
     ``BackendCompilerFailed``, ``Unsupported`` under ``fullgraph``); any other error of a
     compiled call is the step's own and propagates. Looked up when a function is compiled:
-    ``torch._dynamo`` is imported on first use, and a trial that runs eagerly (every CPU
-    trial by default) is spared its import, about 1.5 s of CPU per process."""
+    ``torch._dynamo`` is imported on first use, and a process that compiles nothing (a sweep
+    driver) is spared its import, about 1.7 s of CPU."""
     return (torch._dynamo.exc.TorchDynamoException,)
 
 
