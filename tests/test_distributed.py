@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -182,63 +183,34 @@ def rank_worker_actors(state: str | None = None) -> list[dict]:
     ]
 
 
-@pytest.mark.slow
-def test_world_of_two_trains_as_world_of_one_at_zero_0_and_3(ray_4_cpus, tmp_path):
-    """Two 2-worker trials (ZeRO 0: gradients all-reduced; ZeRO 3: parameters, gradients
-    and optimizer state partitioned, what ZeRO 2 partitions and more) through a real sweep:
-    each ran as 2 processes, has the rows of a one-process trial, and its curve equals a
-    world of one's (here, in this process) up to float rounding. ZeRO 2 over 2 workers
-    trains, checkpoints and resumes in the killed-worker test below."""
+KILLED, TWIN, ZERO_0, ZERO_3 = 0.95, 0.9, 0.85, 0.8
+"""The four trials of ``two_worker_sweep``, told apart by accuracy_threshold (which does not
+touch training: it only names the first step that reaches it)."""
+
+
+@pytest.fixture(scope="module")
+def two_worker_sweep(ray_4_cpus, tmp_path_factory):
+    """One sweep of four 2-worker trials, two at a time, read by the two tests below (one
+    sweep, not one per test: a sweep's start-up and the processes of its trials are most of
+    its time, and Tune runs a later trial in an earlier one's process). ``ZERO_0`` and
+    ``ZERO_3``: ``EQUIVALENT`` at ZeRO 0 and 3. ``TWIN`` and ``KILLED``: identical ZeRO-2
+    trials with dropout on, 30 steps; the rank-1 process of ``KILLED`` is SIGKILLed after
+    its second evaluation."""
     sweep = sweep_config(
-        tmp_path,
+        tmp_path_factory.mktemp("world2"),
         "world2",
-        base={**EQUIVALENT, "workers": 2},
-        grid={"zero_stage": [0, 3]},
-        max_concurrent=2,
-    )
-    from scale_fpt.sweep import run_sweep
-
-    outcome = run_sweep(sweep)
-    assert outcome.finished
-
-    results = load_results(sweep.results_dir, sweep.name)
-    trials = results.trials.set_index("zero_stage")
-    assert sorted(trials.index) == [0, 3]
-    assert (trials["status"] == "completed").all() and (trials["workers"] == 2).all()
-    assert (trials["steps_done"] == 10).all() and (trials["samples_seen"] == 80).all()
-    curves = rows_by(results.curves, "trial_id")
-    workers = rank_worker_actors()
-    assert len(workers) == 2  # one rank-1 actor per trial, each named after its trial
-    assert {a["Name"].split("/")[0] for a in workers} == set(trials["trial_id"])
-    assert all(a["State"] == "DEAD" for a in workers)
-    for stage in (0, 3):
-        world2 = curves[trials.loc[stage, "trial_id"]]
-        assert world2["step"].tolist() == [5, 10]
-        world1 = curve_of({**EQUIVALENT, "zero_stage": stage})
-        assert_close_curves(world2, world1, rtol=1e-4, atol=1e-6)
-        assert trials.loc[stage, "final_test_loss"] == world2["test_loss"].iloc[-1]
-
-
-@pytest.mark.slow
-@pytest.mark.faults
-def test_killed_worker_process_of_a_two_worker_trial_resumes_from_its_checkpoint(
-    ray_4_cpus, tmp_path
-):
-    """Two identical 2-worker trials (ZeRO-2, dropout on, so every rank's RNG state must be
-    restored; they differ only in accuracy_threshold, which does not touch training). SIGKILL
-    the rank-1 process of one after 2 evaluations: Tune retries the trial, every rank
-    restores the last checkpoint, and its curve has each step once and equals the
-    uninterrupted twin's."""
-    sweep = sweep_config(
-        tmp_path,
-        "killed2",
         base={**TINY, "workers": 2, "zero_stage": 2, "max_steps": 30, "eval_every": 5},
-        grid={"accuracy_threshold": [0.9, 0.95]},
+        grid={"accuracy_threshold": [ZERO_0, ZERO_3, TWIN, KILLED]},
+        overrides=(
+            ({"accuracy_threshold": ZERO_0}, {**EQUIVALENT, "zero_stage": 0}),
+            ({"accuracy_threshold": ZERO_3}, {**EQUIVALENT, "zero_stage": 3}),
+        ),
+        max_concurrent=2,
         max_failures=2,
     )
 
     def trial_dir():
-        return tune_trial_dir(sweep, accuracy_threshold=0.95)
+        return tune_trial_dir(sweep, accuracy_threshold=KILLED)
 
     def kill_rank_1(done):
         def reported_twice():
@@ -254,26 +226,82 @@ def test_killed_worker_process_of_a_two_worker_trial_resumes_from_its_checkpoint
 
     outcome, step_at_kill = run_with_fault(sweep, kill_rank_1)
     assert not isinstance(outcome, Exception), outcome
-    assert outcome.finished
-
     results = load_results(sweep.results_dir, sweep.name)
-    trials = results.trials.set_index("accuracy_threshold")
-    assert (trials["status"] == "completed").all() and (trials["steps_done"] == 30).all()
-    curves = rows_by(results.curves, "trial_id")
-    killed, twin = (curves[trials.loc[t, "trial_id"]] for t in (0.95, 0.9))
-    assert killed["step"].tolist() == twin["step"].tolist() == list(range(5, 31, 5))
+    return SimpleNamespace(
+        outcome=outcome,
+        step_at_kill=step_at_kill,
+        killed_reports=tune_reports(trial_dir()),
+        trials=results.trials.set_index("accuracy_threshold"),
+        curves=rows_by(results.curves, "trial_id"),
+        rank_1_actors=rank_worker_actors(),
+    )
 
-    reports = tune_reports(trial_dir())
+
+def rank_1_actors_of(swept, threshold: float) -> list[dict]:
+    """The ``RankWorker`` actors (rank 1) that the trial of ``threshold`` started: each is
+    named after its trial."""
+    trial_id = swept.trials.loc[threshold, "trial_id"]
+    return [a for a in swept.rank_1_actors if a["Name"].split("/")[0] == trial_id]
+
+
+@pytest.mark.slow
+def test_world_of_two_trains_as_world_of_one_at_zero_0_and_3(two_worker_sweep):
+    """Two 2-worker trials (ZeRO 0: gradients all-reduced; ZeRO 3: parameters, gradients
+    and optimizer state partitioned, what ZeRO 2 partitions and more) through a real sweep:
+    each ran as 2 processes, has the rows of a one-process trial, and its curve equals a
+    world of one's (here, in this process) up to float rounding. ZeRO 2 over 2 workers
+    trains, checkpoints and resumes in the killed-worker test below."""
+    assert two_worker_sweep.outcome.finished
+    trials, curves = two_worker_sweep.trials, two_worker_sweep.curves
+    assert len(trials) == 4 and (trials["status"] == "completed").all()
+    assert (trials["workers"] == 2).all()
+    for threshold, stage in ((ZERO_0, 0), (ZERO_3, 3)):
+        trial = trials.loc[threshold]
+        assert trial["zero_stage"] == stage
+        assert (trial["steps_done"], trial["samples_seen"]) == (10, 80)
+        (worker,) = rank_1_actors_of(two_worker_sweep, threshold)  # one per trial
+        assert worker["State"] == "DEAD"
+        world2 = curves[trial["trial_id"]]
+        assert world2["step"].tolist() == [5, 10]
+        world1 = curve_of({**EQUIVALENT, "zero_stage": stage})
+        assert_close_curves(world2, world1, rtol=1e-4, atol=1e-6)
+        assert trial["final_test_loss"] == world2["test_loss"].iloc[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_killed_worker_process_of_a_two_worker_trial_resumes_from_its_checkpoint(
+    two_worker_sweep,
+):
+    """Two identical 2-worker trials (ZeRO-2, dropout on, so every rank's RNG state must be
+    restored; they differ only in accuracy_threshold, which does not touch training). SIGKILL
+    the rank-1 process of one after 2 evaluations: Tune retries the trial, every rank
+    restores the last checkpoint, and its curve has each step once and equals the
+    uninterrupted twin's."""
+    assert two_worker_sweep.outcome.finished
+    trials, curves = two_worker_sweep.trials, two_worker_sweep.curves
+    for threshold in (KILLED, TWIN):
+        assert (trials.loc[threshold, "status"], trials.loc[threshold, "steps_done"]) == (
+            "completed",
+            30,
+        )
+    killed, twin = (curves[trials.loc[t, "trial_id"]] for t in (KILLED, TWIN))
+    assert killed["step"].tolist() == twin["step"].tolist() == list(range(5, 31, 5))
+    # The killed trial's rank 1 and its retry's; the twin's one, never killed.
+    assert [a["State"] for a in rank_1_actors_of(two_worker_sweep, KILLED)] == ["DEAD"] * 2
+    assert len(rank_1_actors_of(two_worker_sweep, TWIN)) == 1
+
+    reports = two_worker_sweep.killed_reports
     restarts = [i for i, r in enumerate(reports) if r["iterations_since_restore"] == 1]
     assert len(restarts) == 2  # the first attempt and one retry
     before, retry = reports[: restarts[1]], reports[restarts[1] :]
-    assert [r["step"] for r in before][-1] >= step_at_kill
+    assert [r["step"] for r in before][-1] >= two_worker_sweep.step_at_kill
     # The retry continued after a checkpoint (never from step 5 again) up to the end.
     before_steps, retry_steps = [r["step"] for r in before], [r["step"] for r in retry]
     resumed_after_reported_steps(before_steps, retry_steps, every=5)
     assert retry_steps[0] > 5 and retry_steps[-1] == 30
     assert_close_curves(killed, twin)
-    assert trials.loc[0.95, "final_test_loss"] == killed["test_loss"].iloc[-1]
+    assert trials.loc[KILLED, "final_test_loss"] == killed["test_loss"].iloc[-1]
 
 
 @pytest.mark.gpu
