@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from filelock import FileLock
@@ -98,12 +99,19 @@ def prebuild_ops(deepspeed: bool = True) -> None:
         for baton in clear_stale_batons(extensions_dir()):
             print(f"scale-fpt: removed the stale build lock {baton} (a build was killed)",
                   file=sys.stderr)  # fmt: skip
-        if deepspeed:
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
-            from deepspeed.ops.op_builder import ShareMemCommBuilder
+        if not deepspeed:
+            fused_kernels()
+            return
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        from deepspeed.ops.op_builder import ShareMemCommBuilder
 
+        # The two builds side by side: DeepSpeed's op compiles two files, the kernels one, so
+        # on a 2-core node the three compilers share the cores instead of the kernels' waiting
+        # (each build runs in its own ninja process and folder; the GIL is free meanwhile).
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            kernels = pool.submit(fused_kernels)
             ShareMemCommBuilder().load(verbose=False)
-        fused_kernels()
+            kernels.result()
 
 
 if __name__ == "__main__":  # `python -m scale_fpt.prebuild`: at install or node set-up

@@ -21,8 +21,12 @@
 // Loops are branch-free so the compiler vectorises them; target_clones builds AVX-512 and
 // AVX2 versions beside the baseline, chosen at load time for the machine it runs on.
 
-#include <torch/extension.h>
+// The headers these kernels use, not <torch/extension.h> (all of torch's C++ API): the
+// build compiles in half the time (15 s against 27 s of CPU on a node's first trial).
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cmath>
