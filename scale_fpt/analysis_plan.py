@@ -19,14 +19,11 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from scale_fpt import published
 from scale_fpt.confined import ResultsError, make_folders, printable, read_text, write_text
 from scale_fpt.vocabulary import CONFIRM_SUFFIX
-
-if TYPE_CHECKING:  # the sweep imports this module: the plan is read without it
-    from scale_fpt.sweep.config import SweepConfig
 
 PLAN_FILE = "analysis_plan.json"
 SCHEMA_VERSION = 1
@@ -87,7 +84,20 @@ class AnalysisPlan:
         return name if contrast in self.families.get(name, ()) else None
 
 
-def declared_contrasts(sweep: SweepConfig) -> list[str]:
+class PlannedSweep(Protocol):
+    """What a plan reads of its sweep (``sweep.config.SweepConfig`` has these fields): named
+    here because the sweep package imports this module, and a plan is read without it."""
+
+    name: str
+    metric: str
+    base: dict
+    grid: dict
+    seeds: tuple[int, ...]
+    confirm_seeds: tuple[int, ...]
+    results_dir: str
+
+
+def declared_contrasts(sweep: PlannedSweep) -> list[str]:
     """The contrasts whose two arms the sweep's grid runs side by side."""
     out = []
     for contrast, (key, values) in CONTRASTS.items():
@@ -97,7 +107,7 @@ def declared_contrasts(sweep: SweepConfig) -> list[str]:
     return out
 
 
-def plan_for(sweep: SweepConfig, trials: list[dict]) -> AnalysisPlan:
+def plan_for(sweep: PlannedSweep, trials: list[dict]) -> AnalysisPlan:
     """The plan of ``sweep`` running ``trials`` (its flat configs, ``SweepConfig.trials``):
     its tasks' thresholds, one family per (measure, contrast) it runs, its seeds."""
     tasks = sorted({str(arm["task"]) for arm in trials})
@@ -116,7 +126,7 @@ def plan_for(sweep: SweepConfig, trials: list[dict]) -> AnalysisPlan:
     )
 
 
-def write_plan(sweep: SweepConfig, trials: list[dict]) -> Path:
+def write_plan(sweep: PlannedSweep, trials: list[dict]) -> Path:
     """Write the plan of ``sweep`` running ``trials`` (``plan_for``) where its results go,
     unless one is there (a resumed sweep keeps its first plan); returns its path."""
     path = Path(sweep.results_dir) / sweep.name / PLAN_FILE
