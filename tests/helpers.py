@@ -36,6 +36,13 @@ def torch_extensions_dir() -> str:
     return os.path.join(get_default_build_root(), f"{python}_{device}")
 
 
+def home_env(home) -> dict[str, str]:
+    """The environment entries of a process that runs with ``home`` as its HOME: torch's
+    default build folder lies under HOME, so it keeps this machine's builds
+    (``torch_extensions_dir``) instead of rebuilding them (25 s to minutes)."""
+    return {"HOME": str(home), "TORCH_EXTENSIONS_DIR": torch_extensions_dir()}
+
+
 TINY_GPT2 = {
     "n_layer": 2,
     "n_embd": 32,

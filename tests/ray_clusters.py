@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from helpers import torch_extensions_dir
+from helpers import home_env
 
 
 def wait_until(condition, what: str, done: threading.Event | None = None, timeout: float = 240):
@@ -76,8 +76,7 @@ class LocalCluster:
         (home / ".ray" / "auth_token").write_text("a-token-left-by-an-earlier-ray-init")
         self.env = {
             **os.environ,
-            "HOME": str(home),
-            "TORCH_EXTENSIONS_DIR": torch_extensions_dir(),
+            **home_env(home),
             "RAY_USAGE_STATS_ENABLED": "0",
         }
         self.env.update(env)

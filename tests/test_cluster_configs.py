@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import torch_extensions_dir
+from helpers import home_env, torch_extensions_dir
 from ray_clusters import free_port, wait_until
 
 from scale_fpt.cluster import (
@@ -484,7 +484,7 @@ def ray_shell(command: str, home: Path) -> subprocess.CompletedProcess:
         if not k.startswith(("SCALE_FPT_", "RAY_")) and k != "PYTHONPATH"
     }
     # The node keeps the fused kernels built on this machine (no 2-minute rebuild per test).
-    env.update(HOME=str(home), TORCH_EXTENSIONS_DIR=torch_extensions_dir())
+    env.update(home_env(home))
     return subprocess.run(
         " ".join(_with_interactive(command)),
         shell=True,

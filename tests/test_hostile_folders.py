@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray.cloudpickle as cloudpickle
 import torch
-from helpers import TINY_TRIAL, torch_extensions_dir
+from helpers import TINY_TRIAL, home_env
 from test_report import write
 from test_safe_results import ROOT, plant, trained_results
 
@@ -218,9 +218,7 @@ def interrupted_sweep(tmp_path_factory) -> Interrupted:
     flags += ["--inits", "random", "--seeds", "0", "--steps", "400", "--set", "eval_every=20"]
     flags += ["--set", "test_batches=2", "--set", "val_batches=2", "--set", "log_evals=false"]
     command = [sys.executable, str(ROOT / "sweeps" / "scale.py"), *flags]
-    # The trial keeps this machine's kernel builds (under the decoy home: a 25 s rebuild).
-    env = {**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"}
-    env["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir()
+    env = {**os.environ, **home_env(home), "PYTHONUNBUFFERED": "1"}
     home_before = snapshot(home)
     driver = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     curves = results / "planted" / "curves"

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import torch_extensions_dir
+from helpers import home_env
 from ray.tune.execution.class_cache import ENV_VARS_TO_PROPAGATE
 
 from scale_fpt.results_schema import recorded_config
@@ -63,11 +63,10 @@ def test_no_secret_of_the_environment_reaches_an_artefact(tmp_path):
         markers = {name: f"sfsecret{secrets.token_hex(16)}" for name in SECRET_VARIABLES}
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SCALE_FPT_", "MLFLOW_"))}
         env.update(markers)
+        env.update(home_env(home))
         env.update(
-            HOME=str(home),
             TMPDIR=str(temp),
             RAY_TMPDIR=str(ray_temp),
-            TORCH_EXTENSIONS_DIR=torch_extensions_dir(),
             WANDB_MODE="offline",
             RAY_AUTH_MODE="token",  # the marker above is the token of this sweep's Ray
         )

@@ -59,9 +59,9 @@ def lean_engine(train: TrainConfig) -> bool:
     several workers, checkpoints) in fp32 mode, with the trained tensors as fp32 masters and
     the frozen ones in bf16, the model computing under the engine's own ``torch_autocast``
     (bf16), and hands it a client ``torch.optim.Adam`` (fused on a GPU) that DeepSpeed steps
-    with no wrapper;
-    gradients are clipped by ``clip_grad_norm_`` (foreach) between backward and step, where
-    DeepSpeed's ``gradient_clipping`` would add ~120 kernels and two blocking copies."""
+    with no wrapper; gradients are clipped by ``clip_grad_norm_`` (foreach) between backward
+    and step, where DeepSpeed's ``gradient_clipping`` would add ~120 kernels and two blocking
+    copies."""
     return train.zero_stage == 0 and train.precision != "fp16"
 
 

@@ -22,7 +22,7 @@
 // AVX2 versions beside the baseline, chosen at load time for the machine it runs on.
 
 // The headers these kernels use, not <torch/extension.h> (all of torch's C++ API): the
-// build compiles in half the time (15 s against 27 s of CPU on a node's first trial).
+// build compiles in about half the time (15 s against 27 s of CPU, once per node).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
